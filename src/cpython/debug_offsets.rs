@@ -1,0 +1,303 @@
+//! `_Py_DebugOffsets` (3.13+): the offsets table CPython keeps at the very start of
+//! `_PyRuntime` for external debuggers.
+//!
+//! The struct is made only of 8-byte fields (after the 8-byte cookie), so a field's position
+//! is 8 times its index. [`FIELDS_313`], [`FIELDS_314`] and [`FIELDS_315`] are the field
+//! names in declaration order, transcribed from each version's header (3.13:
+//! `Include/internal/pycore_runtime.h`; 3.14, 3.15: `Include/internal/pycore_debug_offsets.h`)
+//! and checked with `offsetof` by `tools/offsets/derive.sh`. The values read from the target
+//! are validated (cookie, version, sizes, offsets inside their struct) before use.
+//!
+//! What the table does not say (unicode bit layout, sizeof(PyCompactUnicodeObject), the shim
+//! frame owners, stack-reference tag bits) comes from `tables::extras`.
+
+use super::layout::{
+    BytesLayout, CodeLayout, CurrentFrame, FrameLayout, GilLayout, InterpLayout, Layout,
+    ThreadLayout, UnicodeLayout, Version,
+};
+use super::tables;
+use super::AttachError;
+use crate::memory::RemoteMemory;
+
+const COOKIE: &[u8; 8] = b"xdebugpy";
+/// Largest size believed for any struct the table describes.
+const MAX_STRUCT: u64 = 1 << 22; // PyInterpreterState is ~190 KiB in 3.13
+
+/// 3.13's `_Py_DebugOffsets`, in declaration order ("section.field").
+pub const FIELDS_313: &[&str] = &[
+    "cookie",
+    "version",
+    "free_threaded",
+    "runtime_state.size",
+    "runtime_state.finalizing",
+    "runtime_state.interpreters_head",
+    "interpreter_state.size",
+    "interpreter_state.id",
+    "interpreter_state.next",
+    "interpreter_state.threads_head",
+    "interpreter_state.gc",
+    "interpreter_state.imports_modules",
+    "interpreter_state.sysdict",
+    "interpreter_state.builtins",
+    "interpreter_state.ceval_gil",
+    "interpreter_state.gil_runtime_state",
+    "interpreter_state.gil_runtime_state_enabled",
+    "interpreter_state.gil_runtime_state_locked",
+    "interpreter_state.gil_runtime_state_holder",
+    "thread_state.size",
+    "thread_state.prev",
+    "thread_state.next",
+    "thread_state.interp",
+    "thread_state.current_frame",
+    "thread_state.thread_id",
+    "thread_state.native_thread_id",
+    "thread_state.datastack_chunk",
+    "thread_state.status",
+    "interpreter_frame.size",
+    "interpreter_frame.previous",
+    "interpreter_frame.executable",
+    "interpreter_frame.instr_ptr",
+    "interpreter_frame.localsplus",
+    "interpreter_frame.owner",
+    "code_object.size",
+    "code_object.filename",
+    "code_object.name",
+    "code_object.qualname",
+    "code_object.linetable",
+    "code_object.firstlineno",
+    "code_object.argcount",
+    "code_object.localsplusnames",
+    "code_object.localspluskinds",
+    "code_object.co_code_adaptive",
+    "pyobject.size",
+    "pyobject.ob_type",
+    "type_object.size",
+    "type_object.tp_name",
+    "type_object.tp_repr",
+    "type_object.tp_flags",
+    "tuple_object.size",
+    "tuple_object.ob_item",
+    "tuple_object.ob_size",
+    "list_object.size",
+    "list_object.ob_item",
+    "list_object.ob_size",
+    "dict_object.size",
+    "dict_object.ma_keys",
+    "dict_object.ma_values",
+    "float_object.size",
+    "float_object.ob_fval",
+    "long_object.size",
+    "long_object.lv_tag",
+    "long_object.ob_digit",
+    "bytes_object.size",
+    "bytes_object.ob_size",
+    "bytes_object.ob_sval",
+    "unicode_object.size",
+    "unicode_object.state",
+    "unicode_object.length",
+    "unicode_object.asciiobject_size",
+    "gc.size",
+    "gc.collecting",
+];
+
+/// 3.14's `_Py_DebugOffsets`.
+pub const FIELDS_314: &[&str] = &[];
+
+/// 3.15's `_Py_DebugOffsets`.
+pub const FIELDS_315: &[&str] = &[];
+
+/// The field list of a minor version.
+pub fn fields(minor: u32) -> Option<&'static [&'static str]> {
+    match minor {
+        13 => Some(FIELDS_313),
+        14 if !FIELDS_314.is_empty() => Some(FIELDS_314),
+        15 if !FIELDS_315.is_empty() => Some(FIELDS_315),
+        _ => None,
+    }
+}
+
+/// The debug offsets as read from a target, addressable by field name.
+pub struct DebugOffsets {
+    names: &'static [&'static str],
+    values: Vec<u64>,
+}
+
+impl DebugOffsets {
+    /// Parses a copy of the start of `_PyRuntime`.
+    pub fn parse(names: &'static [&'static str], raw: &[u8]) -> Result<Self, String> {
+        if raw.len() < names.len() * 8 {
+            return Err("table truncated".into());
+        }
+        if raw.get(..8) != Some(COOKIE.as_slice()) {
+            return Err("cookie 'xdebugpy' not found at the start of _PyRuntime".into());
+        }
+        let values = raw
+            .chunks_exact(8)
+            .take(names.len())
+            .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+            .collect();
+        Ok(DebugOffsets { names, values })
+    }
+
+    /// The value of a field; an error names a field the version's list lacks.
+    pub fn get(&self, name: &str) -> Result<u64, String> {
+        self.names
+            .iter()
+            .position(|n| *n == name)
+            .and_then(|i| self.values.get(i).copied())
+            .ok_or_else(|| format!("no field {name}"))
+    }
+
+    /// The value of an optional field (present in some versions only).
+    pub fn opt(&self, name: &str) -> Option<u64> {
+        self.get(name).ok()
+    }
+
+    /// An offset inside `section`, checked against that section's size.
+    pub fn offset(&self, section: &str, field: &str) -> Result<u64, String> {
+        let size = self.get(&format!("{section}.size"))?;
+        if size == 0 || size > MAX_STRUCT {
+            return Err(format!("{section}.size is {size}"));
+        }
+        let off = self.get(&format!("{section}.{field}"))?;
+        if off.checked_add(1).is_none_or(|end| end > size) {
+            return Err(format!(
+                "{section}.{field} = {off} is outside the struct ({size} bytes)"
+            ));
+        }
+        Ok(off)
+    }
+}
+
+/// The span to read to cover 8-byte fields at `offsets`.
+fn span(offsets: &[u64]) -> u64 {
+    offsets.iter().max().copied().unwrap_or(0) + 8
+}
+
+/// Builds a [`Layout`] from parsed debug offsets.
+pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
+    let extras = tables::extras(version.minor).ok_or("no built-in extras for this version")?;
+    let table_version = Version::from_hex(d.get("version")?);
+    if (table_version.major, table_version.minor) != (version.major, version.minor) {
+        return Err(format!(
+            "the table is for {table_version}, the binary says {version}"
+        ));
+    }
+    let interp = |f| d.offset("interpreter_state", f);
+    let ts = |f| d.offset("thread_state", f);
+    let fr = |f| d.offset("interpreter_frame", f);
+    let co = |f| d.offset("code_object", f);
+
+    let gil_base = interp("gil_runtime_state")?;
+    let gil_rel = |f| -> Result<u64, String> {
+        interp(f)?
+            .checked_sub(gil_base)
+            .ok_or_else(|| format!("{f} lies before gil_runtime_state"))
+    };
+    let gil = GilLayout::InterpPointer {
+        ptr: interp("ceval_gil")?,
+        locked: gil_rel("gil_runtime_state_locked")?,
+        holder: gil_rel("gil_runtime_state_holder")?,
+    };
+    let tstate_fields = [
+        ts("next")?,
+        ts("interp")?,
+        ts("thread_id")?,
+        ts("native_thread_id")?,
+        ts("current_frame")?,
+    ];
+    let frame_fields = [
+        fr("previous")?,
+        fr("executable")?,
+        fr("instr_ptr")?,
+        fr("owner")?,
+    ];
+    let code_fields = [
+        co("name")?,
+        co("qualname")?,
+        co("filename")?,
+        co("linetable")?,
+        co("firstlineno")?,
+    ];
+    let unicode_state = d.offset("unicode_object", "state")?;
+    let ascii_size = d.get("unicode_object.asciiobject_size")?;
+    if ascii_size == 0 || ascii_size > 256 {
+        return Err(format!("unicode_object.asciiobject_size is {ascii_size}"));
+    }
+    Ok(Layout {
+        version,
+        runtime_interpreters_head: d.offset("runtime_state", "interpreters_head")?,
+        gil,
+        interp: InterpLayout {
+            next: interp("next")?,
+            id: interp("id")?,
+            threads_head: interp("threads_head")?,
+            code_object_generation: d
+                .opt("interpreter_state.code_object_generation")
+                .and_then(|_| interp("code_object_generation").ok()),
+        },
+        tstate: ThreadLayout {
+            size: span(&tstate_fields),
+            next: ts("next")?,
+            interp: ts("interp")?,
+            thread_id: ts("thread_id")?,
+            native_thread_id: ts("native_thread_id")?,
+            current_frame: CurrentFrame::Direct(ts("current_frame")?),
+            datastack_chunk: ts("datastack_chunk").ok(),
+            last_profiled_frame: d
+                .opt("thread_state.last_profiled_frame")
+                .and_then(|_| ts("last_profiled_frame").ok()),
+        },
+        frame: FrameLayout {
+            size: span(&frame_fields),
+            previous: fr("previous")?,
+            code: fr("executable")?,
+            instr: fr("instr_ptr")?,
+            owner: fr("owner")?,
+            code_tag_mask: extras.code_tag_mask,
+            shim_owners: extras.shim_owners,
+        },
+        code: CodeLayout {
+            size: span(&code_fields),
+            name: co("name")?,
+            qualname: co("qualname")?,
+            filename: co("filename")?,
+            firstlineno: co("firstlineno")?,
+            linetable: co("linetable")?,
+            code_adaptive: co("co_code_adaptive")?,
+        },
+        unicode: UnicodeLayout {
+            length: d.offset("unicode_object", "length")?,
+            state: unicode_state,
+            ascii_size,
+            compact_size: ascii_size + extras.compact_extra,
+            data_any: ascii_size + extras.compact_extra,
+            kind_shift: extras.kind_shift,
+            compact_bit: extras.compact_bit,
+            ascii_bit: extras.ascii_bit,
+        },
+        bytes: BytesLayout {
+            ob_size: d.offset("bytes_object", "ob_size")?,
+            ob_sval: d.offset("bytes_object", "ob_sval")?,
+        },
+    })
+}
+
+/// Reads and validates the target's debug offsets and builds its layout.
+pub fn layout<M: RemoteMemory>(
+    mem: &M,
+    runtime: u64,
+    version: Version,
+) -> Result<Layout, AttachError> {
+    let names =
+        fields(version.minor).ok_or_else(|| AttachError::Unsupported(version.to_string()))?;
+    let raw = mem.read_vec(runtime, names.len() * 8)?;
+    let d = DebugOffsets::parse(names, &raw).map_err(AttachError::BadDebugOffsets)?;
+    if d.get("free_threaded")
+        .map_err(AttachError::BadDebugOffsets)?
+        != 0
+    {
+        return Err(AttachError::FreeThreaded(version.to_string()));
+    }
+    build(&d, version).map_err(AttachError::BadDebugOffsets)
+}

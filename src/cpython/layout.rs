@@ -1,0 +1,181 @@
+//! Struct layouts of the CPython versions pyfleet reads: one [`Layout`] per target, built from
+//! `_Py_DebugOffsets` (3.13+, see `debug_offsets`) or from the built-in tables of `tables`
+//! (3.11, 3.12). The walker only ever uses a `Layout`; it never branches on a version number
+//! except through the few semantic switches held here.
+
+/// A CPython version, from `PY_VERSION_HEX`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Version {
+    pub major: u32,
+    pub minor: u32,
+    pub micro: u32,
+    /// The full `PY_VERSION_HEX` (release level and serial in the low byte).
+    pub hex: u64,
+}
+
+impl Version {
+    pub fn from_hex(hex: u64) -> Self {
+        Version {
+            major: ((hex >> 24) & 0xff) as u32,
+            minor: ((hex >> 16) & 0xff) as u32,
+            micro: ((hex >> 8) & 0xff) as u32,
+            hex,
+        }
+    }
+}
+
+impl std::fmt::Display for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.micro)?;
+        let level = (self.hex >> 4) & 0xf;
+        let serial = self.hex & 0xf;
+        match level {
+            0xa => write!(f, "a{serial}"),
+            0xb => write!(f, "b{serial}"),
+            0xc => write!(f, "rc{serial}"),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Where the thread that holds the GIL is recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GilLayout {
+    /// 3.11: one GIL in `_PyRuntime.ceval.gil`; offsets from `_PyRuntime`.
+    Runtime { locked: u64, holder: u64 },
+    /// 3.12: `interp->ceval.gil` points at the GIL the interpreter uses (its own or the main
+    /// interpreter's); `locked` and `holder` are offsets inside `struct _gil_runtime_state`.
+    InterpPointer { ptr: u64, locked: u64, holder: u64 },
+    /// 3.13+: the interpreter's own `_gil`, offsets from the interpreter state. An interpreter
+    /// sharing the main GIL leaves its own unlocked, so holders are collected across all.
+    InterpEmbedded { locked: u64, holder: u64 },
+}
+
+/// How to get a thread's innermost frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CurrentFrame {
+    /// 3.13+: `tstate->current_frame`.
+    Direct(u64),
+    /// 3.11, 3.12: `tstate->cframe->current_frame`.
+    ViaCFrame { cframe: u64, current_frame: u64 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InterpLayout {
+    pub next: u64,
+    pub id: u64,
+    pub threads_head: u64,
+    /// 3.14+: bumped whenever code objects may have been freed and reused.
+    pub code_object_generation: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadLayout {
+    /// Bytes to read to get every field below in one read.
+    pub size: u64,
+    pub next: u64,
+    pub interp: u64,
+    pub thread_id: u64,
+    pub native_thread_id: u64,
+    pub current_frame: CurrentFrame,
+    pub datastack_chunk: Option<u64>,
+    /// 3.15+: the frame-cache marker and its sequence number.
+    pub last_profiled_frame: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrameLayout {
+    /// Bytes to read to get every field below (up to `localsplus`).
+    pub size: u64,
+    pub code: u64,
+    pub previous: u64,
+    pub instr: u64,
+    pub owner: u64,
+    /// Mask of tag bits to clear from `code` (3.14+: `_PyStackRef`), 0 before.
+    pub code_tag_mask: u64,
+    /// `owner` values of frames that are not Python functions (C-stack and interpreter
+    /// shims); skipped.
+    pub shim_owners: &'static [u8],
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CodeLayout {
+    /// Bytes to read to get every field below.
+    pub size: u64,
+    pub name: u64,
+    pub qualname: u64,
+    pub filename: u64,
+    pub firstlineno: u64,
+    pub linetable: u64,
+    /// Offset of the bytecode (`co_code_adaptive`) from the start of the code object.
+    pub code_adaptive: u64,
+}
+
+/// `PyASCIIObject` / `PyCompactUnicodeObject` / `PyUnicodeObject`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnicodeLayout {
+    pub length: u64,
+    pub state: u64,
+    /// `sizeof(PyASCIIObject)`: compact ASCII data follows it.
+    pub ascii_size: u64,
+    /// `sizeof(PyCompactUnicodeObject)`: compact non-ASCII data follows it.
+    pub compact_size: u64,
+    /// `PyUnicodeObject.data.any` for legacy (non-compact) strings.
+    pub data_any: u64,
+    /// Bit positions inside the 32-bit state word.
+    pub kind_shift: u32,
+    pub compact_bit: u32,
+    pub ascii_bit: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BytesLayout {
+    pub ob_size: u64,
+    pub ob_sval: u64,
+}
+
+/// Everything the walker needs to know about one target's CPython.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    pub version: Version,
+    /// Offset of `interpreters.head` in `_PyRuntime`.
+    pub runtime_interpreters_head: u64,
+    pub gil: GilLayout,
+    pub interp: InterpLayout,
+    pub tstate: ThreadLayout,
+    pub frame: FrameLayout,
+    pub code: CodeLayout,
+    pub unicode: UnicodeLayout,
+    pub bytes: BytesLayout,
+}
+
+impl Layout {
+    /// Bytes of an interpreter state to read to cover every field the walker uses.
+    pub fn interp_read_size(&self) -> u64 {
+        let mut end = [self.interp.next, self.interp.id, self.interp.threads_head]
+            .into_iter()
+            .chain(self.interp.code_object_generation)
+            .max()
+            .unwrap_or(0)
+            + 8;
+        match self.gil {
+            GilLayout::InterpPointer { ptr, .. } => end = end.max(ptr + 8),
+            GilLayout::InterpEmbedded { locked, holder } => end = end.max(locked.max(holder) + 8),
+            GilLayout::Runtime { .. } => {}
+        }
+        end
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_strings() {
+        assert_eq!(Version::from_hex(0x030c01f0).to_string(), "3.12.1");
+        assert_eq!(Version::from_hex(0x030f00a3).to_string(), "3.15.0a3");
+        assert_eq!(Version::from_hex(0x030e00c1).to_string(), "3.14.0rc1");
+        assert_eq!(Version::from_hex(0x030b02f0).minor, 11);
+    }
+}

@@ -1,0 +1,140 @@
+//! CPython knowledge: versions, struct layouts, objects, and walking interpreters, threads and
+//! frames of a live target.
+//!
+//! `attach` turns a pid into an [`Unwinder`]: it finds `_PyRuntime` (`binary`), reads the
+//! version, and builds the target's [`Layout`] from `_Py_DebugOffsets` (3.13+) or the built-in
+//! tables (3.11, 3.12). It must not write to the target.
+
+pub mod debug_offsets;
+pub mod layout;
+pub mod linetable;
+pub mod objects;
+pub mod tables;
+pub mod unwind;
+
+pub use layout::{Layout, Version};
+pub use objects::CodeInfo;
+pub use unwind::{Frame, InterpreterStacks, ThreadStack, Unwinder};
+
+use crate::binary::{self, BinaryError, RuntimeLocation};
+use crate::memory::{FieldOutOfRange, MemoryError, ProcessMemory, RemoteMemory};
+use crate::process::{Process, ProcessError};
+
+/// Oldest and newest minor versions of Python 3 that pyfleet reads.
+pub const SUPPORTED: std::ops::RangeInclusive<u32> = 11..=15;
+
+/// Why a walk over target memory failed. Every variant is an expected outcome of reading a
+/// live process (it changed or exited under us, or its memory is not what it should be).
+#[derive(Debug, thiserror::Error)]
+pub enum UnwindError {
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    #[error("target memory is inconsistent: {0}")]
+    Field(#[from] FieldOutOfRange),
+    #[error("cycle in the target's {0}")]
+    Cycle(&'static str),
+    #[error("the target's {0} is longer than {1} entries")]
+    TooLong(&'static str, usize),
+    #[error("object at {0:#x} is not a code object")]
+    NotCode(u64),
+    #[error("bad object at {addr:#x}: {what}")]
+    BadObject { addr: u64, what: String },
+}
+
+impl UnwindError {
+    /// True when the target exited: stop sampling it.
+    pub fn is_process_gone(&self) -> bool {
+        matches!(self, UnwindError::Memory(e) if e.is_process_gone())
+    }
+
+    /// A short stable name for metrics and counters.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            UnwindError::Memory(MemoryError::ProcessGone(_)) => "process_gone",
+            UnwindError::Memory(MemoryError::PermissionDenied(_)) => "permission",
+            UnwindError::Memory(_) => "read",
+            UnwindError::Field(_) | UnwindError::BadObject { .. } | UnwindError::NotCode(_) => {
+                "inconsistent"
+            }
+            UnwindError::Cycle(_) | UnwindError::TooLong(..) => "cycle",
+        }
+    }
+}
+
+/// Why pyfleet cannot profile a process at all.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+    #[error(transparent)]
+    Binary(#[from] BinaryError),
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    #[error("unsupported Python version {0} (pyfleet supports 3.11 to 3.15)")]
+    Unsupported(String),
+    #[error("free-threaded Python builds are not supported yet (Python {0})")]
+    FreeThreaded(String),
+    #[error("cannot tell the Python version of process {0}")]
+    UnknownVersion(i32),
+    #[error("invalid _Py_DebugOffsets in the target: {0}")]
+    BadDebugOffsets(String),
+}
+
+impl From<UnwindError> for AttachError {
+    fn from(e: UnwindError) -> Self {
+        match e {
+            UnwindError::Memory(m) => AttachError::Memory(m),
+            other => AttachError::BadDebugOffsets(other.to_string()),
+        }
+    }
+}
+
+/// The version of the target's CPython: `Py_Version` (3.11+), else the file name.
+pub fn detect_version<M: RemoteMemory>(
+    mem: &M,
+    loc: &RuntimeLocation,
+    pid: i32,
+) -> Result<Version, AttachError> {
+    if let Some(addr) = loc.py_version {
+        let v = Version::from_hex(mem.read_u64(addr)?);
+        if v.major == 3 {
+            return Ok(v);
+        }
+    }
+    match loc.name_version {
+        Some((major, minor)) => Ok(Version::from_hex(
+            (u64::from(major) << 24) | (u64::from(minor) << 16),
+        )),
+        None => Err(AttachError::UnknownVersion(pid)),
+    }
+}
+
+/// The layout of the target's CPython.
+pub fn detect_layout<M: RemoteMemory>(
+    mem: &M,
+    loc: &RuntimeLocation,
+    pid: i32,
+) -> Result<Layout, AttachError> {
+    let version = detect_version(mem, loc, pid)?;
+    if version.major != 3 || !SUPPORTED.contains(&version.minor) {
+        return Err(AttachError::Unsupported(format!(
+            "{}.{}",
+            version.major, version.minor
+        )));
+    }
+    match version.minor {
+        11 | 12 => {
+            tables::layout(version).ok_or_else(|| AttachError::Unsupported(version.to_string()))
+        }
+        _ => debug_offsets::layout(mem, loc.runtime, version),
+    }
+}
+
+/// Attaches to a live process: finds its runtime and layout. Reads, never writes.
+pub fn attach(pid: i32) -> Result<Unwinder<ProcessMemory>, AttachError> {
+    let process = Process::new(pid)?;
+    let loc = binary::locate_runtime(&process)?;
+    let mem = ProcessMemory::new(pid);
+    let layout = detect_layout(&mem, &loc, pid)?;
+    Ok(Unwinder::new(pid, mem, layout, &loc))
+}

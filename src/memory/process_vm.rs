@@ -1,0 +1,153 @@
+//! `process_vm_readv` / `process_vm_writev` on a live process.
+
+use super::{MemoryError, ReadRequest, ReadStats, RemoteMemory};
+
+/// The kernel's limit on iovecs per call (`UIO_MAXIOV`).
+const MAX_IOVECS: usize = 1024;
+
+/// A live process's memory.
+#[derive(Debug)]
+pub struct ProcessMemory {
+    pid: i32,
+    stats: ReadStats,
+}
+
+impl ProcessMemory {
+    pub fn new(pid: i32) -> Self {
+        ProcessMemory {
+            pid,
+            stats: ReadStats::default(),
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    fn error(&self, errno: i32, addr: u64, len: usize) -> MemoryError {
+        match errno {
+            libc::ESRCH => MemoryError::ProcessGone(self.pid),
+            libc::EPERM | libc::EACCES => MemoryError::PermissionDenied(self.pid),
+            libc::EFAULT | libc::EIO => MemoryError::BadAddress { addr, len },
+            e => MemoryError::Os(e),
+        }
+    }
+
+    /// One `process_vm_readv` over `reqs` (at most `MAX_IOVECS`). Returns bytes read.
+    fn readv_once(&self, reqs: &mut [ReadRequest<'_>]) -> Result<usize, i32> {
+        let mut local: Vec<libc::iovec> = Vec::with_capacity(reqs.len());
+        let mut remote: Vec<libc::iovec> = Vec::with_capacity(reqs.len());
+        let mut total = 0usize;
+        for r in reqs.iter_mut() {
+            local.push(libc::iovec {
+                iov_base: r.buf.as_mut_ptr().cast(),
+                iov_len: r.buf.len(),
+            });
+            remote.push(libc::iovec {
+                iov_base: r.addr as usize as *mut libc::c_void,
+                iov_len: r.buf.len(),
+            });
+            total += r.buf.len();
+        }
+        // SAFETY: every local iovec points into a live `&mut [u8]` borrowed from `reqs` for the
+        // duration of this call, with its exact length, so the kernel writes only into memory
+        // we own exclusively. Remote iovecs are just addresses in the target; the kernel checks
+        // them and reports EFAULT or a short count, never touching our memory for them.
+        let n = unsafe {
+            libc::process_vm_readv(
+                self.pid,
+                local.as_ptr(),
+                local.len() as libc::c_ulong,
+                remote.as_ptr(),
+                remote.len() as libc::c_ulong,
+                0,
+            )
+        };
+        self.stats.record(if n > 0 { n as usize } else { 0 });
+        if n < 0 {
+            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+        }
+        debug_assert!(n as usize <= total);
+        Ok(n as usize)
+    }
+}
+
+impl RemoteMemory for ProcessMemory {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let len = buf.len();
+        let mut reqs = [ReadRequest::new(addr, buf)];
+        self.read_many(&mut reqs)
+            .map_err(|(_, e)| e)
+            .map_err(|e| match e {
+                MemoryError::BadAddress { .. } => MemoryError::BadAddress { addr, len },
+                e => e,
+            })
+    }
+
+    fn read_many(&self, reqs: &mut [ReadRequest<'_>]) -> Result<(), (usize, MemoryError)> {
+        // Each round either completes at least one range or returns an error, so this ends.
+        let mut i = 0usize;
+        while i < reqs.len() {
+            let end = (i + MAX_IOVECS).min(reqs.len());
+            let want: usize = reqs[i..end].iter().map(|r| r.buf.len()).sum();
+            let (addr, len) = (reqs[i].addr, reqs[i].buf.len());
+            let got = self
+                .readv_once(&mut reqs[i..end])
+                .map_err(|errno| (i, self.error(errno, addr, len)))?;
+            if got == want {
+                i = end;
+                continue;
+            }
+            // Short read: the kernel stopped at the first range it could not read whole.
+            // Skip the complete ranges and retry from the first incomplete one; if that one is
+            // the first of the round, it is the culprit.
+            let mut done = 0usize;
+            let mut j = i;
+            while j < end && done + reqs[j].buf.len() <= got {
+                done += reqs[j].buf.len();
+                j += 1;
+            }
+            if j == i {
+                return Err((i, MemoryError::BadAddress { addr, len }));
+            }
+            i = j;
+        }
+        Ok(())
+    }
+
+    fn write(&self, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let local = libc::iovec {
+            iov_base: data.as_ptr() as *mut libc::c_void,
+            iov_len: data.len(),
+        };
+        let remote = libc::iovec {
+            iov_base: addr as usize as *mut libc::c_void,
+            iov_len: data.len(),
+        };
+        // SAFETY: the local iovec describes `data`, which is live and only read by the kernel
+        // (process_vm_writev never writes to local memory). The remote address is validated by
+        // the kernel; callers only write at offsets validated against the target's layout.
+        let n = unsafe { libc::process_vm_writev(self.pid, &local, 1, &remote, 1, 0) };
+        if n < 0 {
+            let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+            return Err(self.error(errno, addr, data.len()));
+        }
+        if n as usize != data.len() {
+            return Err(MemoryError::BadAddress {
+                addr,
+                len: data.len(),
+            });
+        }
+        Ok(())
+    }
+
+    fn stats(&self) -> &ReadStats {
+        &self.stats
+    }
+}

@@ -1,0 +1,128 @@
+//! `pyfleet dump`: every interpreter, thread and frame of one process, as text or JSON.
+
+use super::for_terminal;
+use crate::cpython::{InterpreterStacks, Version};
+use serde::Serialize;
+use std::fmt::Write;
+
+/// What a dump shows about the process besides its stacks.
+pub struct DumpHeader<'a> {
+    pub pid: i32,
+    pub version: Version,
+    pub binary: &'a str,
+    pub cmdline: &'a str,
+}
+
+#[derive(Serialize)]
+struct JsonDump<'a> {
+    pid: i32,
+    python_version: String,
+    interpreters: Vec<JsonInterpreter<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsonInterpreter<'a> {
+    id: i64,
+    threads: Vec<JsonThread<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsonThread<'a> {
+    thread_id: u64,
+    native_thread_id: u64,
+    holds_gil: bool,
+    on_cpu: bool,
+    frames: Vec<JsonFrame<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsonFrame<'a> {
+    function: &'a str,
+    qualname: &'a str,
+    file: &'a str,
+    line: Option<i32>,
+}
+
+/// The dump as one JSON object (the format documented in the README).
+pub fn to_json(h: &DumpHeader<'_>, interps: &[InterpreterStacks]) -> String {
+    let doc = JsonDump {
+        pid: h.pid,
+        python_version: h.version.to_string(),
+        interpreters: interps
+            .iter()
+            .map(|i| JsonInterpreter {
+                id: i.id,
+                threads: i
+                    .threads
+                    .iter()
+                    .map(|t| JsonThread {
+                        thread_id: t.thread_id,
+                        native_thread_id: t.native_thread_id,
+                        holds_gil: t.holds_gil,
+                        on_cpu: t.on_cpu,
+                        frames: t
+                            .frames
+                            .iter()
+                            .map(|f| JsonFrame {
+                                function: &f.code.name,
+                                qualname: &f.code.qualname,
+                                file: &f.code.filename,
+                                line: f.line,
+                            })
+                            .collect(),
+                    })
+                    .collect(),
+            })
+            .collect(),
+    };
+    // Serialising plain structs of strings and numbers cannot fail.
+    serde_json::to_string_pretty(&doc).unwrap_or_default()
+}
+
+/// The dump as text for a person at a terminal.
+pub fn to_text(h: &DumpHeader<'_>, interps: &[InterpreterStacks]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "Process {}: {}", h.pid, for_terminal(h.cmdline));
+    let _ = writeln!(s, "Python {} ({})", h.version, for_terminal(h.binary));
+    for i in interps {
+        let _ = writeln!(
+            s,
+            "\nInterpreter {}{}",
+            i.id,
+            if i.id == 0 { " (main)" } else { "" }
+        );
+        if i.threads.is_empty() {
+            let _ = writeln!(s, "  (no thread running Python code)");
+        }
+        for t in &i.threads {
+            let mut status = Vec::new();
+            if t.on_cpu {
+                status.push("on CPU");
+            }
+            if t.holds_gil {
+                status.push("holds GIL");
+            }
+            if status.is_empty() {
+                status.push("idle");
+            }
+            let _ = writeln!(
+                s,
+                "  Thread {} (native {}) [{}]",
+                t.thread_id,
+                t.native_thread_id,
+                status.join(", ")
+            );
+            for f in &t.frames {
+                let line = f.line.map_or("?".to_string(), |l| l.to_string());
+                let _ = writeln!(
+                    s,
+                    "    {} ({}:{})",
+                    for_terminal(&f.code.qualname),
+                    for_terminal(&f.code.filename),
+                    line
+                );
+            }
+        }
+    }
+    s
+}

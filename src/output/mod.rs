@@ -1,0 +1,31 @@
+//! The one home of every output format. Strings from targets are untrusted: each format
+//! escapes them for where they go (here: a terminal, JSON).
+
+pub mod dump;
+
+/// Replaces control characters (terminal escapes, newlines) in a target's string with
+/// visible escapes, so that a dump cannot drive the user's terminal or break lines.
+pub fn for_terminal(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return s.into();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn terminal_strings_are_defanged() {
+        assert_eq!(super::for_terminal("plain ü"), "plain ü");
+        assert_eq!(super::for_terminal("a\x1b[2Jb\n"), "a\\u{1b}[2Jb\\n");
+    }
+}
