@@ -42,6 +42,26 @@ pub fn extras(minor: u32) -> Option<Extras> {
             shim_owners: &[3],
             code_tag_mask: 0,
         }),
+        // Same unicode layout; FRAME_OWNED_BY_INTERPRETER = 3, FRAME_OWNED_BY_CSTACK = 4;
+        // f_executable is a _PyStackRef whose low bits are tags (Py_TAG_BITS is 1 or 3
+        // depending on the build; clearing 3 is always right for an aligned object).
+        14 => Some(Extras {
+            compact_extra: 16,
+            kind_shift: 2,
+            compact_bit: 5,
+            ascii_bit: 6,
+            shim_owners: &[3, 4],
+            code_tag_mask: 3,
+        }),
+        // 3.15 has no FRAME_OWNED_BY_CSTACK: entry frames are FRAME_OWNED_BY_INTERPRETER = 3.
+        15 => Some(Extras {
+            compact_extra: 16,
+            kind_shift: 2,
+            compact_bit: 5,
+            ascii_bit: 6,
+            shim_owners: &[3],
+            code_tag_mask: 3,
+        }),
         _ => None,
     }
 }

@@ -151,3 +151,69 @@ impl RemoteMemory for ProcessMemory {
         &self.stats
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reads this very process: real `process_vm_readv`, with unmapped ranges mixed in.
+    #[test]
+    fn batched_reads_on_a_live_process() {
+        let me = ProcessMemory::new(std::process::id() as i32);
+        let a: Vec<u8> = (0..=255).collect();
+        let b = vec![7u8; 5000];
+        let addr = |v: &Vec<u8>| v.as_ptr() as u64;
+
+        let (mut x, mut y) = (vec![0u8; 256], vec![0u8; 5000]);
+        let mut reqs = [
+            ReadRequest::new(addr(&a), &mut x),
+            ReadRequest::new(addr(&b), &mut y),
+        ];
+        me.read_many(&mut reqs).unwrap();
+        assert_eq!((x.as_slice(), y.as_slice()), (a.as_slice(), b.as_slice()));
+        assert_eq!(me.stats().reads(), 1, "two ranges, one syscall");
+
+        // The second range is unmapped: the first is still filled, the error names index 1.
+        let (mut x, mut y, mut z) = (vec![0u8; 16], vec![0u8; 16], vec![0u8; 16]);
+        let mut reqs = [
+            ReadRequest::new(addr(&a), &mut x),
+            ReadRequest::new(8, &mut y),
+            ReadRequest::new(addr(&a) + 16, &mut z),
+        ];
+        let (i, e) = me.read_many(&mut reqs).unwrap_err();
+        assert_eq!(i, 1);
+        assert!(matches!(e, MemoryError::BadAddress { addr: 8, len: 16 }));
+        assert_eq!(x.as_slice(), &a[..16]);
+
+        // More ranges than one syscall takes.
+        let mut bufs = vec![[0u8; 1]; 3000];
+        let mut reqs: Vec<_> = bufs
+            .iter_mut()
+            .enumerate()
+            .map(|(i, buf)| ReadRequest::new(addr(&a) + (i % 256) as u64, buf))
+            .collect();
+        me.read_many(&mut reqs).unwrap();
+        assert!(bufs
+            .iter()
+            .enumerate()
+            .all(|(i, b)| b[0] == (i % 256) as u8));
+
+        // Single reads and writes.
+        assert!(matches!(
+            me.read_u64(0),
+            Err(MemoryError::BadAddress { .. })
+        ));
+        // No borrow of `target` is live while the kernel writes to it.
+        let mut target = vec![0u8; 4];
+        let at = target.as_mut_ptr() as u64;
+        me.write(at, &[1, 2, 3, 4]).unwrap();
+        assert_eq!(std::hint::black_box(&mut target).as_slice(), &[1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn a_missing_process_is_gone() {
+        // pid_max is at most 2^22: this pid cannot exist.
+        let m = ProcessMemory::new(i32::MAX);
+        assert_eq!(m.read_u64(0x1000), Err(MemoryError::ProcessGone(i32::MAX)));
+    }
+}

@@ -1,0 +1,764 @@
+//! Shared helpers for the integration tests that run pyfleet against real CPython processes.
+//!
+//! Every process a test starts is owned by a guard that kills (SIGKILL) and reaps it on drop,
+//! also when the test panics.  Every wait polls with a deadline and fails with a message that
+//! says what was awaited.
+#![allow(dead_code)]
+
+use std::ffi::{OsStr, OsString};
+use std::fs;
+use std::io::Read;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// How long a single pyfleet invocation may take before the test fails.
+pub const PYFLEET_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a target may take to write its ready/expectation file.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
+const POLL: Duration = Duration::from_millis(10);
+
+// ---------------------------------------------------------------------------------------------
+// Interpreters
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Debug)]
+pub struct Interp {
+    pub label: String,
+    /// 11..=15
+    pub minor: u32,
+    pub path: PathBuf,
+}
+
+fn home() -> PathBuf {
+    PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| OsString::from("/root")))
+}
+
+/// `${PYFLEET_PYTHONS:-$HOME/.cache/pyfleet/pythons}`
+pub fn pythons_dir() -> PathBuf {
+    match std::env::var_os("PYFLEET_PYTHONS") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => home().join(".cache/pyfleet/pythons"),
+    }
+}
+
+/// The newest `~/.pyenv/versions/3.<minor>.<micro>/bin/python3.<minor>` (plain releases only:
+/// `3.13.0` yes, `3.13.0t` or `3.13-dev` no).
+fn newest_pyenv(minor: u32) -> Option<PathBuf> {
+    let versions = home().join(".pyenv/versions");
+    let prefix = format!("3.{minor}.");
+    let mut best: Option<(u32, PathBuf)> = None;
+    for entry in fs::read_dir(&versions).ok()?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(micro) = name.strip_prefix(&prefix) else {
+            continue;
+        };
+        let Ok(micro) = micro.parse::<u32>() else {
+            continue;
+        };
+        let exe = entry.path().join(format!("bin/python3.{minor}"));
+        if exe.is_file() && best.as_ref().map_or(true, |(m, _)| micro > *m) {
+            best = Some((micro, exe));
+        }
+    }
+    best.map(|(_, p)| p)
+}
+
+fn allow_missing() -> bool {
+    std::env::var("PYFLEET_ALLOW_MISSING").map_or(false, |v| v == "1")
+}
+
+/// The interpreters every exactness test runs against.  Panics if one is missing (naming it
+/// and saying how to provision it) unless `PYFLEET_ALLOW_MISSING=1`, in which case missing
+/// ones are skipped with a note on stderr.
+pub fn interpreters() -> Vec<Interp> {
+    let pythons = pythons_dir();
+    let candidates: Vec<(&str, u32, Option<PathBuf>, String)> = vec![
+        (
+            "3.11-debian",
+            11,
+            Some(PathBuf::from("/usr/bin/python3.11")),
+            "/usr/bin/python3.11 (Debian's python3.11 package)".to_string(),
+        ),
+        (
+            "3.11-pyenv",
+            11,
+            newest_pyenv(11),
+            "~/.pyenv/versions/3.11.*/bin/python3.11".to_string(),
+        ),
+        (
+            "3.12-pyenv",
+            12,
+            newest_pyenv(12),
+            "~/.pyenv/versions/3.12.*/bin/python3.12".to_string(),
+        ),
+        (
+            "3.13-pyenv",
+            13,
+            newest_pyenv(13),
+            "~/.pyenv/versions/3.13.*/bin/python3.13".to_string(),
+        ),
+        (
+            "3.14",
+            14,
+            Some(pythons.join("3.14/usr/bin/python3.14")),
+            format!("{}", pythons.join("3.14/usr/bin/python3.14").display()),
+        ),
+        (
+            "3.15",
+            15,
+            Some(pythons.join("3.15/usr/bin/python3.15")),
+            format!("{}", pythons.join("3.15/usr/bin/python3.15").display()),
+        ),
+    ];
+    let mut found = Vec::new();
+    let mut missing = Vec::new();
+    for (label, minor, path, wanted) in candidates {
+        match path {
+            Some(p) if p.is_file() => found.push(Interp {
+                label: label.to_string(),
+                minor,
+                path: p,
+            }),
+            _ => missing.push(format!("{label} ({wanted})")),
+        }
+    }
+    if !missing.is_empty() {
+        if allow_missing() {
+            for m in &missing {
+                eprintln!("PYFLEET_ALLOW_MISSING=1: skipping missing interpreter {m}");
+            }
+        } else {
+            panic!(
+                "missing Python interpreter(s): {}. Run scripts/setup-pythons.sh to provision \
+                 them (or set PYFLEET_ALLOW_MISSING=1 to skip missing interpreters).",
+                missing.join(", ")
+            );
+        }
+    }
+    found
+}
+
+/// Some supported interpreter, for tests that need just one Python (does not require the
+/// others to be provisioned).
+pub fn any_interpreter() -> Interp {
+    let path = newest_pyenv(12).expect("no ~/.pyenv/versions/3.12.*/bin/python3.12");
+    Interp {
+        label: "3.12-pyenv".to_string(),
+        minor: 12,
+        path,
+    }
+}
+
+/// One interpreter by label; None only when it is missing and PYFLEET_ALLOW_MISSING=1.
+pub fn interpreter(label: &str) -> Option<Interp> {
+    let all = interpreters();
+    let found = all.into_iter().find(|i| i.label == label);
+    if found.is_none() {
+        eprintln!("skipping: interpreter {label} is not available");
+    }
+    found
+}
+
+/// pyenv's newest python3.10 (not supported by pyfleet; used for the unsupported-version test).
+pub fn python310() -> Option<PathBuf> {
+    newest_pyenv(10)
+}
+
+/// Like `python310()`, but panics with a clear message when it is missing, unless
+/// PYFLEET_ALLOW_MISSING=1 (then None).
+pub fn require_python310() -> Option<PathBuf> {
+    match python310() {
+        Some(p) => Some(p),
+        None if allow_missing() => {
+            eprintln!(
+                "PYFLEET_ALLOW_MISSING=1: skipping, no ~/.pyenv/versions/3.10.*/bin/python3.10"
+            );
+            None
+        }
+        None => panic!(
+            "missing Python interpreter 3.10-pyenv (~/.pyenv/versions/3.10.*/bin/python3.10), \
+             needed for the unsupported-version test (set PYFLEET_ALLOW_MISSING=1 to skip)"
+        ),
+    }
+}
+
+pub fn targets_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/targets")
+}
+
+pub fn target_script(name: &str) -> PathBuf {
+    let p = targets_dir().join(name);
+    assert!(p.is_file(), "target script {} does not exist", p.display());
+    p
+}
+
+// ---------------------------------------------------------------------------------------------
+// Misc
+// ---------------------------------------------------------------------------------------------
+
+/// A token unique to this test run and call (for markers in command lines).
+pub fn unique_token(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!(
+        "{prefix}{:x}{:x}{n}",
+        std::process::id(),
+        nanos & 0xffff_ffff_ffff
+    )
+}
+
+pub fn tempdir(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .expect("cannot create a temporary directory")
+}
+
+/// Where a test may keep files for a human to look at after a failure.
+pub fn artifacts_dir(test: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("pyfleet-tests")
+        .join(test);
+    fs::create_dir_all(&dir).expect("cannot create the artifacts directory");
+    dir
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Signals and /proc
+// ---------------------------------------------------------------------------------------------
+
+pub fn send_signal(pid: i32, sig: libc::c_int) {
+    // SAFETY: kill has no memory-safety preconditions.
+    let rc = unsafe { libc::kill(pid, sig) };
+    if rc != 0 {
+        panic!(
+            "kill({pid}, {sig}) failed: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// Whether a process with this pid exists (zombies included).
+pub fn pid_exists(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks for existence and permission.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// The state letter of /proc/PID/task/TID/stat (R, S, D, T, t, Z, ...).
+fn task_state(stat_path: &Path) -> Option<char> {
+    let stat = fs::read_to_string(stat_path).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.trim_start().chars().next()
+}
+
+/// State letters of every thread of a process.
+pub fn thread_states(pid: i32) -> Vec<(String, Option<char>)> {
+    let mut out = Vec::new();
+    if let Ok(rd) = fs::read_dir(format!("/proc/{pid}/task")) {
+        for e in rd.flatten() {
+            let tid = e.file_name().to_string_lossy().into_owned();
+            out.push((tid, task_state(&e.path().join("stat"))));
+        }
+    }
+    out
+}
+
+pub fn process_state(pid: i32) -> Option<char> {
+    task_state(Path::new(&format!("/proc/{pid}/stat")))
+}
+
+/// Poll `cond` until it returns true; panic with `what` (and `diag()`) after `timeout`.
+pub fn wait_until(
+    timeout: Duration,
+    what: &str,
+    mut cond: impl FnMut() -> bool,
+    diag: impl Fn() -> String,
+) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for {what}; {}", diag());
+        }
+        thread::sleep(POLL);
+    }
+}
+
+/// SIGSTOPs a process on creation (and waits until every one of its threads is stopped);
+/// SIGCONTs it on drop.
+pub struct Stopped {
+    pid: i32,
+}
+
+impl Stopped {
+    pub fn new(pid: i32) -> Stopped {
+        send_signal(pid, libc::SIGSTOP);
+        let guard = Stopped { pid };
+        wait_until(
+            Duration::from_secs(10),
+            &format!("every thread of {pid} to be stopped after SIGSTOP"),
+            || {
+                let states = thread_states(pid);
+                !states.is_empty() && states.iter().all(|(_, s)| *s == Some('T'))
+            },
+            || format!("thread states: {:?}", thread_states(pid)),
+        );
+        guard
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: see send_signal; errors (process already gone) are irrelevant here.
+        unsafe { libc::kill(self.pid, libc::SIGCONT) };
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Long-running processes (targets)
+// ---------------------------------------------------------------------------------------------
+
+/// A spawned long-running process with stdout/stderr in files of its own temporary
+/// directory.  SIGKILLed and reaped on drop.
+pub struct Proc {
+    child: Child,
+    reaped: Option<ExitStatus>,
+    dir: tempfile::TempDir,
+    pub what: String,
+}
+
+impl Proc {
+    /// Spawn `program args...` in its own temporary directory `dir()` (its working directory,
+    /// so relative paths in `args` land there); stdin is /dev/null, stdout/stderr go to files
+    /// in `dir()`.
+    pub fn spawn<S: AsRef<OsStr>>(what: &str, program: &Path, args: &[S]) -> Proc {
+        Proc::spawn_with(what, program, args, |_| {})
+    }
+
+    pub fn spawn_with<S: AsRef<OsStr>>(
+        what: &str,
+        program: &Path,
+        args: &[S],
+        configure: impl FnOnce(&mut Command),
+    ) -> Proc {
+        let dir = tempdir("pyfleet-target-");
+        let stdout = fs::File::create(dir.path().join("stdout")).unwrap();
+        let stderr = fs::File::create(dir.path().join("stderr")).unwrap();
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr);
+        configure(&mut cmd);
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("{what}: cannot spawn {}: {e}", program.display()));
+        Proc {
+            child,
+            reaped: None,
+            dir,
+            what: what.to_string(),
+        }
+    }
+
+    /// Spawn a Python target script from tests/targets with a clean Python environment.
+    pub fn python<S: AsRef<OsStr>>(
+        interp_label: &str,
+        python: &Path,
+        script: &str,
+        args: &[S],
+    ) -> Proc {
+        let script = target_script(script);
+        let mut all: Vec<OsString> = vec![script.into_os_string()];
+        all.extend(args.iter().map(|a| a.as_ref().to_os_string()));
+        let what = format!("{} [{interp_label}]", all[0].to_string_lossy());
+        Proc::spawn_with(&what, python, &all, |cmd| {
+            for var in [
+                "PYTHONPATH",
+                "PYTHONHOME",
+                "PYTHONSTARTUP",
+                "PYTHONSAFEPATH",
+                "PYTHONWARNINGS",
+            ] {
+                cmd.env_remove(var);
+            }
+            cmd.env("PYTHONDONTWRITEBYTECODE", "1")
+                .env("PYTHONUTF8", "1");
+        })
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn stdout(&self) -> String {
+        String::from_utf8_lossy(&fs::read(self.dir().join("stdout")).unwrap_or_default())
+            .into_owned()
+    }
+
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&fs::read(self.dir().join("stderr")).unwrap_or_default())
+            .into_owned()
+    }
+
+    /// Whether the process has exited (reaping it if so).
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        if self.reaped.is_none() {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                self.reaped = Some(status);
+            }
+        }
+        self.reaped
+    }
+
+    /// Wait until `dir()/name` exists; panics (with the target's stderr) if the target exits
+    /// first or the timeout passes.
+    pub fn wait_for_file(&mut self, name: &str, timeout: Duration) -> PathBuf {
+        let path = self.dir().join(name);
+        self.wait_for_path(&path, timeout);
+        path
+    }
+
+    /// Like `wait_for_file` for any path.
+    pub fn wait_for_path(&mut self, path: &Path, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if path.exists() {
+                return;
+            }
+            if let Some(status) = self.exited() {
+                panic!(
+                    "{}: exited ({status}) before writing {}\n--- its stderr ---\n{}",
+                    self.what,
+                    path.display(),
+                    self.stderr()
+                );
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "{}: timed out after {timeout:?} waiting for {}\n--- its stderr ---\n{}",
+                    self.what,
+                    path.display(),
+                    self.stderr()
+                );
+            }
+            thread::sleep(POLL);
+        }
+    }
+
+    /// Wait until /proc/PID/exe resolves to a file whose name starts with `exe_name_prefix`
+    /// (i.e. the exec has happened).
+    pub fn wait_for_exe(&mut self, exe_name_prefix: &str, timeout: Duration) {
+        let pid = self.pid();
+        let exe_link = format!("/proc/{pid}/exe");
+        wait_until(
+            timeout,
+            &format!("{} (pid {pid}) to exec {exe_name_prefix}", self.what),
+            || {
+                fs::read_link(&exe_link)
+                    .ok()
+                    .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                    .map_or(false, |n| n.starts_with(exe_name_prefix))
+            },
+            || format!("/proc/{pid}/exe -> {:?}", fs::read_link(&exe_link)),
+        );
+    }
+
+    /// SIGKILL without reaping (the process stays a zombie until `reap()` or drop).
+    pub fn kill_no_reap(&mut self) {
+        if self.reaped.is_none() {
+            send_signal(self.pid(), libc::SIGKILL);
+        }
+    }
+
+    /// Wait for the process to be gone (after it was killed).
+    pub fn reap(&mut self) -> ExitStatus {
+        if let Some(s) = self.reaped {
+            return s;
+        }
+        let status = self.child.wait().expect("waitpid failed");
+        self.reaped = Some(status);
+        status
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) -> ExitStatus {
+        self.kill_no_reap();
+        self.reap()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if self.reaped.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Short-lived commands (pyfleet) with a timeout
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug)]
+pub struct RunOutput {
+    pub command: String,
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+impl RunOutput {
+    pub fn describe(&self) -> String {
+        format!(
+            "`{}` -> {} after {:?}\n--- stdout ({} bytes) ---\n{}\n--- stderr ---\n{}",
+            self.command,
+            describe_status(&self.status),
+            self.elapsed,
+            self.stdout.len(),
+            truncate(&self.stdout, 4000),
+            truncate(&self.stderr, 4000)
+        )
+    }
+
+    pub fn success(&self) -> bool {
+        self.status.success()
+    }
+}
+
+pub fn describe_status(status: &ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => format!("exit code {c}"),
+        (None, Some(s)) => format!("killed by signal {s}"),
+        _ => format!("{status}"),
+    }
+}
+
+pub fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... [{} more bytes]", &s[..end], s.len() - end)
+}
+
+/// A running short-lived command whose output is being collected; killed and reaped on drop.
+pub struct Running {
+    child: Option<Child>,
+    command: String,
+    started: Instant,
+    timeout: Duration,
+    readers: Vec<thread::JoinHandle<Vec<u8>>>,
+}
+
+fn command_line(cmd: &Command) -> String {
+    let mut parts = vec![cmd.get_program().to_string_lossy().into_owned()];
+    parts.extend(cmd.get_args().map(|a| a.to_string_lossy().into_owned()));
+    parts.join(" ")
+}
+
+impl Running {
+    pub fn start(mut cmd: Command, timeout: Duration) -> Running {
+        let command = command_line(&cmd);
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let started = Instant::now();
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot spawn `{command}`: {e}"));
+        let mut readers = Vec::new();
+        for pipe in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
+            Box::new(child.stderr.take().unwrap()) as Box<dyn Read + Send>,
+        ] {
+            let mut pipe = pipe;
+            readers.push(thread::spawn(move || {
+                let mut buf = Vec::new();
+                let _ = pipe.read_to_end(&mut buf);
+                buf
+            }));
+        }
+        Running {
+            child: Some(child),
+            command,
+            started,
+            timeout,
+            readers,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    /// Wait for the command to finish; panics if it takes longer than its timeout (after
+    /// killing it).
+    pub fn finish(mut self) -> RunOutput {
+        let mut child = self.child.take().unwrap();
+        let deadline = self.started + self.timeout;
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("waitpid failed") {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                let out: Vec<String> = self
+                    .readers
+                    .drain(..)
+                    .map(|r| String::from_utf8_lossy(&r.join().unwrap_or_default()).into_owned())
+                    .collect();
+                panic!(
+                    "`{}` did not finish within {:?} (killed it)\n--- stdout ---\n{}\n--- stderr ---\n{}",
+                    self.command,
+                    self.timeout,
+                    truncate(&out[0], 4000),
+                    truncate(&out[1], 4000)
+                );
+            }
+            thread::sleep(Duration::from_millis(5));
+        };
+        let elapsed = self.started.elapsed();
+        let mut out = self.readers.drain(..).map(|r| r.join().unwrap_or_default());
+        let stdout = out.next().unwrap();
+        let stderr = out.next().unwrap();
+        RunOutput {
+            command: self.command.clone(),
+            status,
+            stdout: String::from_utf8(stdout).unwrap_or_else(|e| {
+                panic!("`{}` wrote invalid UTF-8 on stdout: {e}", self.command)
+            }),
+            stderr: String::from_utf8_lossy(&stderr).into_owned(),
+            elapsed,
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+pub fn pyfleet_exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_pyfleet"))
+}
+
+/// `pyfleet ARGS` with a deterministic environment (no RUST_LOG, no RUST_BACKTRACE).
+pub fn pyfleet_command<S: AsRef<OsStr>>(args: &[S]) -> Command {
+    let mut cmd = Command::new(pyfleet_exe());
+    cmd.args(args)
+        .env_remove("RUST_LOG")
+        .env_remove("RUST_BACKTRACE");
+    cmd
+}
+
+/// Start `pyfleet ARGS` in the background (see `Running::finish`).
+pub fn start_pyfleet<S: AsRef<OsStr>>(args: &[S]) -> Running {
+    Running::start(pyfleet_command(args), PYFLEET_TIMEOUT)
+}
+
+/// Run `pyfleet ARGS`; panics if it takes more than PYFLEET_TIMEOUT.
+pub fn pyfleet<S: AsRef<OsStr>>(args: &[S]) -> RunOutput {
+    start_pyfleet(args).finish()
+}
+
+/// Run any command with a timeout.
+pub fn run_with_timeout(cmd: Command, timeout: Duration) -> RunOutput {
+    Running::start(cmd, timeout).finish()
+}
+
+/// Run `cmd` as user/group nobody (65534) with no supplementary groups and no capabilities.
+pub fn as_nobody<S: AsRef<OsStr>>(program: &Path, args: &[S]) -> Command {
+    let setpriv = Path::new("/usr/bin/setpriv");
+    assert!(
+        setpriv.is_file(),
+        "/usr/bin/setpriv (util-linux) is needed to run pyfleet as an unprivileged user"
+    );
+    let mut cmd = Command::new(setpriv);
+    cmd.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--inh-caps=-all",
+    ])
+    .arg(program)
+    .args(args)
+    .env_remove("RUST_LOG")
+    .env_remove("RUST_BACKTRACE");
+    cmd
+}
+
+/// Checks the error contract: non-zero exit that is not a panic (101) nor a signal; stderr is
+/// exactly one non-empty line without "panicked"/"backtrace"; it mentions `needle`
+/// (case-insensitive) if given.  Returns a description of every violation (empty = OK).
+pub fn error_contract_violations(out: &RunOutput, needle: Option<&str>) -> Vec<String> {
+    let mut bad = Vec::new();
+    match (out.status.code(), out.status.signal()) {
+        (Some(0), _) => bad.push("exited 0, expected a failure".to_string()),
+        (Some(101), _) => bad.push("exit code 101 (a Rust panic)".to_string()),
+        (Some(_), _) => {}
+        (None, sig) => bad.push(format!("killed by signal {sig:?}")),
+    }
+    let trimmed = out.stderr.trim();
+    if trimmed.is_empty() {
+        bad.push("stderr is empty".to_string());
+    } else if trimmed.lines().count() != 1 {
+        bad.push(format!(
+            "stderr has {} lines, expected exactly one",
+            trimmed.lines().count()
+        ));
+    }
+    let lower = out.stderr.to_lowercase();
+    for word in ["panicked", "backtrace"] {
+        if lower.contains(word) {
+            bad.push(format!("stderr contains {word:?}"));
+        }
+    }
+    if let Some(needle) = needle {
+        if !lower.contains(&needle.to_lowercase()) {
+            bad.push(format!("stderr does not mention {needle:?}"));
+        }
+    }
+    bad
+}
+
+pub fn assert_error_contract(out: &RunOutput, needle: Option<&str>) {
+    let bad = error_contract_violations(out, needle);
+    assert!(
+        bad.is_empty(),
+        "error contract violated: {}\n{}",
+        bad.join("; "),
+        out.describe()
+    );
+}
