@@ -12,6 +12,9 @@ pub mod objects;
 pub mod tables;
 pub mod unwind;
 
+#[cfg(test)]
+mod image_tests;
+
 pub use layout::{Layout, Version};
 pub use objects::CodeInfo;
 pub use unwind::{Frame, InterpreterStacks, ThreadStack, Unwinder};
