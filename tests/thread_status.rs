@@ -8,7 +8,7 @@ use std::time::Duration;
 
 const DUMPS: usize = 20;
 
-fn thread<'a>(dump: &'a serde_json::Value, ident: u64) -> Option<&'a serde_json::Value> {
+fn thread(dump: &serde_json::Value, ident: u64) -> Option<&serde_json::Value> {
     dump["interpreters"][0]["threads"]
         .as_array()?
         .iter()

@@ -60,7 +60,7 @@ fn newest_pyenv(minor: u32) -> Option<PathBuf> {
             continue;
         };
         let exe = entry.path().join(format!("bin/python3.{minor}"));
-        if exe.is_file() && best.as_ref().map_or(true, |(m, _)| micro > *m) {
+        if exe.is_file() && best.as_ref().is_none_or(|(m, _)| micro > *m) {
             best = Some((micro, exe));
         }
     }
@@ -68,7 +68,7 @@ fn newest_pyenv(minor: u32) -> Option<PathBuf> {
 }
 
 fn allow_missing() -> bool {
-    std::env::var("PYFLEET_ALLOW_MISSING").map_or(false, |v| v == "1")
+    std::env::var("PYFLEET_ALLOW_MISSING").is_ok_and(|v| v == "1")
 }
 
 /// The interpreters every exactness test runs against.  Panics if one is missing (naming it
@@ -479,7 +479,7 @@ impl Proc {
                 fs::read_link(&exe_link)
                     .ok()
                     .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-                    .map_or(false, |n| n.starts_with(exe_name_prefix))
+                    .is_some_and(|n| n.starts_with(exe_name_prefix))
             },
             || format!("/proc/{pid}/exe -> {:?}", fs::read_link(&exe_link)),
         );
