@@ -8,3 +8,4 @@ pub mod discovery;
 pub mod memory;
 pub mod output;
 pub mod process;
+pub mod stacks;

@@ -111,78 +111,150 @@ pub fn read_code<M: RemoteMemory>(
     code_type: Option<u64>,
     addr: u64,
 ) -> Result<CodeInfo, UnwindError> {
-    let c = &layout.code;
-    let hdr = mem.read_vec(addr, c.size as usize)?;
-    let h = Bytes(&hdr);
-    if let Some(ty) = code_type {
-        if h.u64(8)? != ty {
-            return Err(UnwindError::NotCode(addr));
-        }
-    }
-    let ptrs = [h.u64(c.name)?, h.u64(c.qualname)?, h.u64(c.filename)?];
-    let table_ptr = h.u64(c.linetable)?;
-    let first_line = h.i32(c.firstlineno)?;
+    read_codes(mem, layout, code_type, &[addr])?
+        .pop()
+        .unwrap_or(Err(UnwindError::NotCode(addr)))
+}
 
-    // Round 2: the three string headers and the bytes header, in one syscall.
+/// Where a code object's parts are, from its header.
+struct CodeParts {
+    strs: [u64; 3],
+    table: u64,
+    first_line: i32,
+}
+
+/// Reads many code objects in three syscalls whatever their number: all headers; then every
+/// string and line-table header; then all characters and tables. A batch-wide read failure
+/// is an `Err`; a bad object gives an `Err` in its own slot, the others are still read.
+pub fn read_codes<M: RemoteMemory>(
+    mem: &M,
+    layout: &Layout,
+    code_type: Option<u64>,
+    addrs: &[u64],
+) -> Result<Vec<Result<CodeInfo, UnwindError>>, UnwindError> {
+    let c = &layout.code;
+    let hsize = c.size as usize;
+    // Round 1: headers.
+    let mut headers = vec![0u8; hsize * addrs.len()];
+    read_chunks(mem, addrs.iter().map(|&a| (a, hsize)), &mut headers)?;
+    let parts: Vec<Result<CodeParts, UnwindError>> = addrs
+        .iter()
+        .zip(headers.chunks_exact(hsize))
+        .map(|(&addr, h)| {
+            let h = Bytes(h);
+            if code_type.is_some_and(|ty| h.u64(8) != Ok(ty)) {
+                return Err(UnwindError::NotCode(addr));
+            }
+            Ok(CodeParts {
+                strs: [h.u64(c.name)?, h.u64(c.qualname)?, h.u64(c.filename)?],
+                table: h.u64(c.linetable)?,
+                first_line: h.i32(c.firstlineno)?,
+            })
+        })
+        .collect();
+    let ok: Vec<&CodeParts> = parts.iter().filter_map(|p| p.as_ref().ok()).collect();
+
+    // Round 2: three string headers and one bytes header per code object.
     let uhdr = (layout.unicode.compact_size + 8) as usize;
     let bhdr = layout.bytes.ob_sval as usize;
-    let mut bufs = [
-        vec![0u8; uhdr],
-        vec![0u8; uhdr],
-        vec![0u8; uhdr],
-        vec![0u8; bhdr],
-    ];
-    {
-        let [a, b, d, t] = &mut bufs;
-        let mut reqs = [
-            ReadRequest::new(ptrs[0], a),
-            ReadRequest::new(ptrs[1], b),
-            ReadRequest::new(ptrs[2], d),
-            ReadRequest::new(table_ptr, t),
-        ];
-        mem.read_many(&mut reqs).map_err(|(_, e)| e)?;
-    }
-    let strs = [
-        unicode_header(layout, ptrs[0], &bufs[0])?,
-        unicode_header(layout, ptrs[1], &bufs[1])?,
-        unicode_header(layout, ptrs[2], &bufs[2])?,
-    ];
-    let table_len = Bytes(&bufs[3]).i64(layout.bytes.ob_size)?;
-    if table_len < 0 || table_len as usize > MAX_LINETABLE_LEN {
-        return Err(UnwindError::BadObject {
-            addr: table_ptr,
-            what: "line table: absurd length".into(),
-        });
-    }
-
-    // Round 3: the characters and the table, in one syscall.
-    let mut data: Vec<Vec<u8>> = strs
-        .iter()
-        .map(|s| vec![0u8; s.chars * usize::from(s.kind)])
-        .chain(std::iter::once(vec![0u8; table_len as usize]))
-        .collect();
-    let addrs = [
-        strs[0].addr,
-        strs[1].addr,
-        strs[2].addr,
-        table_ptr.wrapping_add(layout.bytes.ob_sval),
-    ];
-    {
-        let mut reqs: Vec<ReadRequest<'_>> = data
-            .iter_mut()
-            .zip(addrs)
-            .filter(|(buf, _)| !buf.is_empty())
-            .map(|(buf, a)| ReadRequest::new(a, buf))
+    let per = 3 * uhdr + bhdr;
+    let mut hdrs = vec![0u8; per * ok.len()];
+    read_chunks(
+        mem,
+        ok.iter().flat_map(|p| {
+            p.strs
+                .iter()
+                .map(move |&a| (a, uhdr))
+                .chain(std::iter::once((p.table, bhdr)))
+        }),
+        &mut hdrs,
+    )?;
+    // Round 3: characters and tables.
+    let mut layouts = Vec::with_capacity(ok.len());
+    for (p, h) in ok.iter().zip(hdrs.chunks_exact(per)) {
+        let strs: Result<Vec<StrData>, UnwindError> = (0..3)
+            .map(|i| unicode_header(layout, p.strs[i], &h[i * uhdr..(i + 1) * uhdr]))
             .collect();
-        mem.read_many(&mut reqs).map_err(|(_, e)| e)?;
+        let table_len = Bytes(&h[3 * uhdr..]).i64(layout.bytes.ob_size)?;
+        let table = if table_len < 0 || table_len as usize > MAX_LINETABLE_LEN {
+            Err(UnwindError::BadObject {
+                addr: p.table,
+                what: "line table: absurd length".into(),
+            })
+        } else {
+            Ok(table_len as usize)
+        };
+        layouts.push(strs.and_then(|s| Ok((s, table?))));
     }
-    Ok(CodeInfo {
-        name: decode_str(strs[0].kind, &data[0]),
-        qualname: decode_str(strs[1].kind, &data[1]),
-        filename: decode_str(strs[2].kind, &data[2]),
-        first_line,
-        lines: linetable::decode(&data[3], first_line),
-    })
+    let ranges: Vec<(u64, usize)> = ok
+        .iter()
+        .zip(&layouts)
+        .filter_map(|(p, l)| l.as_ref().ok().map(|l| (p, l)))
+        .flat_map(|(p, (strs, table_len))| {
+            strs.iter()
+                .map(|s| (s.addr, s.chars * usize::from(s.kind)))
+                .chain(std::iter::once((
+                    p.table.wrapping_add(layout.bytes.ob_sval),
+                    *table_len,
+                )))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let mut data = vec![0u8; ranges.iter().map(|r| r.1).sum()];
+    read_chunks(mem, ranges.iter().copied(), &mut data)?;
+
+    // Assemble, in the order asked.
+    let mut pos = 0usize;
+    let mut take = |n: usize| {
+        let s = &data[pos..pos + n];
+        pos += n;
+        s
+    };
+    let mut layouts = layouts.into_iter();
+    Ok(parts
+        .into_iter()
+        .map(|p| {
+            let p = p?;
+            let (strs, table_len) = layouts.next().ok_or(UnwindError::NotCode(0))??;
+            let mut text = strs
+                .iter()
+                .map(|s| decode_str(s.kind, take(s.chars * usize::from(s.kind))));
+            let (name, qualname, filename) = (
+                text.next().unwrap_or_default(),
+                text.next().unwrap_or_default(),
+                text.next().unwrap_or_default(),
+            );
+            Ok(CodeInfo {
+                name,
+                qualname,
+                filename,
+                first_line: p.first_line,
+                lines: linetable::decode(take(table_len), p.first_line),
+            })
+        })
+        .collect())
+}
+
+/// Reads `ranges` back to back into `out` (whose length is their total) in one batch.
+pub fn read_chunks<M: RemoteMemory>(
+    mem: &M,
+    ranges: impl Iterator<Item = (u64, usize)>,
+    out: &mut [u8],
+) -> Result<(), UnwindError> {
+    let mut rest = out;
+    let mut reqs = Vec::new();
+    for (addr, len) in ranges {
+        let (head, tail) = std::mem::take(&mut rest).split_at_mut(len);
+        if !head.is_empty() {
+            reqs.push(ReadRequest::new(addr, head));
+        }
+        rest = tail;
+    }
+    if reqs.is_empty() {
+        return Ok(());
+    }
+    mem.read_many(&mut reqs)
+        .map_err(|(_, e)| UnwindError::Memory(e))
 }
 
 #[cfg(test)]

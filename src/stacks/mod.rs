@@ -1,0 +1,161 @@
+//! Interning of functions, frames and stacks, so that a steady-state sample is a few integer
+//! lookups: no allocation, no string seen twice.
+//!
+//! - a *function* is a code object's identity by content (name, qualname, file, first line):
+//!   a code object reloaded at another address keeps its [`FunctionId`];
+//! - a *frame* is (function, line) -> [`FrameId`];
+//! - a *stack* is a sequence of frame ids, innermost first -> [`StackId`].
+//!
+//! Ids are dense indices, valid for the life of the table. This module knows nothing about
+//! target memory.
+
+use crate::cpython::CodeInfo;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+pub type FunctionId = u32;
+pub type FrameId = u32;
+pub type StackId = u32;
+
+/// A resolved frame: its function and line (`None` where the instruction has no line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FrameKey {
+    pub function: FunctionId,
+    pub line: Option<i32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct FunctionKey {
+    name: Arc<str>,
+    qualname: Arc<str>,
+    filename: Arc<str>,
+    first_line: i32,
+}
+
+/// The interning tables of one unwinder.
+#[derive(Debug, Default)]
+pub struct StackTable {
+    function_ids: HashMap<FunctionKey, FunctionId>,
+    functions: Vec<Arc<CodeInfo>>,
+    frame_ids: HashMap<FrameKey, FrameId>,
+    frames: Vec<FrameKey>,
+    stack_ids: HashMap<Box<[FrameId]>, StackId>,
+    stacks: Vec<Box<[FrameId]>>,
+}
+
+impl StackTable {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The id of a code object's function (interning it the first time).
+    pub fn function(&mut self, code: &Arc<CodeInfo>) -> FunctionId {
+        let key = FunctionKey {
+            name: code.name.as_str().into(),
+            qualname: code.qualname.as_str().into(),
+            filename: code.filename.as_str().into(),
+            first_line: code.first_line,
+        };
+        if let Some(&id) = self.function_ids.get(&key) {
+            return id;
+        }
+        let id = self.functions.len() as FunctionId;
+        self.functions.push(code.clone());
+        self.function_ids.insert(key, id);
+        id
+    }
+
+    pub fn frame(&mut self, function: FunctionId, line: Option<i32>) -> FrameId {
+        let key = FrameKey { function, line };
+        if let Some(&id) = self.frame_ids.get(&key) {
+            return id;
+        }
+        let id = self.frames.len() as FrameId;
+        self.frames.push(key);
+        self.frame_ids.insert(key, id);
+        id
+    }
+
+    /// The id of a stack (innermost first). Allocates only for a stack never seen before.
+    pub fn stack(&mut self, frames: &[FrameId]) -> StackId {
+        if let Some(&id) = self.stack_ids.get(frames) {
+            return id;
+        }
+        let id = self.stacks.len() as StackId;
+        let boxed: Box<[FrameId]> = frames.into();
+        self.stacks.push(boxed.clone());
+        self.stack_ids.insert(boxed, id);
+        id
+    }
+
+    pub fn function_info(&self, id: FunctionId) -> Option<&Arc<CodeInfo>> {
+        self.functions.get(id as usize)
+    }
+
+    pub fn frame_key(&self, id: FrameId) -> Option<FrameKey> {
+        self.frames.get(id as usize).copied()
+    }
+
+    /// The frames of a stack, innermost first.
+    pub fn stack_frames(&self, id: StackId) -> Option<&[FrameId]> {
+        self.stacks.get(id as usize).map(|s| &s[..])
+    }
+
+    /// (function info, line) of each frame of a stack, innermost first.
+    pub fn resolve(&self, id: StackId) -> Vec<(&CodeInfo, Option<i32>)> {
+        self.stack_frames(id)
+            .unwrap_or(&[])
+            .iter()
+            .filter_map(|&f| {
+                let key = self.frame_key(f)?;
+                Some((&**self.function_info(key.function)?, key.line))
+            })
+            .collect()
+    }
+
+    /// Sizes: (functions, frames, stacks).
+    pub fn len(&self) -> (usize, usize, usize) {
+        (self.functions.len(), self.frames.len(), self.stacks.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.stacks.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code(name: &str, first_line: i32) -> Arc<CodeInfo> {
+        Arc::new(CodeInfo {
+            name: name.into(),
+            qualname: format!("C.{name}"),
+            filename: "/f.py".into(),
+            first_line,
+            lines: Vec::new(),
+        })
+    }
+
+    #[test]
+    fn interning_is_stable_and_by_content() {
+        let mut t = StackTable::new();
+        let (a, a_again, b) = (code("a", 1), code("a", 1), code("b", 9));
+        let fa = t.function(&a);
+        assert_eq!(t.function(&a_again), fa, "same content, same function");
+        let fb = t.function(&b);
+        assert_ne!(fa, fb);
+        let (x, y) = (t.frame(fa, Some(3)), t.frame(fb, None));
+        assert_eq!(t.frame(fa, Some(3)), x);
+        assert_ne!(t.frame(fa, Some(4)), x);
+        let s = t.stack(&[x, y]);
+        assert_eq!(t.stack(&[x, y]), s);
+        assert_ne!(t.stack(&[y, x]), s);
+        assert_eq!(t.stack_frames(s), Some(&[x, y][..]));
+        let r = t.resolve(s);
+        assert_eq!(r[0].0.name, "a");
+        assert_eq!(r[0].1, Some(3));
+        assert_eq!(r[1].1, None);
+        assert_eq!(t.len(), (2, 3, 2));
+    }
+}
