@@ -47,9 +47,16 @@ pub fn run(cli: Cli) -> Result<()> {
 }
 
 fn dump(pid: i32, json: bool) -> Result<()> {
-    let mut unwinder = cpython::attach(pid)?;
+    // A dump is one sample: it needs no frame cache, and must not write to the target.
+    let opts = cpython::SamplerOptions {
+        frame_cache: false,
+        read_only: true,
+        cpu_status: true,
+        ..Default::default()
+    };
+    let mut unwinder = cpython::attach(pid, opts)?;
     let stacks = unwinder
-        .dump()
+        .snapshot()
         .with_context(|| format!("reading the stacks of process {pid} failed"))?;
     let cmdline = Process::new(pid)
         .and_then(|p| p.cmdline())

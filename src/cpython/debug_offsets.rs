@@ -407,13 +407,28 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
         locked: gil_rel("gil_runtime_state_locked")?,
         holder: gil_rel("gil_runtime_state_holder")?,
     };
-    let tstate_fields = [
+    let frame_marker = match (
+        d.opt("thread_state.last_profiled_frame"),
+        d.opt("thread_state.last_profiled_frame_seq"),
+    ) {
+        (Some(_), Some(_)) => Some((ts("last_profiled_frame")?, ts("last_profiled_frame_seq")?)),
+        _ => None,
+    };
+    let holds_gil = match d.opt("thread_state.holds_gil") {
+        Some(_) => Some(ts("holds_gil")?),
+        None => None,
+    };
+    let datastack_chunk = ts("datastack_chunk")?;
+    let mut tstate_fields = vec![
         ts("next")?,
         ts("interp")?,
         ts("thread_id")?,
         ts("native_thread_id")?,
         ts("current_frame")?,
+        datastack_chunk,
     ];
+    tstate_fields.extend(frame_marker.iter().flat_map(|&(m, s)| [m, s]));
+    tstate_fields.extend(holds_gil);
     let frame_fields = [
         fr("previous")?,
         fr("executable")?,
@@ -457,10 +472,9 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
             thread_id: ts("thread_id")?,
             native_thread_id: ts("native_thread_id")?,
             current_frame: CurrentFrame::Direct(ts("current_frame")?),
-            datastack_chunk: ts("datastack_chunk").ok(),
-            last_profiled_frame: d
-                .opt("thread_state.last_profiled_frame")
-                .and_then(|_| ts("last_profiled_frame").ok()),
+            datastack_chunk: Some(datastack_chunk),
+            frame_marker,
+            holds_gil,
         },
         frame: FrameLayout {
             size: span(&frame_fields),

@@ -3,7 +3,7 @@
 
 use super::debug_offsets::{self, DebugOffsets, FIELDS_313};
 use super::layout::{Layout, Version};
-use super::{UnwindError, Unwinder};
+use super::{Sampler, SamplerOptions, UnwindError};
 use crate::binary::RuntimeLocation;
 use crate::memory::{MemoryImage, RemoteMemory};
 use std::path::PathBuf;
@@ -193,7 +193,7 @@ fn runtime() -> (MemoryImage, Vec<u64>) {
     (img, vec![f1, f2, shim, f3])
 }
 
-fn unwinder(img: MemoryImage) -> Unwinder<MemoryImage> {
+fn unwinder(img: MemoryImage) -> Sampler<MemoryImage> {
     let loc = RuntimeLocation {
         path: PathBuf::from("/synthetic"),
         bias: 0,
@@ -204,14 +204,14 @@ fn unwinder(img: MemoryImage) -> Unwinder<MemoryImage> {
     };
     let layout = debug_offsets::layout(&img, RUNTIME, Version::from_hex(V313)).unwrap();
     assert_eq!(layout, self::layout());
-    Unwinder::new(0, img, layout, &loc)
+    Sampler::new(0, img, layout, &loc, SamplerOptions::default())
 }
 
 #[test]
 fn walks_a_synthetic_runtime() {
     let (img, _) = runtime();
     let mut u = unwinder(img);
-    let interps = u.dump().unwrap();
+    let interps = u.snapshot().unwrap();
     assert_eq!(interps.len(), 1);
     assert_eq!(interps[0].id, 0);
     let threads = &interps[0].threads;
@@ -243,7 +243,7 @@ fn walks_a_synthetic_runtime() {
     );
     // A second dump resolves nothing new: the code objects are cached.
     let reads = u.memory().stats().reads();
-    u.dump().unwrap();
+    u.snapshot().unwrap();
     let again = u.memory().stats().reads() - reads;
     assert!(
         again < reads,
@@ -283,8 +283,15 @@ fn cycles_end_the_walk_with_an_error() {
     let (mut img, frames) = runtime();
     // The outermost frame points back at the innermost.
     img.poke(frames[3] + 0x08, &frames[0].to_le_bytes());
-    let err = unwinder(img).dump().unwrap_err();
-    assert!(matches!(err, UnwindError::Cycle("frame chain")), "{err}");
+    let err = unwinder(img).snapshot().unwrap_err();
+    // Found as a cycle, or by the depth bound: either way the walk ends with an error.
+    assert!(
+        matches!(
+            err,
+            UnwindError::Cycle("frame chain") | UnwindError::TooLong("frame chain", _)
+        ),
+        "{err}"
+    );
 }
 
 #[test]
@@ -294,14 +301,14 @@ fn garbage_strings_and_pointers_are_errors() {
     let name = img.read_u64(code + 0x78).unwrap();
     img.poke(name + 0x10, &u64::MAX.to_le_bytes()); // absurd length
     assert!(matches!(
-        unwinder(img).dump().unwrap_err(),
+        unwinder(img).snapshot().unwrap_err(),
         UnwindError::BadObject { .. }
     ));
 
     let (mut img, frames) = runtime();
     img.poke(frames[2] + 0x08, &0xdead_0000u64.to_le_bytes()); // unmapped previous
     assert!(matches!(
-        unwinder(img).dump().unwrap_err(),
+        unwinder(img).snapshot().unwrap_err(),
         UnwindError::Memory(_)
     ));
 }
@@ -327,6 +334,6 @@ fn random_corruption_never_panics() {
             };
             img.poke(at, &[rand() as u8]);
         }
-        let _ = unwinder(img).dump();
+        let _ = unwinder(img).snapshot();
     }
 }

@@ -79,9 +79,18 @@ pub struct ThreadLayout {
     pub native_thread_id: u64,
     pub current_frame: CurrentFrame,
     pub datastack_chunk: Option<u64>,
-    /// 3.15+: the frame-cache marker and its sequence number.
-    pub last_profiled_frame: Option<u64>,
+    /// 3.15+: the frame-cache marker (`last_profiled_frame`) and its sequence number.
+    pub frame_marker: Option<(u64, u64)>,
+    /// 3.15+: `holds_gil`, an `int` set while the thread holds the GIL.
+    pub holds_gil: Option<u64>,
 }
+
+/// `struct _PyStackChunk` (the same from 3.11 to 3.15): `previous`, `size` (bytes, header
+/// included), `top` (slots used, kept for chunks that are not the current one), `data`.
+pub const CHUNK_PREVIOUS: u64 = 0;
+pub const CHUNK_SIZE: u64 = 8;
+pub const CHUNK_TOP: u64 = 16;
+pub const CHUNK_DATA: u64 = 24;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FrameLayout {

@@ -9,6 +9,7 @@ pub mod debug_offsets;
 pub mod layout;
 pub mod linetable;
 pub mod objects;
+pub mod sampler;
 pub mod tables;
 pub mod unwind;
 
@@ -17,7 +18,8 @@ mod image_tests;
 
 pub use layout::{Layout, Version};
 pub use objects::CodeInfo;
-pub use unwind::{Frame, InterpreterStacks, ThreadStack, Unwinder};
+pub use sampler::{Sampler, SamplerOptions, SamplerStats, ThreadSample};
+pub use unwind::{Frame, InterpreterStacks, ThreadStack};
 
 use crate::binary::{self, BinaryError, RuntimeLocation};
 use crate::memory::{FieldOutOfRange, MemoryError, ProcessMemory, RemoteMemory};
@@ -133,11 +135,12 @@ pub fn detect_layout<M: RemoteMemory>(
     }
 }
 
-/// Attaches to a live process: finds its runtime and layout. Reads, never writes.
-pub fn attach(pid: i32) -> Result<Unwinder<ProcessMemory>, AttachError> {
+/// Attaches to a live process: finds its runtime and layout (reading only) and returns its
+/// sampler. Only sampling with the 3.15 frame cache, and not `read_only`, ever writes.
+pub fn attach(pid: i32, opts: SamplerOptions) -> Result<Sampler<ProcessMemory>, AttachError> {
     let process = Process::new(pid)?;
     let loc = binary::locate_runtime(&process)?;
     let mem = ProcessMemory::new(pid);
     let layout = detect_layout(&mem, &loc, pid)?;
-    Ok(Unwinder::new(pid, mem, layout, &loc))
+    Ok(Sampler::new(pid, mem, layout, &loc, opts))
 }

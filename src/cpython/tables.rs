@@ -91,7 +91,7 @@ fn layout_311(version: Version) -> Layout {
             code_object_generation: None,
         },
         tstate: ThreadLayout {
-            size: 168,
+            size: 304,             // through datastack_chunk
             next: 8,               // tstate.next
             interp: 16,            // tstate.interp
             thread_id: 152,        // tstate.thread_id
@@ -102,7 +102,8 @@ fn layout_311(version: Version) -> Layout {
                 current_frame: 8,
             },
             datastack_chunk: Some(296), // tstate.datastack_chunk
-            last_profiled_frame: None,
+            frame_marker: None,
+            holds_gil: None,
         },
         frame: FrameLayout {
             size: 72,     // frame.localsplus
@@ -156,7 +157,7 @@ fn layout_312(version: Version) -> Layout {
             code_object_generation: None,
         },
         tstate: ThreadLayout {
-            size: 152,
+            size: 240,             // through datastack_chunk
             next: 8,               // tstate.next
             interp: 16,            // tstate.interp
             thread_id: 136,        // tstate.thread_id
@@ -167,7 +168,8 @@ fn layout_312(version: Version) -> Layout {
                 current_frame: 0,
             },
             datastack_chunk: Some(232), // tstate.datastack_chunk
-            last_profiled_frame: None,
+            frame_marker: None,
+            holds_gil: None,
         },
         frame: FrameLayout {
             size: 72,    // frame.localsplus
@@ -211,7 +213,10 @@ mod tests {
     /// Every read span must cover the fields read from it.
     fn check_spans(l: &Layout) {
         let t = &l.tstate;
-        for f in [t.next, t.interp, t.thread_id, t.native_thread_id] {
+        for f in [t.next, t.interp, t.thread_id, t.native_thread_id]
+            .into_iter()
+            .chain(t.datastack_chunk)
+        {
             assert!(f + 8 <= t.size, "{:?}", l.version);
         }
         let fr = &l.frame;

@@ -1,0 +1,962 @@
+//! The fast sampler: one target process, sampled again and again, as cheaply as possible.
+//!
+//! A sample costs syscalls, not bytes, so the sampler predicts. It remembers the addresses of
+//! the previous sample (interpreter states, thread states, GIL, each thread's frame region in
+//! its data stack, frames outside it) and reads them all in **one** `process_vm_readv`. It
+//! then walks the lists as they are now, using the prefetched bytes wherever the addresses
+//! still match and reading only what changed; a wrong prediction costs extra reads, never a
+//! wrong stack.
+//!
+//! Frames: on 3.15 with the frame cache, the target keeps a marker (`last_profiled_frame`,
+//! `last_profiled_frame_seq`) that the sampler sets on a frame a little below the top; the
+//! interpreter moves it to the parent (and bumps the sequence) when that frame returns, so
+//! the frames from the marker outwards are known unchanged and come from the cache. Without
+//! the marker (3.11-3.14, `read_only`, or `frame_cache: false`) the used part of the thread's
+//! data-stack chunks is copied and walked locally. Generator and coroutine frames live outside
+//! the chunks and are read (and next time prefetched) by address.
+//!
+//! Code objects: a bounded LRU keyed by address, loaded and validated in batches (three
+//! syscalls for any number of new code objects, one for all validations). 3.14+ validate with
+//! the interpreter's `code_object_generation`; older versions compare the object's name,
+//! file and line-table pointers every sample.
+//!
+//! The only write to the target is the 3.15 marker, at the offset the target's own
+//! `_Py_DebugOffsets` gives (validated), and never in `read_only` mode.
+
+use super::layout::{
+    CurrentFrame, GilLayout, Layout, CHUNK_DATA, CHUNK_PREVIOUS, CHUNK_SIZE, CHUNK_TOP,
+};
+use super::objects::{read_chunks, read_codes, CodeInfo};
+use super::unwind::{Frame, InterpreterStacks, ThreadStack, MAX_DEPTH};
+use super::UnwindError;
+use crate::binary::RuntimeLocation;
+use crate::memory::{Bytes, RemoteMemory};
+use crate::stacks::{FrameId, FunctionId, StackId, StackTable};
+use lru::LruCache;
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Most interpreters and threads followed per sample.
+const MAX_INTERPRETERS: usize = 4096;
+const MAX_THREADS: usize = 1 << 16;
+/// Most data-stack chunks followed per thread.
+const MAX_CHUNKS: usize = 64;
+/// The 3.15 marker goes on the outermost frame at most this many bytes below the top frame,
+/// so that calls and returns near the top do not move it.
+const MARKER_SPAN: u64 = 2048;
+/// Room prefetched above the top frame for calls made before the next sample.
+const GROWTH: u64 = 1024;
+/// Most frames outside the data stack (generators, coroutines) prefetched per thread.
+const MAX_OUTSIDE: usize = 64;
+/// Longest single region read (bytes); deeper stacks are read in several regions.
+const MAX_REGION: u64 = 1 << 20;
+
+/// How a sampler behaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SamplerOptions {
+    /// Use the 3.15 frame-cache marker (ignored before 3.15 and in read-only mode).
+    pub frame_cache: bool,
+    /// Never write to the target.
+    pub read_only: bool,
+    /// Fill `on_cpu` from /proc (one extra file read per thread).
+    pub cpu_status: bool,
+    /// Code objects kept in the cache.
+    pub code_cache_capacity: usize,
+}
+
+impl Default for SamplerOptions {
+    fn default() -> Self {
+        SamplerOptions {
+            frame_cache: true,
+            read_only: false,
+            cpu_status: false,
+            code_cache_capacity: 4096,
+        }
+    }
+}
+
+/// What one sampler has done so far.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct SamplerStats {
+    pub samples: u64,
+    pub errors: u64,
+    /// Threads whose whole stack came from the frame cache (only the top frame re-read).
+    pub frame_cache_hits: u64,
+    /// Threads whose stack was walked down to the marker, the rest from the cache.
+    pub frame_cache_partial_hits: u64,
+    /// Threads walked in full.
+    pub frame_cache_misses: u64,
+    pub frames_from_cache: u64,
+    pub frames_from_memory: u64,
+    pub code_cache_hits: u64,
+    pub code_cache_misses: u64,
+    pub stale_invalidations: u64,
+    pub marker_writes: u64,
+    /// `process_vm_readv`/`writev` calls and bytes moved.
+    pub remote_reads: u64,
+    pub remote_read_bytes: u64,
+}
+
+/// One thread in one sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThreadSample {
+    pub interpreter_id: i64,
+    pub thread_id: u64,
+    pub native_thread_id: u64,
+    pub holds_gil: bool,
+    /// `None` unless [`SamplerOptions::cpu_status`].
+    pub on_cpu: Option<bool>,
+    /// Innermost frame first; see [`Sampler::stacks`]. Empty stacks are sampled too.
+    pub stack: StackId,
+}
+
+struct CodeEntry {
+    function: FunctionId,
+    info: Arc<CodeInfo>,
+    fingerprint: u64,
+    /// Generation (3.14+) or sample epoch (older) when last known valid.
+    valid_at: u64,
+}
+
+/// A frame of the previous sample's chain (shims included: the marker moves through them).
+#[derive(Debug, Clone, Copy)]
+struct ChainFrame {
+    addr: u64,
+    code: u64,
+    previous: u64,
+    id: Option<FrameId>,
+}
+
+/// What the sampler remembers about one thread between samples.
+#[derive(Default)]
+struct ThreadCache {
+    chain: Vec<ChainFrame>,
+    /// The marker as we left it: (frame address, sequence, index in `chain`).
+    marker: Option<(u64, u64, usize)>,
+    chunk: u64,
+    /// Used ranges of the current chunk's data area bound and of older chunks.
+    chunk_end: u64,
+    older: Vec<(u64, u64)>,
+    regions: Vec<(u64, u64)>,
+    outside: Vec<u64>,
+    /// 3.11/3.12: where `tstate->cframe` pointed.
+    cframe: u64,
+    seen: u64,
+}
+
+/// What was prefetched, by what it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Key {
+    Head,
+    Interp(u64),
+    Word(u64),
+    Gil(u64),
+    Tstate(u64),
+    Region(u64),
+    Frame(u64),
+}
+
+#[derive(Default)]
+struct Batch {
+    ranges: Vec<(u64, usize)>,
+    keys: Vec<Key>,
+    buf: Vec<u8>,
+    index: HashMap<Key, (usize, usize)>,
+}
+
+impl Batch {
+    fn clear(&mut self) {
+        self.ranges.clear();
+        self.keys.clear();
+        self.index.clear();
+    }
+    fn push(&mut self, key: Key, addr: u64, len: usize) {
+        if len > 0 && !self.keys.contains(&key) {
+            self.keys.push(key);
+            self.ranges.push((addr, len));
+        }
+    }
+    /// Reads everything in one batch; on failure the batch is empty (predictions are only
+    /// hints).
+    fn fetch<M: RemoteMemory>(&mut self, mem: &M) {
+        let total: usize = self.ranges.iter().map(|r| r.1).sum();
+        self.buf.clear();
+        self.buf.resize(total, 0);
+        if total == 0 || read_chunks(mem, self.ranges.iter().copied(), &mut self.buf).is_err() {
+            self.keys.clear();
+            return;
+        }
+        let mut pos = 0;
+        for (k, r) in self.keys.iter().zip(&self.ranges) {
+            self.index.insert(*k, (pos, r.1));
+            pos += r.1;
+        }
+    }
+    fn get(&self, key: Key) -> Option<&[u8]> {
+        let &(pos, len) = self.index.get(&key)?;
+        self.buf.get(pos..pos + len)
+    }
+    /// The prefetched region (start address, bytes) of a thread, if any.
+    fn region(&self, key: Key, addr: u64) -> Option<(u64, &[u8])> {
+        let i = self.keys.iter().position(|k| *k == key)?;
+        Some((self.ranges[i].0, self.get(key)?)).filter(|_| addr == self.ranges[i].0)
+    }
+}
+
+/// A thread state as read this sample.
+struct Tstate {
+    addr: u64,
+    interp_id: i64,
+    thread_id: u64,
+    native_thread_id: u64,
+    current_frame: u64,
+    chunk: u64,
+    marker: Option<(u64, u64)>,
+    holds_gil: Option<bool>,
+}
+
+/// A frame walked (read from the target) this sample.
+#[derive(Clone, Copy)]
+struct RawFrame {
+    addr: u64,
+    code: u64,
+    previous: u64,
+    instr: u64,
+    shim: bool,
+}
+
+/// Per-thread work of one sample.
+struct Work {
+    ts: Tstate,
+    raw: std::ops::Range<usize>,
+    /// Cached chain index from which the rest of the stack is reused.
+    tail: Option<usize>,
+    holds_gil: bool,
+}
+
+/// The fast sampler of one process. See the module documentation.
+pub struct Sampler<M: RemoteMemory> {
+    pid: i32,
+    mem: M,
+    layout: Layout,
+    runtime: u64,
+    code_type: Option<u64>,
+    binary: PathBuf,
+    opts: SamplerOptions,
+    use_marker: bool,
+    codes: LruCache<u64, CodeEntry>,
+    table: StackTable,
+    threads: HashMap<u64, ThreadCache>,
+    interps: Vec<u64>,
+    gils: Vec<u64>,
+    batch: Batch,
+    epoch: u64,
+    stats: SamplerStats,
+    out: Vec<ThreadSample>,
+    /// Ids of the interpreters seen by the last sample, in list order.
+    interp_ids: Vec<i64>,
+    // Scratch, kept to avoid allocating in steady state.
+    raws: Vec<RawFrame>,
+    work: Vec<Work>,
+    ids: Vec<FrameId>,
+}
+
+impl<M: RemoteMemory> Sampler<M> {
+    pub fn new(
+        pid: i32,
+        mem: M,
+        layout: Layout,
+        loc: &RuntimeLocation,
+        opts: SamplerOptions,
+    ) -> Self {
+        let use_marker =
+            opts.frame_cache && !opts.read_only && layout.tstate.frame_marker.is_some();
+        let cap = NonZeroUsize::new(opts.code_cache_capacity.max(1)).unwrap_or(NonZeroUsize::MIN);
+        Sampler {
+            pid,
+            mem,
+            layout,
+            runtime: loc.runtime,
+            code_type: loc.code_type,
+            binary: loc.path.clone(),
+            opts,
+            use_marker,
+            codes: LruCache::new(cap),
+            table: StackTable::new(),
+            threads: HashMap::new(),
+            interps: Vec::new(),
+            gils: Vec::new(),
+            batch: Batch::default(),
+            epoch: 0,
+            stats: SamplerStats::default(),
+            out: Vec::new(),
+            interp_ids: Vec::new(),
+            raws: Vec::new(),
+            work: Vec::new(),
+            ids: Vec::new(),
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+    pub fn binary(&self) -> &Path {
+        &self.binary
+    }
+    pub fn memory(&self) -> &M {
+        &self.mem
+    }
+    pub fn options(&self) -> SamplerOptions {
+        self.opts
+    }
+    /// The interned stacks, frames and functions that sample ids refer to.
+    pub fn stacks(&self) -> &StackTable {
+        &self.table
+    }
+    pub fn stats(&self) -> SamplerStats {
+        let mut s = self.stats;
+        s.remote_reads = self.mem.stats().reads();
+        s.remote_read_bytes = self.mem.stats().bytes();
+        s
+    }
+
+    /// Takes one sample of every thread of every interpreter.
+    pub fn sample(&mut self) -> Result<&[ThreadSample], UnwindError> {
+        self.epoch += 1;
+        let mut batch = std::mem::take(&mut self.batch);
+        let r = self.sample_with(&mut batch);
+        self.batch = batch;
+        match r {
+            Ok(()) => {
+                self.stats.samples += 1;
+                Ok(&self.out)
+            }
+            Err(e) => {
+                self.stats.errors += 1;
+                // Predictions may be what misled us: start afresh next time.
+                self.interps.clear();
+                self.threads.clear();
+                Err(e)
+            }
+        }
+    }
+
+    /// One sample, fully resolved: every interpreter (main first) with its threads that run
+    /// Python code (as `sys._current_frames()` lists them) and their frames. For `dump`.
+    pub fn snapshot(&mut self) -> Result<Vec<InterpreterStacks>, UnwindError> {
+        let samples = self.sample()?.to_vec();
+        let mut ids = self.interp_ids.clone();
+        ids.sort_unstable();
+        ids.dedup();
+        let mut out: Vec<InterpreterStacks> = ids
+            .into_iter()
+            .map(|id| InterpreterStacks {
+                id,
+                threads: Vec::new(),
+            })
+            .collect();
+        for s in samples {
+            let frames: Vec<Frame> = self
+                .table
+                .stack_frames(s.stack)
+                .unwrap_or(&[])
+                .iter()
+                .filter_map(|&f| {
+                    let key = self.table.frame_key(f)?;
+                    Some(Frame {
+                        code: self.table.function_info(key.function)?.clone(),
+                        line: key.line,
+                    })
+                })
+                .collect();
+            if frames.is_empty() {
+                continue;
+            }
+            if let Some(i) = out.iter_mut().find(|i| i.id == s.interpreter_id) {
+                i.threads.push(ThreadStack {
+                    thread_id: s.thread_id,
+                    native_thread_id: s.native_thread_id,
+                    holds_gil: s.holds_gil,
+                    on_cpu: s.on_cpu.unwrap_or(false),
+                    frames,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    fn predict(&self, b: &mut Batch) {
+        let l = &self.layout;
+        b.clear();
+        b.push(Key::Head, self.runtime + l.runtime_interpreters_head, 8);
+        if let GilLayout::Runtime { locked, holder } = l.gil {
+            let lo = locked.min(holder);
+            b.push(
+                Key::Gil(self.runtime + lo),
+                self.runtime + lo,
+                (locked.max(holder) - lo + 8) as usize,
+            );
+        }
+        let core = self.interp_core_len();
+        for &ia in &self.interps {
+            b.push(Key::Interp(ia), ia, core);
+            if let GilLayout::InterpPointer { ptr, .. } = l.gil {
+                b.push(Key::Word(ia + ptr), ia + ptr, 8);
+            }
+            if let Some(g) = l.interp.code_object_generation {
+                b.push(Key::Word(ia + g), ia + g, 8);
+            }
+        }
+        if let GilLayout::InterpPointer { locked, holder, .. } = l.gil {
+            let lo = locked.min(holder);
+            for &g in &self.gils {
+                b.push(
+                    Key::Gil(g + lo),
+                    g + lo,
+                    (locked.max(holder) - lo + 8) as usize,
+                );
+            }
+        }
+        let tsize = l.tstate.size as usize;
+        let fsize = l.frame.size as usize;
+        for (&ta, tc) in &self.threads {
+            b.push(Key::Tstate(ta), ta, tsize);
+            if let CurrentFrame::ViaCFrame { current_frame, .. } = l.tstate.current_frame {
+                if tc.cframe != 0 {
+                    b.push(
+                        Key::Word(tc.cframe + current_frame),
+                        tc.cframe + current_frame,
+                        8,
+                    );
+                }
+            }
+            for &(s, e) in &tc.regions {
+                b.push(Key::Region(s), s, (e - s) as usize);
+            }
+            for &f in &tc.outside {
+                b.push(Key::Frame(f), f, fsize);
+            }
+        }
+    }
+
+    fn interp_core_len(&self) -> usize {
+        let i = &self.layout.interp;
+        (i.next.max(i.id).max(i.threads_head) + 8) as usize
+    }
+
+    /// Bytes at `addr`: from the batch when it holds them under `key`, else from the target.
+    fn bytes(&self, b: &Batch, key: Key, addr: u64, len: usize) -> Result<Vec<u8>, UnwindError> {
+        match b.get(key) {
+            Some(v) if v.len() == len => Ok(v.to_vec()),
+            _ => Ok(self.mem.read_vec(addr, len)?),
+        }
+    }
+
+    fn word(&self, b: &Batch, addr: u64) -> Result<u64, UnwindError> {
+        Ok(Bytes(&self.bytes(b, Key::Word(addr), addr, 8)?).u64(0)?)
+    }
+
+    fn sample_with(&mut self, b: &mut Batch) -> Result<(), UnwindError> {
+        self.predict(b);
+        b.fetch(&self.mem);
+        self.out.clear();
+        self.raws.clear();
+        let mut work = std::mem::take(&mut self.work);
+        work.clear();
+        let r = self.collect(b, &mut work).and_then(|gen| {
+            self.resolve_codes(gen)?;
+            self.finish(&mut work)
+        });
+        self.work = work;
+        r
+    }
+
+    /// Reads interpreters and threads, and walks every thread's frames.
+    fn collect(&mut self, b: &Batch, work: &mut Vec<Work>) -> Result<u64, UnwindError> {
+        let l = self.layout.clone();
+        let head =
+            Bytes(&self.bytes(b, Key::Head, self.runtime + l.runtime_interpreters_head, 8)?)
+                .u64(0)?;
+        let core = self.interp_core_len();
+        let mut interps = Vec::new();
+        let mut holders: Vec<u64> = Vec::new();
+        let mut gils = Vec::new();
+        let mut generation = 0u64;
+        let mut tstates: Vec<Tstate> = Vec::new();
+        let mut interp_ids = Vec::new();
+
+        if let GilLayout::Runtime { locked, holder } = l.gil {
+            let lo = locked.min(holder);
+            let len = (locked.max(holder) - lo + 8) as usize;
+            let g = self.bytes(b, Key::Gil(self.runtime + lo), self.runtime + lo, len)?;
+            if Bytes(&g).u32(locked - lo)? != 0 {
+                holders.push(Bytes(&g).u64(holder - lo)?);
+            }
+        }
+        let mut ia = head;
+        while ia != 0 {
+            if interps.len() >= MAX_INTERPRETERS || interps.contains(&ia) {
+                return Err(UnwindError::Cycle("interpreter list"));
+            }
+            interps.push(ia);
+            let ib = self.bytes(b, Key::Interp(ia), ia, core)?;
+            let ib = Bytes(&ib);
+            let interp_id = ib.i64(l.interp.id)?;
+            interp_ids.push(interp_id);
+            if let Some(g) = l.interp.code_object_generation {
+                generation = generation.wrapping_add(self.word(b, ia + g)?);
+            }
+            if let GilLayout::InterpPointer {
+                ptr,
+                locked,
+                holder,
+            } = l.gil
+            {
+                let gp = self.word(b, ia + ptr)?;
+                if gp != 0 && !gils.contains(&gp) {
+                    gils.push(gp);
+                    let lo = locked.min(holder);
+                    let len = (locked.max(holder) - lo + 8) as usize;
+                    let g = self.bytes(b, Key::Gil(gp + lo), gp + lo, len)?;
+                    if Bytes(&g).u32(locked - lo)? != 0 {
+                        holders.push(Bytes(&g).u64(holder - lo)?);
+                    }
+                }
+            }
+            let mut ta = ib.u64(l.interp.threads_head)?;
+            let first = tstates.len();
+            while ta != 0 {
+                if tstates.len() - first >= MAX_THREADS
+                    || tstates[first..].iter().any(|t| t.addr == ta)
+                {
+                    return Err(UnwindError::Cycle("thread list"));
+                }
+                let tb = self.bytes(b, Key::Tstate(ta), ta, l.tstate.size as usize)?;
+                let t = Bytes(&tb);
+                let current_frame = match l.tstate.current_frame {
+                    CurrentFrame::Direct(off) => t.u64(off)?,
+                    CurrentFrame::ViaCFrame {
+                        cframe,
+                        current_frame,
+                    } => {
+                        let cf = t.u64(cframe)?;
+                        let tc = self.threads.entry(ta).or_default();
+                        tc.cframe = cf;
+                        if cf == 0 {
+                            0
+                        } else {
+                            self.word(b, cf + current_frame)?
+                        }
+                    }
+                };
+                tstates.push(Tstate {
+                    addr: ta,
+                    interp_id,
+                    thread_id: t.u64(l.tstate.thread_id)?,
+                    native_thread_id: t.u64(l.tstate.native_thread_id)?,
+                    current_frame,
+                    chunk: match l.tstate.datastack_chunk {
+                        Some(off) => t.u64(off)?,
+                        None => 0,
+                    },
+                    marker: match l.tstate.frame_marker {
+                        Some((m, s)) => Some((t.u64(m)?, t.u64(s)?)),
+                        None => None,
+                    },
+                    holds_gil: match l.tstate.holds_gil {
+                        Some(off) => Some(t.i32(off)? != 0),
+                        None => None,
+                    },
+                });
+                ta = t.u64(l.tstate.next)?;
+            }
+            ia = ib.u64(l.interp.next)?;
+        }
+        self.interps = interps;
+        self.gils = gils;
+        self.interp_ids = interp_ids;
+
+        // Threads, oldest first within each interpreter (the lists are newest first).
+        tstates.reverse();
+        tstates.sort_by_key(|t| t.interp_id);
+        for ts in tstates {
+            let start = self.raws.len();
+            let tail = self.walk(b, &ts)?;
+            let holds_gil = ts.holds_gil.unwrap_or_else(|| holders.contains(&ts.addr));
+            work.push(Work {
+                raw: start..self.raws.len(),
+                tail,
+                holds_gil,
+                ts,
+            });
+        }
+        Ok(generation)
+    }
+
+    /// Refreshes what we know of a thread's data-stack chunks when its current chunk changed.
+    fn chunks(&mut self, ts: &Tstate) -> Result<(), UnwindError> {
+        let tc = self.threads.entry(ts.addr).or_default();
+        if tc.chunk == ts.chunk && ts.chunk != 0 {
+            return Ok(());
+        }
+        tc.chunk = ts.chunk;
+        tc.older.clear();
+        tc.chunk_end = 0;
+        let mut c = ts.chunk;
+        let mut first = true;
+        let mut older = Vec::new();
+        let mut chunk_end = 0;
+        while c != 0 && older.len() < MAX_CHUNKS {
+            let h = self.mem.read_vec(c, CHUNK_DATA as usize)?;
+            let h = Bytes(&h);
+            let size = h.u64(CHUNK_SIZE)?;
+            if size <= CHUNK_DATA || size > (1 << 30) {
+                break;
+            }
+            if first {
+                chunk_end = c + size;
+                first = false;
+            } else {
+                let used = h.u64(CHUNK_TOP)?.saturating_mul(8).min(size - CHUNK_DATA);
+                older.push((c + CHUNK_DATA, c + CHUNK_DATA + used));
+            }
+            c = h.u64(CHUNK_PREVIOUS)?;
+        }
+        let tc = self.threads.entry(ts.addr).or_default();
+        tc.chunk_end = chunk_end;
+        tc.older = older;
+        Ok(())
+    }
+
+    /// Walks one thread's frames into `self.raws`; returns the cached chain index from which
+    /// the rest of the stack is unchanged (3.15 marker), if any.
+    fn walk(&mut self, b: &Batch, ts: &Tstate) -> Result<Option<usize>, UnwindError> {
+        self.chunks(ts)?;
+        let f = self.layout.frame.clone();
+        let fsize = f.size as usize;
+        let tc = self.threads.entry(ts.addr).or_default();
+        tc.seen = self.epoch;
+        // Which cached frame, if any, the marker proves unchanged.
+        let mut valid: Option<usize> = None;
+        if self.use_marker {
+            if let (Some((m, seq)), Some((wm, wseq, wi))) = (ts.marker, tc.marker) {
+                let k = seq.wrapping_sub(wseq) as usize;
+                let i = wi.checked_add(k).filter(|&i| i < tc.chain.len());
+                if let Some(i) = i.filter(|&i| tc.chain[i].addr == m && (k > 0 || m == wm)) {
+                    valid = Some(i);
+                }
+            }
+        }
+        let chain = std::mem::take(&mut tc.chain);
+        let chunk_lo = ts.chunk + CHUNK_DATA;
+        let chunk_hi = tc.chunk_end;
+        let in_chunk = |a: u64| a >= chunk_lo && a + fsize as u64 <= chunk_hi;
+        let older = std::mem::take(&mut tc.older);
+
+        // The bytes we hold: the prefetched regions; more is read at the first miss.
+        let mut held: Vec<(u64, &[u8])> = tc
+            .regions
+            .iter()
+            .filter_map(|&(s, _)| b.region(Key::Region(s), s))
+            .collect();
+        let mut extra: Vec<(u64, Vec<u8>)> = Vec::new();
+        let (mut caught_up, mut older_loaded) = (false, false);
+        let find = |held: &[(u64, &[u8])], extra: &[(u64, Vec<u8>)], a: u64| -> Option<Vec<u8>> {
+            held.iter()
+                .map(|(s, v)| (*s, *v))
+                .chain(extra.iter().map(|(s, v)| (*s, v.as_slice())))
+                .find_map(|(s, v)| {
+                    let off = a.checked_sub(s)? as usize;
+                    v.get(off..off.checked_add(fsize)?).map(<[u8]>::to_vec)
+                })
+        };
+
+        let mut addr = ts.current_frame;
+        let mut tail = None;
+        let mut depth = 0usize;
+        let mut outside = Vec::new();
+        let walked_from = self.raws.len();
+        while addr != 0 {
+            depth += 1;
+            if depth > MAX_DEPTH {
+                return Err(UnwindError::TooLong("frame chain", MAX_DEPTH));
+            }
+            let mut local = find(&held, &extra, addr);
+            if local.is_none() && in_chunk(addr) && !caught_up {
+                // One read for everything still needed from the current chunk: down to the
+                // marker when it is valid, else the whole used part (bounded).
+                caught_up = true;
+                let end = addr + fsize as u64;
+                let low = match valid {
+                    Some(i) if in_chunk(chain[i].addr) && chain[i].addr <= addr => chain[i].addr,
+                    _ => chunk_lo.max(end.saturating_sub(MAX_REGION)),
+                };
+                extra.push((low, self.mem.read_vec(low, (end - low) as usize)?));
+                local = find(&held, &extra, addr);
+            }
+            if local.is_none() && !older_loaded && older.iter().any(|&(s, e)| addr >= s && addr < e)
+            {
+                // A deep stack continues in older chunks: read their used parts at once.
+                older_loaded = true;
+                for &(s, e) in &older {
+                    if let Some((_, v)) = b.region(Key::Region(s), s) {
+                        if v.len() as u64 == e - s {
+                            held.push((s, v));
+                            continue;
+                        }
+                    }
+                    extra.push((s, self.mem.read_vec(s, (e - s) as usize)?));
+                }
+                local = find(&held, &extra, addr);
+            }
+            let bytes = match local {
+                Some(v) => v,
+                None => {
+                    if outside.len() < MAX_OUTSIDE {
+                        outside.push(addr);
+                    }
+                    self.bytes(b, Key::Frame(addr), addr, fsize)?
+                }
+            };
+            let fb = Bytes(&bytes);
+            let previous = fb.u64(f.previous)?;
+            let owner = fb.u8(f.owner)?;
+            let raw = RawFrame {
+                addr,
+                code: fb.u64(f.code)? & !f.code_tag_mask,
+                previous,
+                instr: fb.u64(f.instr)?,
+                shim: f.shim_owners.contains(&owner),
+            };
+            if previous == addr {
+                return Err(UnwindError::Cycle("frame chain"));
+            }
+            self.raws.push(raw);
+            if let Some(i) = valid {
+                if chain[i].addr == addr {
+                    if chain[i].code == raw.code && chain[i].previous == previous {
+                        tail = Some(i);
+                        break;
+                    }
+                    valid = None;
+                }
+            }
+            addr = previous;
+        }
+        self.stats.frames_from_memory += (self.raws.len() - walked_from) as u64;
+        let tc = self.threads.entry(ts.addr).or_default();
+        tc.chain = chain;
+        tc.older = older;
+        tc.outside = outside;
+        Ok(tail)
+    }
+
+    /// Makes sure every code object walked this sample is cached and valid: one batch of
+    /// validations, one batch of loads.
+    fn resolve_codes(&mut self, generation: u64) -> Result<(), UnwindError> {
+        let c = self.layout.code.clone();
+        let use_generation = self.layout.interp.code_object_generation.is_some();
+        let stamp = if use_generation {
+            generation
+        } else {
+            self.epoch
+        };
+        let fp_fields = [c.name, c.qualname, c.filename, c.linetable];
+        let fp_lo = *fp_fields.iter().min().unwrap_or(&0);
+        let fp_len = (fp_fields.iter().max().unwrap_or(&0) - fp_lo + 8) as usize;
+
+        // Distinct code objects of this sample, each counted once as a hit or a miss.
+        let mut distinct: Vec<u64> = self
+            .raws
+            .iter()
+            .filter(|r| !r.shim && r.code != 0)
+            .map(|r| r.code)
+            .collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let mut check = Vec::new();
+        let mut load = Vec::new();
+        for &a in &distinct {
+            match self.codes.peek(&a) {
+                Some(e) if e.valid_at == stamp => self.stats.code_cache_hits += 1,
+                Some(_) => check.push(a),
+                None => load.push(a),
+            }
+        }
+        if !check.is_empty() {
+            let mut buf = vec![0u8; fp_len * check.len()];
+            read_chunks(
+                &self.mem,
+                check.iter().map(|&a| (a + fp_lo, fp_len)),
+                &mut buf,
+            )?;
+            for (&a, fp) in check.iter().zip(buf.chunks_exact(fp_len)) {
+                let fp = fingerprint(fp);
+                let fresh = match self.codes.peek_mut(&a) {
+                    Some(e) if e.fingerprint == fp => {
+                        e.valid_at = stamp;
+                        true
+                    }
+                    _ => false,
+                };
+                if fresh {
+                    self.stats.code_cache_hits += 1;
+                } else {
+                    self.stats.stale_invalidations += 1;
+                    self.codes.pop(&a);
+                    load.push(a);
+                }
+            }
+        }
+        self.stats.code_cache_misses += load.len() as u64;
+        if !load.is_empty() {
+            let infos = read_codes(&self.mem, &self.layout, self.code_type, &load)?;
+            let mut fps = vec![0u8; fp_len * load.len()];
+            read_chunks(
+                &self.mem,
+                load.iter().map(|&a| (a + fp_lo, fp_len)),
+                &mut fps,
+            )?;
+            for ((&a, info), fp) in load.iter().zip(infos).zip(fps.chunks_exact(fp_len)) {
+                match info {
+                    Ok(info) => {
+                        let info = Arc::new(info);
+                        let function = self.table.function(&info);
+                        self.codes.put(
+                            a,
+                            CodeEntry {
+                                function,
+                                info,
+                                fingerprint: fingerprint(fp),
+                                valid_at: stamp,
+                            },
+                        );
+                    }
+                    // Not a code object: the frame is not a Python function's; skip it.
+                    Err(UnwindError::NotCode(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Turns walked frames into interned stacks, updates the caches and the marker.
+    fn finish(&mut self, work: &mut [Work]) -> Result<(), UnwindError> {
+        let adaptive = self.layout.code.code_adaptive;
+        let fsize = self.layout.frame.size;
+        for w in work.iter() {
+            let mut chain_new: Vec<ChainFrame> = Vec::with_capacity(w.raw.len());
+            self.ids.clear();
+            for r in &self.raws[w.raw.clone()] {
+                let id = if r.shim || r.code == 0 {
+                    None
+                } else if let Some(e) = self.codes.get(&r.code) {
+                    let line = e.info.line_at(r.code, adaptive, r.instr);
+                    let function = e.function;
+                    Some(self.table.frame(function, line))
+                } else {
+                    None // not a code object: not a Python function's frame
+                };
+                if let Some(id) = id {
+                    self.ids.push(id);
+                }
+                chain_new.push(ChainFrame {
+                    addr: r.addr,
+                    code: r.code,
+                    previous: r.previous,
+                    id,
+                });
+            }
+            let tc = self.threads.entry(w.ts.addr).or_default();
+            match w.tail {
+                Some(i) => {
+                    let rest = &tc.chain[i + 1..];
+                    self.stats.frames_from_cache += rest.len() as u64;
+                    self.ids.extend(rest.iter().filter_map(|c| c.id));
+                    chain_new.extend_from_slice(rest);
+                    if w.raw.len() == 1 && i == 0 {
+                        self.stats.frame_cache_hits += 1;
+                    } else {
+                        self.stats.frame_cache_partial_hits += 1;
+                    }
+                }
+                None => self.stats.frame_cache_misses += 1,
+            }
+            let stack = self.table.stack(&self.ids);
+            tc.chain = chain_new;
+
+            // The marker and next sample's regions.
+            let chunk_lo = w.ts.chunk + CHUNK_DATA;
+            let chunk_hi = tc.chunk_end;
+            let in_chunk = |a: u64| a >= chunk_lo && a + fsize <= chunk_hi;
+            tc.regions.clear();
+            let top = w.ts.current_frame;
+            if top != 0 && in_chunk(top) {
+                let end = (top + fsize + GROWTH).min(chunk_hi);
+                if self.use_marker {
+                    // Outermost frame of the current chunk within MARKER_SPAN of the top.
+                    let j = tc
+                        .chain
+                        .iter()
+                        .enumerate()
+                        .take_while(|(_, c)| c.addr <= top)
+                        .filter(|(_, c)| in_chunk(c.addr) && top - c.addr <= MARKER_SPAN)
+                        .map(|(j, _)| j)
+                        .last();
+                    if let (Some(j), Some((m_now, seq_now))) = (j, w.ts.marker) {
+                        let m = tc.chain[j].addr;
+                        if m != m_now {
+                            if let Some((off, _)) = self.layout.tstate.frame_marker {
+                                self.mem.write(w.ts.addr + off, &m.to_le_bytes())?;
+                                self.stats.marker_writes += 1;
+                            }
+                        }
+                        tc.marker = Some((m, seq_now, j));
+                        tc.regions.push((m.min(top), end));
+                    } else {
+                        tc.marker = None;
+                        tc.regions
+                            .push((chunk_lo.max(end.saturating_sub(MAX_REGION)), end));
+                    }
+                } else {
+                    tc.regions
+                        .push((chunk_lo.max(end.saturating_sub(MAX_REGION)), end));
+                    let older = tc.older.clone();
+                    tc.regions.extend(older.into_iter().filter(|(s, e)| e > s));
+                }
+            } else {
+                tc.marker = None;
+            }
+            let on_cpu = self.opts.cpu_status.then(|| {
+                crate::process::thread_on_cpu(self.pid, w.ts.native_thread_id as i32)
+                    .unwrap_or(false)
+            });
+            self.out.push(ThreadSample {
+                interpreter_id: w.ts.interp_id,
+                thread_id: w.ts.thread_id,
+                native_thread_id: w.ts.native_thread_id,
+                holds_gil: w.holds_gil,
+                on_cpu,
+                stack,
+            });
+        }
+        let epoch = self.epoch;
+        self.threads.retain(|_, t| t.seen == epoch);
+        Ok(())
+    }
+}
+
+/// A cheap digest of a code object's name, qualname, file and line-table pointers.
+fn fingerprint(bytes: &[u8]) -> u64 {
+    bytes.chunks(8).fold(0xcbf2_9ce4_8422_2325u64, |h, c| {
+        let mut w = [0u8; 8];
+        w[..c.len()].copy_from_slice(c);
+        (h ^ u64::from_le_bytes(w)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
