@@ -30,6 +30,27 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Sample one process back to back and report the cost per sample and the caches' work.
+    Bench {
+        /// The process to sample.
+        #[arg(long, short)]
+        pid: i32,
+        /// How long to sample, in seconds.
+        #[arg(long, default_value_t = 5.0, value_parser = positive_seconds)]
+        duration: f64,
+        /// Do not use the 3.15 frame-cache marker.
+        #[arg(long)]
+        no_frame_cache: bool,
+        /// Never write to the target (implies no frame-cache marker).
+        #[arg(long)]
+        read_only: bool,
+        /// Measure the floor instead: one bare 8-byte process_vm_readv per iteration.
+        #[arg(long)]
+        floor: bool,
+        /// Print one flat JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// List the Python processes on this host: pid, version, command line.
     List {
         /// Only processes whose command line or executable name matches this regex
@@ -43,6 +64,14 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Dump { pid, json } => dump(pid, json),
         Command::List { matches } => list(&matches),
+        Command::Bench {
+            pid,
+            duration,
+            no_frame_cache,
+            read_only,
+            floor,
+            json,
+        } => bench(pid, duration, !no_frame_cache, read_only, floor, json),
     }
 }
 
@@ -97,6 +126,113 @@ fn list(matches: &[String]) -> Result<()> {
     }
     if found.is_empty() {
         eprintln!("pyfleet: no matching Python process found");
+    }
+    Ok(())
+}
+
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!("'{s}' is not a positive number of seconds")),
+    }
+}
+
+fn bench(
+    pid: i32,
+    duration: f64,
+    frame_cache: bool,
+    read_only: bool,
+    floor: bool,
+    json: bool,
+) -> Result<()> {
+    use pyfleet::memory::RemoteMemory;
+    use pyfleet::process::own_thread_cpu_ns;
+    use std::time::{Duration, Instant};
+
+    let opts = cpython::SamplerOptions {
+        frame_cache,
+        read_only,
+        ..Default::default()
+    };
+    let mut sampler = cpython::attach(pid, opts)?;
+    let version = sampler.layout().version;
+    let limit = Duration::from_secs_f64(duration);
+    let (cpu0, start) = (own_thread_cpu_ns(), Instant::now());
+    let mut iterations = 0u64;
+    let mut threads = 0usize;
+    let mut last_error = None;
+    if floor {
+        let addr = sampler.runtime_address();
+        let mem = sampler.memory();
+        while start.elapsed() < limit {
+            for _ in 0..64 {
+                mem.read_u64(addr)
+                    .with_context(|| format!("reading process {pid}"))?;
+            }
+            iterations += 64;
+        }
+    } else {
+        while start.elapsed() < limit {
+            match sampler.sample() {
+                Ok(s) => threads = s.len(),
+                Err(e) if e.is_process_gone() => {
+                    anyhow::bail!("process {pid} exited during the benchmark")
+                }
+                Err(e) => last_error = Some(e.to_string()),
+            }
+            iterations += 1;
+        }
+    }
+    let wall = start.elapsed();
+    let cpu_ns = match (cpu0, own_thread_cpu_ns()) {
+        (Some(a), Some(b)) => b.saturating_sub(a),
+        _ => 0,
+    };
+    let st = sampler.stats();
+    let n = iterations.max(1) as f64;
+    let (functions, frames, stacks) = sampler.stacks().len();
+    let doc = serde_json::json!({
+        "pid": pid,
+        "python_version": version.to_string(),
+        "mode": if floor { "floor" } else if read_only { "read-only" }
+                else if frame_cache { "frame-cache" } else { "no-frame-cache" },
+        "duration_s": wall.as_secs_f64(),
+        "samples": if floor { iterations } else { st.samples },
+        "errors": st.errors,
+        "mean_us": wall.as_secs_f64() * 1e6 / n,
+        "cpu_us": cpu_ns as f64 / 1e3 / n,
+        "threads": threads,
+        "frame_cache_hits": st.frame_cache_hits,
+        "frame_cache_partial_hits": st.frame_cache_partial_hits,
+        "frame_cache_misses": st.frame_cache_misses,
+        "frames_from_cache": st.frames_from_cache,
+        "frames_from_memory": st.frames_from_memory,
+        "code_cache_hits": st.code_cache_hits,
+        "code_cache_misses": st.code_cache_misses,
+        "stale_invalidations": st.stale_invalidations,
+        "marker_writes": st.marker_writes,
+        "remote_reads": st.remote_reads,
+        "remote_read_bytes": st.remote_read_bytes,
+        "reads_per_sample": st.remote_reads as f64 / n,
+        "functions": functions,
+        "frames": frames,
+        "stacks": stacks,
+    });
+    if json {
+        println!("{doc}");
+    } else {
+        println!(
+            "pyfleet bench: pid {pid}, Python {version}, {:.1} s",
+            wall.as_secs_f64()
+        );
+        if let serde_json::Value::Object(map) = &doc {
+            for (k, v) in map {
+                println!("  {k:<26} {v}");
+            }
+        }
+    }
+    if let Some(e) = last_error {
+        eprintln!("pyfleet: last sampling error: {e}");
     }
     Ok(())
 }

@@ -30,7 +30,7 @@ use super::objects::{read_chunks, read_codes, CodeInfo};
 use super::unwind::{Frame, InterpreterStacks, ThreadStack, MAX_DEPTH};
 use super::UnwindError;
 use crate::binary::RuntimeLocation;
-use crate::memory::{Bytes, RemoteMemory};
+use crate::memory::{Bytes, ReadRequest, RemoteMemory};
 use crate::stacks::{FrameId, FunctionId, StackId, StackTable};
 use lru::LruCache;
 use std::collections::HashMap;
@@ -144,6 +144,12 @@ struct ThreadCache {
     /// 3.11/3.12: where `tstate->cframe` pointed.
     cframe: u64,
     seen: u64,
+    /// The previous sample's top frame, walked frame ids, stack id and cached-tail length:
+    /// when nothing above the marker changed, the stack id is reused without hashing.
+    last_top: u64,
+    last_walked: Vec<FrameId>,
+    last_stack: Option<StackId>,
+    last_tail_len: usize,
 }
 
 /// What was prefetched, by what it is.
@@ -178,20 +184,46 @@ impl Batch {
             self.ranges.push((addr, len));
         }
     }
-    /// Reads everything in one batch; on failure the batch is empty (predictions are only
-    /// hints).
+    /// Reads everything in one batch. A range that cannot be read (a thread that exited took
+    /// its memory with it) is left out, and the rest read again from after it: predictions
+    /// are only hints, and a miss costs one more syscall, not the whole batch.
     fn fetch<M: RemoteMemory>(&mut self, mem: &M) {
         let total: usize = self.ranges.iter().map(|r| r.1).sum();
         self.buf.clear();
         self.buf.resize(total, 0);
-        if total == 0 || read_chunks(mem, self.ranges.iter().copied(), &mut self.buf).is_err() {
-            self.keys.clear();
-            return;
-        }
+        let mut offsets = Vec::with_capacity(self.ranges.len());
         let mut pos = 0;
-        for (k, r) in self.keys.iter().zip(&self.ranges) {
-            self.index.insert(*k, (pos, r.1));
+        for r in &self.ranges {
+            offsets.push(pos);
             pos += r.1;
+        }
+        let mut from = 0;
+        let mut failed = Vec::new();
+        while from < self.ranges.len() {
+            let ranges = &self.ranges[from..];
+            let mut reqs: Vec<ReadRequest<'_>> = Vec::with_capacity(ranges.len());
+            let mut rest = &mut self.buf[offsets[from]..];
+            for &(addr, len) in ranges {
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut(len);
+                reqs.push(ReadRequest::new(addr, head));
+                rest = tail;
+            }
+            match mem.read_many(&mut reqs) {
+                Ok(()) => break,
+                Err((i, e)) if !e.is_process_gone() => {
+                    failed.push(from + i);
+                    from += i + 1;
+                }
+                Err(_) => {
+                    failed.extend(from..self.ranges.len());
+                    break;
+                }
+            }
+        }
+        for (i, (k, r)) in self.keys.iter().zip(&self.ranges).enumerate() {
+            if !failed.contains(&i) {
+                self.index.insert(*k, (offsets[i], r.1));
+            }
         }
     }
     fn get(&self, key: Key) -> Option<&[u8]> {
@@ -311,6 +343,10 @@ impl<M: RemoteMemory> Sampler<M> {
     pub fn memory(&self) -> &M {
         &self.mem
     }
+    /// The target address of `_PyRuntime`.
+    pub fn runtime_address(&self) -> u64 {
+        self.runtime
+    }
     pub fn options(&self) -> SamplerOptions {
         self.opts
     }
@@ -394,7 +430,8 @@ impl<M: RemoteMemory> Sampler<M> {
         let l = &self.layout;
         b.clear();
         b.push(Key::Head, self.runtime + l.runtime_interpreters_head, 8);
-        if let GilLayout::Runtime { locked, holder } = l.gil {
+        let gil_struct = self.gil_from_struct();
+        if let (GilLayout::Runtime { locked, holder }, true) = (l.gil, gil_struct) {
             let lo = locked.min(holder);
             b.push(
                 Key::Gil(self.runtime + lo),
@@ -402,17 +439,17 @@ impl<M: RemoteMemory> Sampler<M> {
                 (locked.max(holder) - lo + 8) as usize,
             );
         }
-        let core = self.interp_core_len();
+        let (lo, len) = self.interp_span();
         for &ia in &self.interps {
-            b.push(Key::Interp(ia), ia, core);
-            if let GilLayout::InterpPointer { ptr, .. } = l.gil {
+            b.push(Key::Interp(ia), ia + lo, len);
+            if let (GilLayout::InterpPointer { ptr, .. }, true) = (l.gil, gil_struct) {
                 b.push(Key::Word(ia + ptr), ia + ptr, 8);
             }
             if let Some(g) = l.interp.code_object_generation {
                 b.push(Key::Word(ia + g), ia + g, 8);
             }
         }
-        if let GilLayout::InterpPointer { locked, holder, .. } = l.gil {
+        if let (GilLayout::InterpPointer { locked, holder, .. }, true) = (l.gil, gil_struct) {
             let lo = locked.min(holder);
             for &g in &self.gils {
                 b.push(
@@ -444,9 +481,17 @@ impl<M: RemoteMemory> Sampler<M> {
         }
     }
 
-    fn interp_core_len(&self) -> usize {
+    /// The part of an interpreter state the sampler reads: from the lowest to the highest of
+    /// `next`, `id` and `threads_head` (they sit ~7 KiB into the struct on 3.13+).
+    fn interp_span(&self) -> (u64, usize) {
         let i = &self.layout.interp;
-        (i.next.max(i.id).max(i.threads_head) + 8) as usize
+        let lo = i.next.min(i.id).min(i.threads_head);
+        (lo, (i.next.max(i.id).max(i.threads_head) + 8 - lo) as usize)
+    }
+
+    /// Whether GIL holders come from the GIL struct (not from a per-thread flag).
+    fn gil_from_struct(&self) -> bool {
+        self.layout.tstate.holds_gil.is_none()
     }
 
     /// Bytes at `addr`: from the batch when it holds them under `key`, else from the target.
@@ -482,7 +527,8 @@ impl<M: RemoteMemory> Sampler<M> {
         let head =
             Bytes(&self.bytes(b, Key::Head, self.runtime + l.runtime_interpreters_head, 8)?)
                 .u64(0)?;
-        let core = self.interp_core_len();
+        let (span_lo, span_len) = self.interp_span();
+        let gil_struct = self.gil_from_struct();
         let mut interps = Vec::new();
         let mut holders: Vec<u64> = Vec::new();
         let mut gils = Vec::new();
@@ -490,7 +536,7 @@ impl<M: RemoteMemory> Sampler<M> {
         let mut tstates: Vec<Tstate> = Vec::new();
         let mut interp_ids = Vec::new();
 
-        if let GilLayout::Runtime { locked, holder } = l.gil {
+        if let (GilLayout::Runtime { locked, holder }, true) = (l.gil, gil_struct) {
             let lo = locked.min(holder);
             let len = (locked.max(holder) - lo + 8) as usize;
             let g = self.bytes(b, Key::Gil(self.runtime + lo), self.runtime + lo, len)?;
@@ -504,18 +550,22 @@ impl<M: RemoteMemory> Sampler<M> {
                 return Err(UnwindError::Cycle("interpreter list"));
             }
             interps.push(ia);
-            let ib = self.bytes(b, Key::Interp(ia), ia, core)?;
+            let ib = self.bytes(b, Key::Interp(ia), ia + span_lo, span_len)?;
             let ib = Bytes(&ib);
-            let interp_id = ib.i64(l.interp.id)?;
+            let at = |off: u64| off - span_lo;
+            let interp_id = ib.i64(at(l.interp.id))?;
             interp_ids.push(interp_id);
             if let Some(g) = l.interp.code_object_generation {
                 generation = generation.wrapping_add(self.word(b, ia + g)?);
             }
-            if let GilLayout::InterpPointer {
-                ptr,
-                locked,
-                holder,
-            } = l.gil
+            if let (
+                GilLayout::InterpPointer {
+                    ptr,
+                    locked,
+                    holder,
+                },
+                true,
+            ) = (l.gil, gil_struct)
             {
                 let gp = self.word(b, ia + ptr)?;
                 if gp != 0 && !gils.contains(&gp) {
@@ -528,7 +578,7 @@ impl<M: RemoteMemory> Sampler<M> {
                     }
                 }
             }
-            let mut ta = ib.u64(l.interp.threads_head)?;
+            let mut ta = ib.u64(at(l.interp.threads_head))?;
             let first = tstates.len();
             while ta != 0 {
                 if tstates.len() - first >= MAX_THREADS
@@ -575,7 +625,7 @@ impl<M: RemoteMemory> Sampler<M> {
                 });
                 ta = t.u64(l.tstate.next)?;
             }
-            ia = ib.u64(l.interp.next)?;
+            ia = ib.u64(at(l.interp.next))?;
         }
         self.interps = interps;
         self.gils = gils;
@@ -874,22 +924,43 @@ impl<M: RemoteMemory> Sampler<M> {
                 });
             }
             let tc = self.threads.entry(w.ts.addr).or_default();
-            match w.tail {
+            let walked_ids = self.ids.len();
+            let stack = match w.tail {
                 Some(i) => {
-                    let rest = &tc.chain[i + 1..];
-                    self.stats.frames_from_cache += rest.len() as u64;
-                    self.ids.extend(rest.iter().filter_map(|c| c.id));
-                    chain_new.extend_from_slice(rest);
+                    let tail_len = tc.chain.len() - (i + 1);
+                    self.stats.frames_from_cache += tail_len as u64;
                     if w.raw.len() == 1 && i == 0 {
                         self.stats.frame_cache_hits += 1;
                     } else {
                         self.stats.frame_cache_partial_hits += 1;
                     }
+                    let unchanged = tc.last_tail_len == tail_len && tc.last_walked == self.ids;
+                    // Replace the walked part of the chain; the cached rest stays in place.
+                    if chain_new.len() == i + 1 {
+                        tc.chain[..=i].copy_from_slice(&chain_new);
+                    } else {
+                        tc.chain.splice(..=i, chain_new);
+                    }
+                    match tc.last_stack {
+                        Some(id) if unchanged => id,
+                        _ => {
+                            let rest = &tc.chain[w.raw.len()..];
+                            self.ids.extend(rest.iter().filter_map(|c| c.id));
+                            tc.last_tail_len = tail_len;
+                            self.table.stack(&self.ids)
+                        }
+                    }
                 }
-                None => self.stats.frame_cache_misses += 1,
-            }
-            let stack = self.table.stack(&self.ids);
-            tc.chain = chain_new;
+                None => {
+                    self.stats.frame_cache_misses += 1;
+                    tc.chain = chain_new;
+                    tc.last_tail_len = usize::MAX;
+                    self.table.stack(&self.ids)
+                }
+            };
+            tc.last_walked.clear();
+            tc.last_walked.extend_from_slice(&self.ids[..walked_ids]);
+            tc.last_stack = Some(stack);
 
             // The marker and next sample's regions.
             let chunk_lo = w.ts.chunk + CHUNK_DATA;
@@ -900,15 +971,22 @@ impl<M: RemoteMemory> Sampler<M> {
             if top != 0 && in_chunk(top) {
                 let end = (top + fsize + GROWTH).min(chunk_hi);
                 if self.use_marker {
-                    // Outermost frame of the current chunk within MARKER_SPAN of the top.
-                    let j = tc
-                        .chain
-                        .iter()
-                        .enumerate()
-                        .take_while(|(_, c)| c.addr <= top)
-                        .filter(|(_, c)| in_chunk(c.addr) && top - c.addr <= MARKER_SPAN)
-                        .map(|(j, _)| j)
-                        .last();
+                    // A top frame that held still since the last sample gets the marker (then
+                    // the next sample is a full hit); otherwise the outermost frame of the
+                    // current chunk within MARKER_SPAN of the top, which calls and returns
+                    // near the top leave alone.
+                    let j = if tc.last_top == top && tc.chain.first().is_some_and(|c| c.addr == top)
+                    {
+                        Some(0)
+                    } else {
+                        tc.chain
+                            .iter()
+                            .enumerate()
+                            .take_while(|(_, c)| c.addr <= top)
+                            .filter(|(_, c)| in_chunk(c.addr) && top - c.addr <= MARKER_SPAN)
+                            .map(|(j, _)| j)
+                            .last()
+                    };
                     if let (Some(j), Some((m_now, seq_now))) = (j, w.ts.marker) {
                         let m = tc.chain[j].addr;
                         if m != m_now {
@@ -933,6 +1011,7 @@ impl<M: RemoteMemory> Sampler<M> {
             } else {
                 tc.marker = None;
             }
+            tc.last_top = top;
             let on_cpu = self.opts.cpu_status.then(|| {
                 crate::process::thread_on_cpu(self.pid, w.ts.native_thread_id as i32)
                     .unwrap_or(false)

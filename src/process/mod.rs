@@ -139,6 +139,12 @@ pub fn thread_on_cpu(pid: i32, tid: i32) -> Option<bool> {
     Some(state == b'R')
 }
 
+/// CPU time used so far by the calling thread, in nanoseconds (`/proc/thread-self/schedstat`).
+pub fn own_thread_cpu_ns() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    s.split_whitespace().next()?.parse().ok()
+}
+
 /// Every pid on the host (processes, not threads).
 pub fn all_pids() -> Vec<i32> {
     let Ok(rd) = std::fs::read_dir("/proc") else {

@@ -1,0 +1,128 @@
+//! The frame cache must never change what is sampled: on targets whose stacks change between
+//! samples, a sampler with the 3.15 frame cache, one without it, a read-only one and a fresh
+//! one must give the same frames at the same instant (the target stopped), sample after
+//! sample, on every version.
+
+mod common;
+
+use common::*;
+use pyfleet::cpython::{self, InterpreterStacks, SamplerOptions};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+const ROUNDS: usize = 60;
+
+type Frames = Vec<(String, String, String, Option<i32>)>;
+
+/// (interpreter id, thread id) -> frames, innermost first.
+fn flatten(interps: &[InterpreterStacks]) -> BTreeMap<(i64, u64), Frames> {
+    interps
+        .iter()
+        .flat_map(|i| {
+            i.threads.iter().map(move |t| {
+                let frames = t
+                    .frames
+                    .iter()
+                    .map(|f| {
+                        (
+                            f.code.name.clone(),
+                            f.code.qualname.clone(),
+                            f.code.filename.clone(),
+                            f.line,
+                        )
+                    })
+                    .collect();
+                ((i.id, t.thread_id), frames)
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn frame_cache_and_read_only_give_the_same_frames() {
+    let mut failures = Vec::new();
+    for interp in interpreters() {
+        let mut target = Proc::python(&interp.label, &interp.path, "changing.py", &[""; 0]);
+        let ready = target.dir().join("ready");
+        target.wait_for_path(&ready, Duration::from_secs(30));
+        let pid = target.pid();
+        let attach = |frame_cache, read_only| {
+            cpython::attach(
+                pid,
+                SamplerOptions {
+                    frame_cache,
+                    read_only,
+                    ..Default::default()
+                },
+            )
+            .unwrap_or_else(|e| panic!("[{}] attach: {e}", interp.label))
+        };
+        let mut cached = attach(true, false);
+        let mut uncached = attach(false, false);
+        let mut read_only = attach(true, true);
+        let mut compared = 0;
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for round in 0..ROUNDS {
+            let stopped = Stopped::new(pid);
+            let mut fresh = attach(false, true);
+            let results = [
+                ("frame cache", cached.snapshot()),
+                ("no frame cache", uncached.snapshot()),
+                ("read-only", read_only.snapshot()),
+                ("fresh", fresh.snapshot()),
+            ];
+            drop(stopped);
+            let truth = match &results[3].1 {
+                Ok(s) => flatten(s),
+                Err(e) => {
+                    failures.push(format!(
+                        "[{}] round {round}: fresh sampler: {e}",
+                        interp.label
+                    ));
+                    continue;
+                }
+            };
+            if truth.len() < 4 {
+                failures.push(format!(
+                    "[{}] round {round}: only {} threads sampled",
+                    interp.label,
+                    truth.len()
+                ));
+            }
+            for (name, r) in &results[..3] {
+                match r {
+                    Ok(s) if flatten(s) == truth => {}
+                    Ok(s) => failures.push(format!(
+                        "[{}] round {round}: {name} differs:\n  got  {:?}\n  want {:?}",
+                        interp.label,
+                        flatten(s),
+                        truth
+                    )),
+                    Err(e) => {
+                        failures.push(format!("[{}] round {round}: {name}: {e}", interp.label))
+                    }
+                }
+            }
+            compared += 1;
+            // Let the target move on for 1 to 15 ms.
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            std::thread::sleep(Duration::from_millis(1 + seed % 15));
+        }
+        // The frame cache was really used where the version has it.
+        let st = cached.stats();
+        if interp.minor >= 15 && st.frame_cache_hits + st.frame_cache_partial_hits == 0 {
+            failures.push(format!("[{}] frame cache never hit: {st:?}", interp.label));
+        }
+        if read_only.stats().marker_writes != 0 || uncached.stats().marker_writes != 0 {
+            failures.push(format!(
+                "[{}] wrote the marker when it must not",
+                interp.label
+            ));
+        }
+        assert_eq!(compared, ROUNDS);
+        target.kill();
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
