@@ -33,7 +33,8 @@ use crate::binary::RuntimeLocation;
 use crate::memory::{Bytes, ReadRequest, RemoteMemory};
 use crate::stacks::{FrameId, FunctionId, StackId, StackTable};
 use lru::LruCache;
-use std::collections::HashMap;
+use rustc_hash::{FxBuildHasher, FxHashMap};
+use std::borrow::Cow;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -46,10 +47,13 @@ const MAX_CHUNKS: usize = 64;
 /// The 3.15 marker goes on the outermost frame at most this many bytes below the top frame,
 /// so that calls and returns near the top do not move it.
 const MARKER_SPAN: u64 = 2048;
-/// Room prefetched above the top frame for calls made before the next sample.
-const GROWTH: u64 = 1024;
+/// Room prefetched above a moving top frame for calls made before the next sample (none
+/// above a top frame that held still).
+const GROWTH: u64 = 2048;
 /// Most frames outside the data stack (generators, coroutines) prefetched per thread.
 const MAX_OUTSIDE: usize = 64;
+/// Ranges of a batch closer than this are read as one iovec.
+const MERGE_GAP: u64 = 1024;
 /// Longest single region read (bytes); deeper stacks are read in several regions.
 const MAX_REGION: u64 = 1 << 20;
 
@@ -169,7 +173,11 @@ struct Batch {
     ranges: Vec<(u64, usize)>,
     keys: Vec<Key>,
     buf: Vec<u8>,
-    index: HashMap<Key, (usize, usize)>,
+    index: FxHashMap<Key, (usize, usize)>,
+    // Scratch of `fetch`: sort order, physical reads, and where each range landed.
+    order: Vec<usize>,
+    phys: Vec<(u64, u64)>,
+    place: Vec<(usize, usize)>,
 }
 
 impl Batch {
@@ -179,33 +187,54 @@ impl Batch {
         self.index.clear();
     }
     fn push(&mut self, key: Key, addr: u64, len: usize) {
-        if len > 0 && !self.keys.contains(&key) {
+        // The index doubles as the set of keys pushed; `fetch` fills in the positions.
+        if len > 0 && self.index.insert(key, (usize::MAX, 0)).is_none() {
             self.keys.push(key);
             self.ranges.push((addr, len));
         }
     }
-    /// Reads everything in one batch. A range that cannot be read (a thread that exited took
-    /// its memory with it) is left out, and the rest read again from after it: predictions
-    /// are only hints, and a miss costs one more syscall, not the whole batch.
+    /// Reads everything in one batch. Ranges less than [`MERGE_GAP`] apart are read as one
+    /// (each iovec costs the kernel a lookup, a few hundred bytes more cost nothing). A range
+    /// that cannot be read (a thread that exited took its memory with it) is left out and
+    /// the rest read again from after it: predictions are only hints, and a miss costs one
+    /// more syscall, not the whole batch.
     fn fetch<M: RemoteMemory>(&mut self, mem: &M) {
-        let total: usize = self.ranges.iter().map(|r| r.1).sum();
+        // Physical reads: the logical ranges sorted by address and coalesced.
+        self.order.clear();
+        self.order.extend(0..self.ranges.len());
+        let ranges = &self.ranges;
+        self.order.sort_unstable_by_key(|&i| ranges[i].0);
+        self.phys.clear();
+        self.place.clear();
+        self.place.resize(self.ranges.len(), (0, 0));
+        for &i in &self.order {
+            let (addr, len) = self.ranges[i];
+            let end = addr.saturating_add(len as u64);
+            match self.phys.last_mut() {
+                Some((s, e)) if addr >= *s && addr <= e.saturating_add(MERGE_GAP) => {
+                    *e = (*e).max(end);
+                }
+                _ => self.phys.push((addr, end)),
+            }
+            let p = self.phys.len() - 1;
+            self.place[i] = (p, (addr - self.phys[p].0) as usize);
+        }
+        let mut offsets = Vec::with_capacity(self.phys.len() + 1);
+        let mut total = 0usize;
+        for &(s, e) in &self.phys {
+            offsets.push(total);
+            total += (e - s) as usize;
+        }
         self.buf.clear();
         self.buf.resize(total, 0);
-        let mut offsets = Vec::with_capacity(self.ranges.len());
-        let mut pos = 0;
-        for r in &self.ranges {
-            offsets.push(pos);
-            pos += r.1;
-        }
+        let mut failed: Vec<usize> = Vec::new();
         let mut from = 0;
-        let mut failed = Vec::new();
-        while from < self.ranges.len() {
-            let ranges = &self.ranges[from..];
-            let mut reqs: Vec<ReadRequest<'_>> = Vec::with_capacity(ranges.len());
+        while from < self.phys.len() {
+            let mut reqs: Vec<ReadRequest<'_>> = Vec::with_capacity(self.phys.len() - from);
             let mut rest = &mut self.buf[offsets[from]..];
-            for &(addr, len) in ranges {
-                let (head, tail) = std::mem::take(&mut rest).split_at_mut(len);
-                reqs.push(ReadRequest::new(addr, head));
+            for &(s, e) in &self.phys[from..] {
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut((e - s) as usize);
+                reqs.push(ReadRequest::new(s, head));
                 rest = tail;
             }
             match mem.read_many(&mut reqs) {
@@ -215,25 +244,29 @@ impl Batch {
                     from += i + 1;
                 }
                 Err(_) => {
-                    failed.extend(from..self.ranges.len());
+                    failed.extend(from..self.phys.len());
                     break;
                 }
             }
         }
         for (i, (k, r)) in self.keys.iter().zip(&self.ranges).enumerate() {
-            if !failed.contains(&i) {
-                self.index.insert(*k, (offsets[i], r.1));
-            }
+            let (p, off) = self.place[i];
+            let at = if failed.contains(&p) {
+                (usize::MAX, 0)
+            } else {
+                (offsets[p] + off, r.1)
+            };
+            self.index.insert(*k, at);
         }
     }
+
     fn get(&self, key: Key) -> Option<&[u8]> {
         let &(pos, len) = self.index.get(&key)?;
-        self.buf.get(pos..pos + len)
+        self.buf.get(pos..pos.checked_add(len)?)
     }
-    /// The prefetched region (start address, bytes) of a thread, if any.
-    fn region(&self, key: Key, addr: u64) -> Option<(u64, &[u8])> {
-        let i = self.keys.iter().position(|k| *k == key)?;
-        Some((self.ranges[i].0, self.get(key)?)).filter(|_| addr == self.ranges[i].0)
+    /// The prefetched region starting at `addr`, if any.
+    fn region(&self, addr: u64) -> Option<(u64, &[u8])> {
+        Some((addr, self.get(Key::Region(addr))?))
     }
 }
 
@@ -278,9 +311,9 @@ pub struct Sampler<M: RemoteMemory> {
     binary: PathBuf,
     opts: SamplerOptions,
     use_marker: bool,
-    codes: LruCache<u64, CodeEntry>,
+    codes: LruCache<u64, CodeEntry, FxBuildHasher>,
     table: StackTable,
-    threads: HashMap<u64, ThreadCache>,
+    threads: FxHashMap<u64, ThreadCache>,
     interps: Vec<u64>,
     gils: Vec<u64>,
     batch: Batch,
@@ -315,9 +348,9 @@ impl<M: RemoteMemory> Sampler<M> {
             binary: loc.path.clone(),
             opts,
             use_marker,
-            codes: LruCache::new(cap),
+            codes: LruCache::with_hasher(cap, FxBuildHasher),
             table: StackTable::new(),
-            threads: HashMap::new(),
+            threads: FxHashMap::default(),
             interps: Vec::new(),
             gils: Vec::new(),
             batch: Batch::default(),
@@ -495,10 +528,16 @@ impl<M: RemoteMemory> Sampler<M> {
     }
 
     /// Bytes at `addr`: from the batch when it holds them under `key`, else from the target.
-    fn bytes(&self, b: &Batch, key: Key, addr: u64, len: usize) -> Result<Vec<u8>, UnwindError> {
+    fn bytes<'b>(
+        &self,
+        b: &'b Batch,
+        key: Key,
+        addr: u64,
+        len: usize,
+    ) -> Result<Cow<'b, [u8]>, UnwindError> {
         match b.get(key) {
-            Some(v) if v.len() == len => Ok(v.to_vec()),
-            _ => Ok(self.mem.read_vec(addr, len)?),
+            Some(v) if v.len() == len => Ok(Cow::Borrowed(v)),
+            _ => Ok(Cow::Owned(self.mem.read_vec(addr, len)?)),
         }
     }
 
@@ -712,18 +751,21 @@ impl<M: RemoteMemory> Sampler<M> {
         let mut held: Vec<(u64, &[u8])> = tc
             .regions
             .iter()
-            .filter_map(|&(s, _)| b.region(Key::Region(s), s))
+            .filter_map(|&(s, _)| b.region(s))
             .collect();
         let mut extra: Vec<(u64, Vec<u8>)> = Vec::new();
         let (mut caught_up, mut older_loaded) = (false, false);
-        let find = |held: &[(u64, &[u8])], extra: &[(u64, Vec<u8>)], a: u64| -> Option<Vec<u8>> {
+        let mut frame_buf = [0u8; 256];
+        let find = |held: &[(u64, &[u8])], extra: &[(u64, Vec<u8>)], a: u64, out: &mut [u8]| {
             held.iter()
                 .map(|(s, v)| (*s, *v))
                 .chain(extra.iter().map(|(s, v)| (*s, v.as_slice())))
                 .find_map(|(s, v)| {
                     let off = a.checked_sub(s)? as usize;
-                    v.get(off..off.checked_add(fsize)?).map(<[u8]>::to_vec)
+                    v.get(off..off.checked_add(out.len())?)
                 })
+                .map(|v| out.copy_from_slice(v))
+                .is_some()
         };
 
         let mut addr = ts.current_frame;
@@ -736,8 +778,11 @@ impl<M: RemoteMemory> Sampler<M> {
             if depth > MAX_DEPTH {
                 return Err(UnwindError::TooLong("frame chain", MAX_DEPTH));
             }
-            let mut local = find(&held, &extra, addr);
-            if local.is_none() && in_chunk(addr) && !caught_up {
+            let out = frame_buf
+                .get_mut(..fsize)
+                .ok_or(UnwindError::TooLong("frame header", 256))?;
+            let mut local = find(&held, &extra, addr, out);
+            if !local && in_chunk(addr) && !caught_up {
                 // One read for everything still needed from the current chunk: down to the
                 // marker when it is valid, else the whole used part (bounded).
                 caught_up = true;
@@ -747,14 +792,13 @@ impl<M: RemoteMemory> Sampler<M> {
                     _ => chunk_lo.max(end.saturating_sub(MAX_REGION)),
                 };
                 extra.push((low, self.mem.read_vec(low, (end - low) as usize)?));
-                local = find(&held, &extra, addr);
+                local = find(&held, &extra, addr, out);
             }
-            if local.is_none() && !older_loaded && older.iter().any(|&(s, e)| addr >= s && addr < e)
-            {
+            if !local && !older_loaded && older.iter().any(|&(s, e)| addr >= s && addr < e) {
                 // A deep stack continues in older chunks: read their used parts at once.
                 older_loaded = true;
                 for &(s, e) in &older {
-                    if let Some((_, v)) = b.region(Key::Region(s), s) {
+                    if let Some((_, v)) = b.region(s) {
                         if v.len() as u64 == e - s {
                             held.push((s, v));
                             continue;
@@ -762,11 +806,11 @@ impl<M: RemoteMemory> Sampler<M> {
                     }
                     extra.push((s, self.mem.read_vec(s, (e - s) as usize)?));
                 }
-                local = find(&held, &extra, addr);
+                local = find(&held, &extra, addr, out);
             }
-            let bytes = match local {
-                Some(v) => v,
-                None => {
+            let bytes: Cow<'_, [u8]> = match local {
+                true => Cow::Borrowed(&*out),
+                false => {
                     if outside.len() < MAX_OUTSIDE {
                         outside.push(addr);
                     }
@@ -968,23 +1012,38 @@ impl<M: RemoteMemory> Sampler<M> {
             let in_chunk = |a: u64| a >= chunk_lo && a + fsize <= chunk_hi;
             tc.regions.clear();
             let top = w.ts.current_frame;
-            if top != 0 && in_chunk(top) {
-                let end = (top + fsize + GROWTH).min(chunk_hi);
+            // The anchor: the innermost frame in the current chunk (the top frame, unless it
+            // is a generator's or coroutine's, which live outside; those are prefetched by
+            // address through `outside`).
+            let anchor = tc.chain.iter().position(|c| in_chunk(c.addr));
+            if let Some(a) = anchor {
+                let base = tc.chain[a].addr;
+                let still = tc.last_top == top;
+                let growth = if still { 0 } else { GROWTH };
+                let end = (base + fsize + growth).min(chunk_hi);
                 if self.use_marker {
-                    // A top frame that held still since the last sample gets the marker (then
-                    // the next sample is a full hit); otherwise the outermost frame of the
-                    // current chunk within MARKER_SPAN of the top, which calls and returns
-                    // near the top leave alone.
-                    let j = if tc.last_top == top && tc.chain.first().is_some_and(|c| c.addr == top)
-                    {
-                        Some(0)
+                    // A stack whose top held still since the last sample gets the marker on
+                    // the anchor (then the next sample is a full hit); otherwise the outermost
+                    // frame of the current chunk within MARKER_SPAN of the anchor, which calls
+                    // and returns near the top leave alone.
+                    // The marker the target holds now, if it is on this stack near the anchor:
+                    // keeping it costs no write (hysteresis against depth that comes and goes).
+                    let kept = w.ts.marker.and_then(|(m_now, _)| {
+                        let j = a + tc.chain[a..].iter().position(|c| c.addr == m_now)?;
+                        (in_chunk(m_now) && m_now <= base && base - m_now <= 2 * MARKER_SPAN)
+                            .then_some(j)
+                    });
+                    let j = if still {
+                        Some(a)
+                    } else if kept.is_some() {
+                        kept
                     } else {
-                        tc.chain
+                        tc.chain[a..]
                             .iter()
                             .enumerate()
-                            .take_while(|(_, c)| c.addr <= top)
-                            .filter(|(_, c)| in_chunk(c.addr) && top - c.addr <= MARKER_SPAN)
-                            .map(|(j, _)| j)
+                            .filter(|(_, c)| in_chunk(c.addr))
+                            .take_while(|(_, c)| c.addr <= base && base - c.addr <= MARKER_SPAN)
+                            .map(|(j, _)| a + j)
                             .last()
                     };
                     if let (Some(j), Some((m_now, seq_now))) = (j, w.ts.marker) {
@@ -996,7 +1055,7 @@ impl<M: RemoteMemory> Sampler<M> {
                             }
                         }
                         tc.marker = Some((m, seq_now, j));
-                        tc.regions.push((m.min(top), end));
+                        tc.regions.push((m.min(base), end));
                     } else {
                         tc.marker = None;
                         tc.regions

@@ -10,7 +10,7 @@
 //! target memory.
 
 use crate::cpython::CodeInfo;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 pub type FunctionId = u32;
