@@ -126,3 +126,60 @@ fn frame_cache_and_read_only_give_the_same_frames() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// A sampler on a target that is killed mid-sampling: samples succeed or fail with counted
+/// errors, and once the target is gone every sample says so, quickly; never a panic or hang.
+#[test]
+fn a_target_killed_while_sampled_ends_with_counted_errors() {
+    use std::time::Instant;
+    for interp in interpreters() {
+        let mut target = Proc::python(&interp.label, &interp.path, "churn.py", &["ready"]);
+        target.wait_for_path(&target.dir().join("ready"), Duration::from_secs(30));
+        let pid = target.pid();
+        let mut sampler = cpython::attach(pid, SamplerOptions::default())
+            .unwrap_or_else(|e| panic!("[{}] attach: {e}", interp.label));
+        let start = Instant::now();
+        let (mut ok, mut failed, mut killed_at) = (0u64, 0u64, None);
+        loop {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "[{}] sampling did not end after the target was killed",
+                interp.label
+            );
+            match sampler.sample() {
+                Ok(threads) => {
+                    assert!(killed_at.is_none() || !threads.is_empty() || ok > 0);
+                    ok += 1;
+                }
+                Err(e) if e.is_process_gone() => break,
+                Err(_) => failed += 1,
+            }
+            if ok + failed == 2000 && killed_at.is_none() {
+                // Killed, not reaped: a zombie whose memory is gone.
+                target.kill_no_reap();
+                killed_at = Some(ok + failed);
+            }
+        }
+        let st = sampler.stats();
+        assert!(
+            killed_at.is_some(),
+            "[{}] ended before the kill",
+            interp.label
+        );
+        assert!(
+            ok > 0,
+            "[{}] no sample of the live target succeeded",
+            interp.label
+        );
+        assert_eq!(st.samples, ok, "[{}] {st:?}", interp.label);
+        assert_eq!(
+            st.errors,
+            failed + 1,
+            "[{}] errors not counted: {st:?}",
+            interp.label
+        );
+        // The zombie is still there: every further sample reports it gone.
+        assert!(sampler.sample().is_err_and(|e| e.is_process_gone()));
+        target.reap();
+    }
+}

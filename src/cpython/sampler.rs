@@ -56,6 +56,11 @@ const MAX_OUTSIDE: usize = 64;
 const MERGE_GAP: u64 = 1024;
 /// Longest single region read (bytes); deeper stacks are read in several regions.
 const MAX_REGION: u64 = 1 << 20;
+/// Largest data-stack chunk believed (bytes). CPython's chunks are 16 KiB unless one frame
+/// needs more; a larger size read from the target is garbage.
+const MAX_CHUNK_SIZE: u64 = 1 << 24;
+/// Most bytes of older chunks read per thread (a 2^16-frame stack fits).
+const MAX_OLDER_BYTES: u64 = 1 << 25;
 
 /// How a sampler behaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -474,20 +479,20 @@ impl<M: RemoteMemory> Sampler<M> {
         }
         let (lo, len) = self.interp_span();
         for &ia in &self.interps {
-            b.push(Key::Interp(ia), ia + lo, len);
+            b.push(Key::Interp(ia), ia.wrapping_add(lo), len);
             if let (GilLayout::InterpPointer { ptr, .. }, true) = (l.gil, gil_struct) {
-                b.push(Key::Word(ia + ptr), ia + ptr, 8);
+                b.push(Key::Word(ia.wrapping_add(ptr)), ia.wrapping_add(ptr), 8);
             }
             if let Some(g) = l.interp.code_object_generation {
-                b.push(Key::Word(ia + g), ia + g, 8);
+                b.push(Key::Word(ia.wrapping_add(g)), ia.wrapping_add(g), 8);
             }
         }
         if let (GilLayout::InterpPointer { locked, holder, .. }, true) = (l.gil, gil_struct) {
             let lo = locked.min(holder);
             for &g in &self.gils {
                 b.push(
-                    Key::Gil(g + lo),
-                    g + lo,
+                    Key::Gil(g.wrapping_add(lo)),
+                    g.wrapping_add(lo),
                     (locked.max(holder) - lo + 8) as usize,
                 );
             }
@@ -499,8 +504,8 @@ impl<M: RemoteMemory> Sampler<M> {
             if let CurrentFrame::ViaCFrame { current_frame, .. } = l.tstate.current_frame {
                 if tc.cframe != 0 {
                     b.push(
-                        Key::Word(tc.cframe + current_frame),
-                        tc.cframe + current_frame,
+                        Key::Word(tc.cframe.wrapping_add(current_frame)),
+                        tc.cframe.wrapping_add(current_frame),
                         8,
                     );
                 }
@@ -589,13 +594,13 @@ impl<M: RemoteMemory> Sampler<M> {
                 return Err(UnwindError::Cycle("interpreter list"));
             }
             interps.push(ia);
-            let ib = self.bytes(b, Key::Interp(ia), ia + span_lo, span_len)?;
+            let ib = self.bytes(b, Key::Interp(ia), ia.wrapping_add(span_lo), span_len)?;
             let ib = Bytes(&ib);
             let at = |off: u64| off - span_lo;
             let interp_id = ib.i64(at(l.interp.id))?;
             interp_ids.push(interp_id);
             if let Some(g) = l.interp.code_object_generation {
-                generation = generation.wrapping_add(self.word(b, ia + g)?);
+                generation = generation.wrapping_add(self.word(b, ia.wrapping_add(g))?);
             }
             if let (
                 GilLayout::InterpPointer {
@@ -606,12 +611,13 @@ impl<M: RemoteMemory> Sampler<M> {
                 true,
             ) = (l.gil, gil_struct)
             {
-                let gp = self.word(b, ia + ptr)?;
+                let gp = self.word(b, ia.wrapping_add(ptr))?;
                 if gp != 0 && !gils.contains(&gp) {
                     gils.push(gp);
                     let lo = locked.min(holder);
                     let len = (locked.max(holder) - lo + 8) as usize;
-                    let g = self.bytes(b, Key::Gil(gp + lo), gp + lo, len)?;
+                    let g =
+                        self.bytes(b, Key::Gil(gp.wrapping_add(lo)), gp.wrapping_add(lo), len)?;
                     if Bytes(&g).u32(locked - lo)? != 0 {
                         holders.push(Bytes(&g).u64(holder - lo)?);
                     }
@@ -639,7 +645,7 @@ impl<M: RemoteMemory> Sampler<M> {
                         if cf == 0 {
                             0
                         } else {
-                            self.word(b, cf + current_frame)?
+                            self.word(b, cf.wrapping_add(current_frame))?
                         }
                     }
                 };
@@ -700,18 +706,27 @@ impl<M: RemoteMemory> Sampler<M> {
         let mut first = true;
         let mut older = Vec::new();
         let mut chunk_end = 0;
+        let mut older_bytes = 0u64;
         while c != 0 && older.len() < MAX_CHUNKS {
             let h = self.mem.read_vec(c, CHUNK_DATA as usize)?;
             let h = Bytes(&h);
             let size = h.u64(CHUNK_SIZE)?;
-            if size <= CHUNK_DATA || size > (1 << 30) {
+            // Sizes and addresses are the target's: bounded, and never wrapped around.
+            let Some(end) = c.checked_add(size) else {
+                break;
+            };
+            if size <= CHUNK_DATA || size > MAX_CHUNK_SIZE {
                 break;
             }
             if first {
-                chunk_end = c + size;
+                chunk_end = end;
                 first = false;
             } else {
                 let used = h.u64(CHUNK_TOP)?.saturating_mul(8).min(size - CHUNK_DATA);
+                older_bytes += used;
+                if older_bytes > MAX_OLDER_BYTES {
+                    break;
+                }
                 older.push((c + CHUNK_DATA, c + CHUNK_DATA + used));
             }
             c = h.u64(CHUNK_PREVIOUS)?;
@@ -742,9 +757,11 @@ impl<M: RemoteMemory> Sampler<M> {
             }
         }
         let chain = std::mem::take(&mut tc.chain);
-        let chunk_lo = ts.chunk + CHUNK_DATA;
+        let chunk_lo = ts.chunk.saturating_add(CHUNK_DATA);
         let chunk_hi = tc.chunk_end;
-        let in_chunk = |a: u64| a >= chunk_lo && a + fsize as u64 <= chunk_hi;
+        // Addresses are the target's: a garbage one near 2^64 must not wrap into the chunk.
+        let in_chunk =
+            |a: u64| a >= chunk_lo && a.checked_add(fsize as u64).is_some_and(|e| e <= chunk_hi);
         let older = std::mem::take(&mut tc.older);
 
         // The bytes we hold: the prefetched regions; more is read at the first miss.
@@ -1007,9 +1024,10 @@ impl<M: RemoteMemory> Sampler<M> {
             tc.last_stack = Some(stack);
 
             // The marker and next sample's regions.
-            let chunk_lo = w.ts.chunk + CHUNK_DATA;
+            let chunk_lo = w.ts.chunk.saturating_add(CHUNK_DATA);
             let chunk_hi = tc.chunk_end;
-            let in_chunk = |a: u64| a >= chunk_lo && a + fsize <= chunk_hi;
+            let in_chunk =
+                |a: u64| a >= chunk_lo && a.checked_add(fsize).is_some_and(|e| e <= chunk_hi);
             tc.regions.clear();
             let top = w.ts.current_frame;
             // The anchor: the innermost frame in the current chunk (the top frame, unless it
@@ -1020,7 +1038,8 @@ impl<M: RemoteMemory> Sampler<M> {
                 let base = tc.chain[a].addr;
                 let still = tc.last_top == top;
                 let growth = if still { 0 } else { GROWTH };
-                let end = (base + fsize + growth).min(chunk_hi);
+                // `base` is in the chunk, so `base + fsize` is at most `chunk_hi`.
+                let end = (base + fsize).saturating_add(growth).min(chunk_hi);
                 if self.use_marker {
                     // A stack whose top held still since the last sample gets the marker on
                     // the anchor (then the next sample is a full hit); otherwise the outermost
@@ -1050,7 +1069,9 @@ impl<M: RemoteMemory> Sampler<M> {
                         let m = tc.chain[j].addr;
                         if m != m_now {
                             if let Some((off, _)) = self.layout.tstate.frame_marker {
-                                self.mem.write(w.ts.addr + off, &m.to_le_bytes())?;
+                                // The thread state was read whole at `addr`, so this is in it.
+                                self.mem
+                                    .write(w.ts.addr.wrapping_add(off), &m.to_le_bytes())?;
                                 self.stats.marker_writes += 1;
                             }
                         }
