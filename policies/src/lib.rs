@@ -3,5 +3,15 @@
 //! exhaustively.
 
 pub mod matching;
+pub mod mode;
+pub mod naming;
+pub mod rate;
+pub mod restart;
+pub mod retention;
 
 pub use matching::{MatchError, MatchPolicy, ProcessFacts};
+pub use mode::{Mode, ModeError};
+pub use naming::{sanitize, short_name};
+pub use rate::{RateError, RatePolicy};
+pub use restart::{RestartDecision, RestartPolicy, RestartState};
+pub use retention::{parse_size, RetentionError, RetentionPolicy, SizeError, SnapshotEntry};
