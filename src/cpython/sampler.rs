@@ -173,38 +173,42 @@ enum Key {
     Frame(u64),
 }
 
+/// One sample's prefetch: what to read (`keys`, `ranges`, as `predict` pushed them) and,
+/// once fetched, where each range landed in `buf`. The physical plan (sorted, coalesced
+/// iovecs and the index) is rebuilt only when the prediction differs from the previous
+/// sample's; in steady state a fetch is one syscall and no hashing or sorting.
 #[derive(Default)]
 struct Batch {
     ranges: Vec<(u64, usize)>,
     keys: Vec<Key>,
     buf: Vec<u8>,
     index: FxHashMap<Key, (usize, usize)>,
-    // Scratch of `fetch`: sort order, physical reads, and where each range landed.
-    order: Vec<usize>,
+    /// The prediction the plan below was built for.
+    plan_keys: Vec<Key>,
+    plan_ranges: Vec<(u64, usize)>,
+    // The plan: physical reads (start, end), their offsets in `buf`, and for each logical
+    // range its physical read and offset in it.
     phys: Vec<(u64, u64)>,
+    offsets: Vec<usize>,
     place: Vec<(usize, usize)>,
+    order: Vec<usize>,
 }
 
 impl Batch {
     fn clear(&mut self) {
         self.ranges.clear();
         self.keys.clear();
-        self.index.clear();
     }
     fn push(&mut self, key: Key, addr: u64, len: usize) {
-        // The index doubles as the set of keys pushed; `fetch` fills in the positions.
-        if len > 0 && self.index.insert(key, (usize::MAX, 0)).is_none() {
+        if len > 0 {
             self.keys.push(key);
             self.ranges.push((addr, len));
         }
     }
-    /// Reads everything in one batch. Ranges less than [`MERGE_GAP`] apart are read as one
-    /// (each iovec costs the kernel a lookup, a few hundred bytes more cost nothing). A range
-    /// that cannot be read (a thread that exited took its memory with it) is left out and
-    /// the rest read again from after it: predictions are only hints, and a miss costs one
-    /// more syscall, not the whole batch.
-    fn fetch<M: RemoteMemory>(&mut self, mem: &M) {
-        // Physical reads: the logical ranges sorted by address and coalesced.
+    /// Sorts the ranges by address, coalesces those less than [`MERGE_GAP`] apart into one
+    /// iovec (each iovec costs the kernel a lookup, a few hundred bytes more cost nothing)
+    /// and indexes where every key's bytes will land.
+    fn plan(&mut self) {
         self.order.clear();
         self.order.extend(0..self.ranges.len());
         let ranges = &self.ranges;
@@ -224,19 +228,34 @@ impl Batch {
             let p = self.phys.len() - 1;
             self.place[i] = (p, (addr - self.phys[p].0) as usize);
         }
-        let mut offsets = Vec::with_capacity(self.phys.len() + 1);
+        self.offsets.clear();
         let mut total = 0usize;
         for &(s, e) in &self.phys {
-            offsets.push(total);
+            self.offsets.push(total);
             total += (e - s) as usize;
         }
         self.buf.clear();
         self.buf.resize(total, 0);
+        self.index.clear();
+        for (i, (k, r)) in self.keys.iter().zip(&self.ranges).enumerate() {
+            let (p, off) = self.place[i];
+            self.index.insert(*k, (self.offsets[p] + off, r.1));
+        }
+        self.plan_keys.clone_from(&self.keys);
+        self.plan_ranges.clone_from(&self.ranges);
+    }
+    /// Reads everything in one batch. A range that cannot be read (a thread that exited took
+    /// its memory with it) is left out and the rest read again from after it: predictions are
+    /// only hints, and a miss costs one more syscall, not the whole batch.
+    fn fetch<M: RemoteMemory>(&mut self, mem: &M) {
+        if self.keys != self.plan_keys || self.ranges != self.plan_ranges {
+            self.plan();
+        }
         let mut failed: Vec<usize> = Vec::new();
         let mut from = 0;
         while from < self.phys.len() {
             let mut reqs: Vec<ReadRequest<'_>> = Vec::with_capacity(self.phys.len() - from);
-            let mut rest = &mut self.buf[offsets[from]..];
+            let mut rest = &mut self.buf[self.offsets[from]..];
             for &(s, e) in &self.phys[from..] {
                 let (head, tail) = std::mem::take(&mut rest).split_at_mut((e - s) as usize);
                 reqs.push(ReadRequest::new(s, head));
@@ -254,14 +273,14 @@ impl Batch {
                 }
             }
         }
-        for (i, (k, r)) in self.keys.iter().zip(&self.ranges).enumerate() {
-            let (p, off) = self.place[i];
-            let at = if failed.contains(&p) {
-                (usize::MAX, 0)
-            } else {
-                (offsets[p] + off, r.1)
-            };
-            self.index.insert(*k, at);
+        if !failed.is_empty() {
+            // Unread keys are absent this time; the plan is rebuilt next time.
+            for (i, k) in self.keys.iter().enumerate() {
+                if failed.contains(&self.place[i].0) {
+                    self.index.insert(*k, (usize::MAX, 0));
+                }
+            }
+            self.plan_keys.clear();
         }
     }
 
@@ -331,6 +350,7 @@ pub struct Sampler<M: RemoteMemory> {
     raws: Vec<RawFrame>,
     work: Vec<Work>,
     ids: Vec<FrameId>,
+    chain_new: Vec<ChainFrame>,
 }
 
 impl<M: RemoteMemory> Sampler<M> {
@@ -366,6 +386,7 @@ impl<M: RemoteMemory> Sampler<M> {
             raws: Vec::new(),
             work: Vec::new(),
             ids: Vec::new(),
+            chain_new: Vec::new(),
         }
     }
 
@@ -962,7 +983,8 @@ impl<M: RemoteMemory> Sampler<M> {
         let adaptive = self.layout.code.code_adaptive;
         let fsize = self.layout.frame.size;
         for w in work.iter() {
-            let mut chain_new: Vec<ChainFrame> = Vec::with_capacity(w.raw.len());
+            let mut chain_new = std::mem::take(&mut self.chain_new);
+            chain_new.clear();
             self.ids.clear();
             for r in &self.raws[w.raw.clone()] {
                 let id = if r.shim || r.code == 0 {
@@ -1000,7 +1022,7 @@ impl<M: RemoteMemory> Sampler<M> {
                     if chain_new.len() == i + 1 {
                         tc.chain[..=i].copy_from_slice(&chain_new);
                     } else {
-                        tc.chain.splice(..=i, chain_new);
+                        tc.chain.splice(..=i, chain_new.drain(..));
                     }
                     match tc.last_stack {
                         Some(id) if unchanged => id,
@@ -1014,7 +1036,7 @@ impl<M: RemoteMemory> Sampler<M> {
                 }
                 None => {
                     self.stats.frame_cache_misses += 1;
-                    tc.chain = chain_new;
+                    std::mem::swap(&mut tc.chain, &mut chain_new);
                     tc.last_tail_len = usize::MAX;
                     self.table.stack(&self.ids)
                 }
@@ -1104,6 +1126,7 @@ impl<M: RemoteMemory> Sampler<M> {
                 on_cpu,
                 stack,
             });
+            self.chain_new = chain_new;
         }
         let epoch = self.epoch;
         self.threads.retain(|_, t| t.seen == epoch);

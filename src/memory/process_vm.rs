@@ -4,6 +4,8 @@ use super::{MemoryError, ReadRequest, ReadStats, RemoteMemory};
 
 /// The kernel's limit on iovecs per call (`UIO_MAXIOV`).
 const MAX_IOVECS: usize = 1024;
+/// Batches up to this many ranges build their iovecs on the stack.
+const STACK_IOVECS: usize = 32;
 
 /// A live process's memory.
 #[derive(Debug)]
@@ -34,19 +36,33 @@ impl ProcessMemory {
     }
 
     /// One `process_vm_readv` over `reqs` (at most `MAX_IOVECS`). Returns bytes read.
+    /// Batches of up to [`STACK_IOVECS`] ranges (every steady-state sample) allocate nothing.
     fn readv_once(&self, reqs: &mut [ReadRequest<'_>]) -> Result<usize, i32> {
-        let mut local: Vec<libc::iovec> = Vec::with_capacity(reqs.len());
-        let mut remote: Vec<libc::iovec> = Vec::with_capacity(reqs.len());
+        const EMPTY: libc::iovec = libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        };
+        let mut local_arr = [EMPTY; STACK_IOVECS];
+        let mut remote_arr = [EMPTY; STACK_IOVECS];
+        let (mut local_vec, mut remote_vec) = (Vec::new(), Vec::new());
+        let (local, remote): (&mut [libc::iovec], &mut [libc::iovec]) =
+            if reqs.len() <= STACK_IOVECS {
+                (&mut local_arr[..reqs.len()], &mut remote_arr[..reqs.len()])
+            } else {
+                local_vec.resize(reqs.len(), EMPTY);
+                remote_vec.resize(reqs.len(), EMPTY);
+                (&mut local_vec[..], &mut remote_vec[..])
+            };
         let mut total = 0usize;
-        for r in reqs.iter_mut() {
-            local.push(libc::iovec {
+        for ((r, l), rm) in reqs.iter_mut().zip(local.iter_mut()).zip(remote.iter_mut()) {
+            *l = libc::iovec {
                 iov_base: r.buf.as_mut_ptr().cast(),
                 iov_len: r.buf.len(),
-            });
-            remote.push(libc::iovec {
+            };
+            *rm = libc::iovec {
                 iov_base: r.addr as usize as *mut libc::c_void,
                 iov_len: r.buf.len(),
-            });
+            };
             total += r.buf.len();
         }
         // SAFETY: every local iovec points into a live `&mut [u8]` borrowed from `reqs` for the
