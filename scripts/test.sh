@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # pyfleet's test command: sets up everything a fresh machine lacks, then runs every check.
 #   - Python 3.14 and 3.15 from Debian unstable (cached under ~/.cache/pyfleet), patchelf;
+#   - venvs with gunicorn from PyPI for the fleet test (cached under ~/.cache/pyfleet/venvs);
 #   - Rust dependencies (cargo fetches them);
 #   - formatting, clippy, unit and integration tests against real interpreters 3.11-3.15.
 # Every interpreter must be present: a missing one fails the run, it is not skipped.
@@ -11,6 +12,9 @@ step() { printf '\n== %s\n' "$*"; }
 
 step "interpreters"
 scripts/setup-pythons.sh
+
+step "venvs (gunicorn for the fleet test)"
+scripts/setup-venvs.sh
 
 step "cargo fmt"
 cargo fmt --all -- --check

@@ -1,7 +1,9 @@
 //! The command line: clap definitions and the one-shot commands (`dump`, `list`).
 
+use crate::daemon;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use pyfleet::config::RunOptions;
 use pyfleet::cpython;
 use pyfleet::output::dump::{self, DumpHeader};
 use pyfleet::output::for_terminal;
@@ -14,13 +16,20 @@ use pyfleet_policies::MatchPolicy;
     version,
     about = "Always-on sampling profiler for fleets of CPython processes"
 )]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct Cli {
     #[command(subcommand)]
-    pub command: Command,
+    pub command: Option<Command>,
+    /// With no command: `run` (so `pyfleet --match gunicorn` works as written).
+    #[command(flatten)]
+    pub run: RunOptions,
 }
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Profile matching Python processes continuously (the default command): snapshots on
+    /// disk, metrics for Prometheus.
+    Run(Box<RunOptions>),
     /// Print every interpreter, thread and frame of one Python process, innermost frame first.
     Dump {
         /// The process to read.
@@ -61,7 +70,11 @@ pub enum Command {
 }
 
 pub fn run(cli: Cli) -> Result<()> {
-    match cli.command {
+    let Some(command) = cli.command else {
+        return daemon::run(cli.run);
+    };
+    match command {
+        Command::Run(opts) => daemon::run(*opts),
         Command::Dump { pid, json } => dump(pid, json),
         Command::List { matches } => list(&matches),
         Command::Bench {

@@ -3,8 +3,10 @@
 //! This crate is the remote unwinder (reading CPython 3.11-3.15 stacks from outside the
 //! process) and the CLI that wires it to the actors of `pyfleet-actors`.
 pub mod binary;
+pub mod config;
 pub mod cpython;
 pub mod discovery;
+pub mod fleet;
 pub mod memory;
 pub mod output;
 pub mod process;

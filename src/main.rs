@@ -2,6 +2,7 @@
 //! one line on stderr and a non-zero exit (never a backtrace).
 
 mod cli;
+mod daemon;
 
 use clap::Parser;
 use std::process::ExitCode;

@@ -1,1 +1,53 @@
-pub fn _x() {}
+//! pyfleet's actors: the supervisor, one sampler per process, the aggregator and the snapshot
+//! sink, generic over the traits defined in [`source`] and [`snapshot`], which the root
+//! package implements with its real unwinder and output formats.
+//!
+//! ```text
+//!  Fleet::start ──► supervisor ──(spawn_linked, one per pid)──► sampler ─► own OS thread
+//!                     │  scan (blocking thread), restarts, rate         │  StackSource
+//!                     │                                                 ▼ batches
+//!                   sink ──(every snapshot_interval: TakeSnapshot)──► aggregator
+//!                     └──► SnapshotWriter (blocking thread)
+//! ```
+//!
+//! This crate owns scheduling, supervision, batching, counting and metrics. It must not read
+//! target processes, format output or touch the file system: those are behind the traits.
+//! It depends on `pyfleet-policies` for every decision (restart, rate, mode), never on the
+//! root package.
+//!
+//! # Metrics of exited processes
+//!
+//! The `metrics` facade cannot remove a series, so per-process series (labels `process` and
+//! `pid`, taken only from [`ProcessInfo::name`] and [`ProcessInfo::pid`]) disappear through
+//! the exporter's idle timeout. While a process is sampled, its sampler touches every one of
+//! its series every `batch_interval` (a zero increment counts as an update for
+//! metrics-util's recency tracking), and the supervisor touches
+//! `pyfleet_actor_restarts_total{process,pid}` every scan while the pid is listed. Once the
+//! sampler is gone nothing touches them and the exporter drops them at its next render past
+//! the timeout. The supervisor also touches the fleet-wide series (`pyfleet_processes`,
+//! `pyfleet_cpu_seconds_total`, `pyfleet_snapshots_written_total`,
+//! `pyfleet_process_exits_total{process}`) every scan, so they never go idle. The root package
+//! must configure metrics-exporter-prometheus with
+//! `idle_timeout(MetricKindMask::ALL, Some(config.metrics_idle_timeout()))`
+//! ([`FleetConfig::metrics_idle_timeout`]). A sampler restarted after a backoff longer than
+//! the timeout starts its counters from zero again (a counter reset to Prometheus).
+//! Metric names are in [`metric_names`].
+
+mod aggregator;
+mod fleet;
+pub mod metric_names;
+mod panics;
+mod sampler;
+mod self_cpu;
+mod sink;
+pub mod snapshot;
+pub mod source;
+mod supervisor;
+mod timing;
+
+pub use fleet::{Fleet, FleetConfig, FleetError, FleetStatus, ProcessState, ProcessStatus};
+pub use snapshot::{ProcessProfile, Snapshot, SnapshotWriter};
+pub use source::{
+    Discovery, FrameInfo, ProcessInfo, SampleError, SampledThread, SourceFactory, SourceStats,
+    StackSource, ThreadStatus,
+};

@@ -1,7 +1,10 @@
 //! The one home of every output format. Strings from targets are untrusted: each format
-//! escapes them for where they go (here: a terminal, JSON).
+//! escapes them for where they go (a terminal, JSON, folded stacks, SVG, file names).
 
 pub mod dump;
+pub mod folded;
+pub mod snapshot_dir;
+pub mod svg;
 
 /// Replaces control characters (terminal escapes, newlines) in a target's string with
 /// visible escapes, so that a dump cannot drive the user's terminal or break lines.

@@ -139,6 +139,16 @@ pub fn thread_on_cpu(pid: i32, tid: i32) -> Option<bool> {
     Some(state == b'R')
 }
 
+/// When the process started, in clock ticks after boot (`/proc/PID/stat` field 22): with the
+/// pid, it names one process for its whole life (a reused pid gets another start time).
+pub fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(stat.get(close + 2..)?).ok()?;
+    // Fields after the command name start at field 3 (state); start time is field 22.
+    rest.split_whitespace().nth(22 - 3)?.parse().ok()
+}
+
 /// CPU time used so far by the calling thread, in nanoseconds (`/proc/thread-self/schedstat`).
 pub fn own_thread_cpu_ns() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;

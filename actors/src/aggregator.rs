@@ -1,0 +1,334 @@
+//! The aggregator actor: counts per (process, thread status, stack) for the current snapshot
+//! window.
+//!
+//! Owns the window's counts and, per sampler life, the frames of the stack ids that sampler
+//! has sent (a sampler sends each stack's frames once; see `sampler`). On `TakeSnapshot` it
+//! hands over the window as a [`Snapshot`] and starts a new, empty one.
+//!
+//! Memory is bounded: at most `max_stacks` distinct (sampler life, stack id, status) entries
+//! per process per window; samples past that are counted into one `[truncated]` stack per
+//! status. The per-life frame tables are bounded by the samplers (they forget and resend
+//! after a cap) and are dropped with the sampler's last batch.
+//!
+//! It must not do I/O, block, or read a clock other than for `taken_at`: it only counts.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use crate::snapshot::{ProcessProfile, Snapshot, TRUNCATED_FUNCTION, UNKNOWN_FUNCTION};
+use crate::source::{FrameInfo, ThreadStatus};
+
+/// What a sampler sends every batch interval, and once more when it ends.
+#[derive(Debug, Clone)]
+pub(crate) struct Batch {
+    /// Unique per sampler start (a restart is a new life).
+    pub life: u64,
+    /// Bumped when the sampler forgets which stacks it has sent; a new epoch makes the
+    /// aggregator forget that life's frames too.
+    pub epoch: u64,
+    pub pid: i32,
+    pub name: Arc<str>,
+    /// `(stack id, status, count)`, only samples the mode counts.
+    pub counts: Vec<(u64, ThreadStatus, u64)>,
+    /// Frames of the stack ids in `counts` not sent before in this life and epoch.
+    pub new_stacks: Vec<(u64, Vec<FrameInfo>)>,
+    /// The sampler's final batch: the aggregator drops the life's frame table after it.
+    pub last: bool,
+}
+
+pub(crate) enum AggregatorMsg {
+    Batch(Batch),
+    TakeSnapshot(RpcReplyPort<Snapshot>),
+}
+
+type Frames = Arc<[FrameInfo]>;
+
+struct Life {
+    epoch: u64,
+    stacks: HashMap<u64, Frames>,
+}
+
+struct ProcessWindow {
+    name: Arc<str>,
+    entries: HashMap<(u64, u64, ThreadStatus), (Frames, u64)>,
+    truncated: BTreeMap<ThreadStatus, u64>,
+}
+
+/// The counting itself, without the actor around it.
+pub(crate) struct Aggregation {
+    max_stacks: usize,
+    lives: HashMap<u64, Life>,
+    window: BTreeMap<i32, ProcessWindow>,
+    unknown: Frames,
+    truncated: Frames,
+}
+
+fn single_frame(function: &str) -> Frames {
+    Arc::from(vec![FrameInfo {
+        function: function.to_string(),
+        file: String::new(),
+        line: None,
+    }])
+}
+
+impl Aggregation {
+    pub(crate) fn new(max_stacks: usize) -> Self {
+        Aggregation {
+            max_stacks,
+            lives: HashMap::new(),
+            window: BTreeMap::new(),
+            unknown: single_frame(UNKNOWN_FUNCTION),
+            truncated: single_frame(TRUNCATED_FUNCTION),
+        }
+    }
+
+    pub(crate) fn add(&mut self, batch: Batch) {
+        let life = self.lives.entry(batch.life).or_insert_with(|| Life {
+            epoch: batch.epoch,
+            stacks: HashMap::new(),
+        });
+        if life.epoch != batch.epoch {
+            life.epoch = batch.epoch;
+            life.stacks.clear();
+        }
+        for (id, frames) in batch.new_stacks {
+            life.stacks.insert(id, Arc::from(frames));
+        }
+        let window = self
+            .window
+            .entry(batch.pid)
+            .or_insert_with(|| ProcessWindow {
+                name: batch.name.clone(),
+                entries: HashMap::new(),
+                truncated: BTreeMap::new(),
+            });
+        if window.name != batch.name {
+            window.name = batch.name.clone();
+        }
+        for (stack, status, n) in batch.counts {
+            if n == 0 {
+                continue;
+            }
+            let key = (batch.life, stack, status);
+            if let Some(entry) = window.entries.get_mut(&key) {
+                entry.1 = entry.1.saturating_add(n);
+            } else if window.entries.len() < self.max_stacks {
+                let frames = life
+                    .stacks
+                    .get(&stack)
+                    .cloned()
+                    .unwrap_or_else(|| self.unknown.clone());
+                window.entries.insert(key, (frames, n));
+            } else {
+                let t = window.truncated.entry(status).or_default();
+                *t = t.saturating_add(n);
+            }
+        }
+        if batch.last {
+            self.lives.remove(&batch.life);
+        }
+    }
+
+    /// Hands over the window and starts a new one.
+    pub(crate) fn take(&mut self, taken_at: SystemTime) -> Snapshot {
+        let window = std::mem::take(&mut self.window);
+        let processes = window
+            .into_iter()
+            .map(|(pid, w)| {
+                // Different lives (restarts) and stack ids may share frames: merge them.
+                let mut merged: HashMap<(ThreadStatus, Frames), u64> =
+                    HashMap::with_capacity(w.entries.len() + w.truncated.len());
+                let entries = w
+                    .entries
+                    .into_iter()
+                    .map(|((_, _, status), (frames, n))| ((status, frames), n));
+                let truncated = w
+                    .truncated
+                    .into_iter()
+                    .map(|(status, n)| ((status, self.truncated.clone()), n));
+                for (key, n) in entries.chain(truncated) {
+                    let c = merged.entry(key).or_default();
+                    *c = c.saturating_add(n);
+                }
+                let mut samples: Vec<(ThreadStatus, Vec<FrameInfo>, u64)> = merged
+                    .into_iter()
+                    .map(|((status, frames), n)| (status, frames.to_vec(), n))
+                    .collect();
+                samples.sort_by(|a, b| {
+                    b.2.cmp(&a.2)
+                        .then_with(|| a.1.cmp(&b.1))
+                        .then_with(|| a.0.cmp(&b.0))
+                });
+                ProcessProfile {
+                    pid,
+                    name: w.name.to_string(),
+                    samples,
+                }
+            })
+            .collect();
+        Snapshot {
+            taken_at,
+            processes,
+        }
+    }
+
+    #[cfg(test)]
+    fn lives(&self) -> usize {
+        self.lives.len()
+    }
+}
+
+/// The aggregator actor; see the module documentation.
+pub(crate) struct AggregatorActor;
+
+impl Actor for AggregatorActor {
+    type Msg = AggregatorMsg;
+    type State = Aggregation;
+    /// The per-process cap of distinct stacks per window.
+    type Arguments = usize;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        max_stacks: usize,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(Aggregation::new(max_stacks))
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        message: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            AggregatorMsg::Batch(batch) => state.add(batch),
+            AggregatorMsg::TakeSnapshot(reply) => {
+                let snap = state.take(SystemTime::now());
+                if reply.send(snap).is_err() {
+                    tracing::warn!("snapshot requester went away; window dropped");
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frames(name: &str) -> Vec<FrameInfo> {
+        vec![
+            FrameInfo {
+                function: name.to_string(),
+                file: "a.py".to_string(),
+                line: Some(1),
+            },
+            FrameInfo {
+                function: "<module>".to_string(),
+                file: "a.py".to_string(),
+                line: None,
+            },
+        ]
+    }
+
+    const CPU: ThreadStatus = ThreadStatus {
+        on_cpu: true,
+        holds_gil: false,
+    };
+    const IDLE: ThreadStatus = ThreadStatus {
+        on_cpu: false,
+        holds_gil: false,
+    };
+
+    fn batch(life: u64, counts: Vec<(u64, ThreadStatus, u64)>) -> Batch {
+        Batch {
+            life,
+            epoch: 0,
+            pid: 7,
+            name: Arc::from("app"),
+            counts,
+            new_stacks: Vec::new(),
+            last: false,
+        }
+    }
+
+    #[test]
+    fn counts_merge_across_batches_and_lives() {
+        let mut agg = Aggregation::new(100);
+        let mut b = batch(1, vec![(10, CPU, 2), (11, IDLE, 1)]);
+        b.new_stacks = vec![(10, frames("f")), (11, frames("g"))];
+        agg.add(b);
+        agg.add(batch(1, vec![(10, CPU, 3)]));
+        // A restarted sampler (new life) interns the same frames under another id.
+        let mut b = batch(2, vec![(99, CPU, 4)]);
+        b.new_stacks = vec![(99, frames("f"))];
+        b.last = true;
+        agg.add(b);
+        assert_eq!(agg.lives(), 1, "the ended life's table is dropped");
+
+        let snap = agg.take(SystemTime::UNIX_EPOCH);
+        assert_eq!(snap.processes.len(), 1);
+        let p = &snap.processes[0];
+        assert_eq!((p.pid, p.name.as_str()), (7, "app"));
+        assert_eq!(
+            p.samples,
+            vec![(CPU, frames("f"), 9), (IDLE, frames("g"), 1)]
+        );
+        // The next window starts empty, but the live sampler's frames are remembered.
+        assert!(agg.take(SystemTime::UNIX_EPOCH).processes.is_empty());
+        agg.add(batch(1, vec![(11, IDLE, 5)]));
+        let snap = agg.take(SystemTime::UNIX_EPOCH);
+        assert_eq!(snap.processes[0].samples, vec![(IDLE, frames("g"), 5)]);
+    }
+
+    #[test]
+    fn distinct_stacks_are_capped_into_truncated() {
+        let mut agg = Aggregation::new(2);
+        let mut b = batch(1, vec![(1, CPU, 1), (2, CPU, 1), (3, CPU, 5), (4, IDLE, 2)]);
+        b.new_stacks = (1..=4).map(|i| (i, frames(&format!("f{i}")))).collect();
+        agg.add(b);
+        // Known entries keep counting after the cap is reached.
+        agg.add(batch(1, vec![(1, CPU, 1)]));
+        let p = &agg.take(SystemTime::UNIX_EPOCH).processes[0];
+        assert_eq!(p.total(), 10);
+        let truncated: Vec<_> = p
+            .samples
+            .iter()
+            .filter(|s| s.1[0].function == TRUNCATED_FUNCTION)
+            .map(|s| (s.0, s.2))
+            .collect();
+        assert_eq!(truncated, vec![(CPU, 5), (IDLE, 2)]);
+        assert_eq!(p.samples.len(), 4);
+    }
+
+    #[test]
+    fn new_epoch_forgets_frames_and_unknown_ids_are_marked() {
+        let mut agg = Aggregation::new(100);
+        let mut b = batch(1, vec![(1, CPU, 1)]);
+        b.new_stacks = vec![(1, frames("f"))];
+        agg.add(b);
+        let mut b = batch(1, vec![(2, CPU, 1)]);
+        b.epoch = 1;
+        agg.add(b);
+        let p = &agg.take(SystemTime::UNIX_EPOCH).processes[0];
+        assert!(p.samples.contains(&(CPU, frames("f"), 1)));
+        assert!(p
+            .samples
+            .iter()
+            .any(|s| s.1[0].function == UNKNOWN_FUNCTION && s.2 == 1));
+    }
+
+    #[test]
+    fn a_process_with_no_counted_sample_still_appears() {
+        let mut agg = Aggregation::new(100);
+        agg.add(batch(1, Vec::new()));
+        let snap = agg.take(SystemTime::UNIX_EPOCH);
+        assert_eq!(snap.processes.len(), 1);
+        assert!(snap.processes[0].samples.is_empty());
+    }
+}

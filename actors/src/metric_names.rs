@@ -1,0 +1,75 @@
+//! The names of the metrics the actors record (a public interface: dashboards use them), and
+//! their descriptions.
+//!
+//! Owns the names only. It must not install a recorder or choose an exporter: the root package
+//! installs the Prometheus exporter, then may call [`describe`] so the exporter has help texts.
+//!
+//! Labels: per-target series carry `process` (the [`ProcessInfo`](crate::ProcessInfo) name)
+//! and `pid`; nothing else goes into per-target labels. How those series disappear after the
+//! process exits is told in the crate documentation.
+
+/// Successful `sample()` calls, `{process,pid}`.
+pub const SAMPLES: &str = "pyfleet_samples_total";
+/// Failed `sample()` calls, `{process,pid,kind}`.
+pub const SAMPLE_ERRORS: &str = "pyfleet_sample_errors_total";
+/// Time of one `sample()` call, successful or not, `{process,pid}`.
+pub const SAMPLE_DURATION: &str = "pyfleet_sample_duration_seconds";
+/// Sampling ticks skipped because the previous sample overran, `{process,pid}`.
+pub const MISSED_TICKS: &str = "pyfleet_missed_ticks_total";
+/// From [`SourceStats`](crate::SourceStats), `{process,pid}`.
+pub const FRAME_CACHE_HITS: &str = "pyfleet_frame_cache_hits_total";
+pub const FRAME_CACHE_PARTIAL_HITS: &str = "pyfleet_frame_cache_partial_hits_total";
+pub const FRAME_CACHE_MISSES: &str = "pyfleet_frame_cache_misses_total";
+pub const CODE_CACHE_HITS: &str = "pyfleet_code_cache_hits_total";
+pub const CODE_CACHE_MISSES: &str = "pyfleet_code_cache_misses_total";
+pub const REMOTE_READS: &str = "pyfleet_remote_reads_total";
+pub const REMOTE_READ_BYTES: &str = "pyfleet_remote_read_bytes_total";
+/// Live samplers (gauge, no labels).
+pub const PROCESSES: &str = "pyfleet_processes";
+/// Processes that exited while profiled, `{process}` (the name only: an exit counter per pid
+/// would vanish with the pid and count nothing).
+pub const PROCESS_EXITS: &str = "pyfleet_process_exits_total";
+/// Sampler restarts after a failure, `{process,pid}`.
+pub const ACTOR_RESTARTS: &str = "pyfleet_actor_restarts_total";
+/// Snapshots written (no labels).
+pub const SNAPSHOTS_WRITTEN: &str = "pyfleet_snapshots_written_total";
+/// pyfleet's own CPU time, user + system, in whole seconds (a counter set with `absolute`;
+/// the metrics facade has integer counters only).
+pub const CPU_SECONDS: &str = "pyfleet_cpu_seconds_total";
+
+/// Registers a description (and unit) for every metric with the installed recorder.
+pub fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(SAMPLES, Unit::Count, "Successful samples of a process");
+    describe_counter!(SAMPLE_ERRORS, Unit::Count, "Failed samples, by kind");
+    describe_histogram!(SAMPLE_DURATION, Unit::Seconds, "Time of one sample");
+    describe_counter!(
+        MISSED_TICKS,
+        Unit::Count,
+        "Sampling ticks skipped because a sample overran"
+    );
+    describe_counter!(FRAME_CACHE_HITS, Unit::Count, "Frame cache full hits");
+    describe_counter!(
+        FRAME_CACHE_PARTIAL_HITS,
+        Unit::Count,
+        "Frame cache partial hits"
+    );
+    describe_counter!(FRAME_CACHE_MISSES, Unit::Count, "Frame cache misses");
+    describe_counter!(CODE_CACHE_HITS, Unit::Count, "Code object cache hits");
+    describe_counter!(CODE_CACHE_MISSES, Unit::Count, "Code object cache misses");
+    describe_counter!(REMOTE_READS, Unit::Count, "Remote memory reads (syscalls)");
+    describe_counter!(REMOTE_READ_BYTES, Unit::Bytes, "Bytes read from targets");
+    describe_gauge!(PROCESSES, Unit::Count, "Processes being sampled");
+    describe_counter!(PROCESS_EXITS, Unit::Count, "Profiled processes that exited");
+    describe_counter!(
+        ACTOR_RESTARTS,
+        Unit::Count,
+        "Sampler restarts after a failure"
+    );
+    describe_counter!(SNAPSHOTS_WRITTEN, Unit::Count, "Snapshots written");
+    describe_counter!(
+        CPU_SECONDS,
+        Unit::Seconds,
+        "pyfleet's own CPU time (user + system), whole seconds"
+    );
+}

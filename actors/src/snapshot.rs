@@ -1,0 +1,54 @@
+//! What one snapshot window holds, and the trait that writes it out.
+//!
+//! Owns the [`Snapshot`] data type handed from the aggregator to the sink, and the
+//! [`SnapshotWriter`] trait the root package implements (folded stacks, SVG, retention).
+//! It must not format or write anything itself: every output format lives in the root
+//! package's `output/`.
+
+use std::path::PathBuf;
+use std::time::SystemTime;
+
+use crate::source::{FrameInfo, ThreadStatus};
+
+/// Everything sampled in one window, across the fleet.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    /// When the window ended (wall clock, for naming the output).
+    pub taken_at: SystemTime,
+    /// One entry per process that reported to the aggregator during the window (even with no
+    /// counted sample, e.g. an idle process in `cpu` mode), sorted by pid.
+    pub processes: Vec<ProcessProfile>,
+}
+
+/// One process's counts in a window.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcessProfile {
+    pub pid: i32,
+    pub name: String,
+    /// `(status, frames innermost first, count)`, one entry per distinct (status, frames),
+    /// highest count first. A stack of the single frame [`TRUNCATED_FUNCTION`] holds the
+    /// samples that did not fit under the per-process cap of distinct stacks.
+    pub samples: Vec<(ThreadStatus, Vec<FrameInfo>, u64)>,
+}
+
+/// Function name of the frame that stands for the samples over the distinct-stack cap.
+pub const TRUNCATED_FUNCTION: &str = "[truncated]";
+/// Function name of the frame that stands for a stack the source could not resolve.
+pub const UNKNOWN_FUNCTION: &str = "[unknown]";
+
+impl ProcessProfile {
+    /// Total counted samples (thread samples that matched the mode) in the window.
+    pub fn total(&self) -> u64 {
+        self.samples.iter().map(|(_, _, n)| *n).sum()
+    }
+}
+
+/// Writes snapshots out. Implemented by the root package; the sink calls it on a blocking
+/// thread, never on the async workers, one call at a time.
+pub trait SnapshotWriter: Send + Sync + 'static {
+    /// Writes one snapshot (atomically, as the implementation sees fit) and returns where.
+    fn write(&self, snap: &Snapshot) -> Result<PathBuf, String>;
+    /// Deletes old snapshots by the retention policy. Called after each successful write;
+    /// reports its own problems (logs).
+    fn apply_retention(&self);
+}

@@ -1,0 +1,110 @@
+//! The traits the root package implements to feed the actors, and the plain data they carry.
+//!
+//! Owns the contract between the generic actors of this crate and the real unwinder:
+//! [`Discovery`] lists the processes to profile, [`SourceFactory`] attaches one
+//! [`StackSource`] per process, and a source samples every thread of its process into
+//! interned stack ids that it resolves to frames on demand.
+//!
+//! This module must not do any work itself: no I/O, no threads, no metrics. Whoever implements
+//! the traits decides how; the actors decide when.
+
+/// One process that [`Discovery::scan`] found and that should be profiled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessInfo {
+    pub pid: i32,
+    /// Short name, already sanitised (it becomes the `process` metric label and part of file
+    /// names).
+    pub name: String,
+    /// Full command line, for logs.
+    pub cmdline: String,
+    /// Interpreter version as detected, for logs (e.g. `3.13.1`).
+    pub python_version: String,
+}
+
+/// Finds the processes to profile. Called by the supervisor every scan interval, on a blocking
+/// thread (never on the async workers), so it may read procfs at leisure.
+pub trait Discovery: Send + 'static {
+    /// Every matching process now, with the match policy already applied.
+    fn scan(&mut self) -> Vec<ProcessInfo>;
+}
+
+/// One frame of a resolved stack.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FrameInfo {
+    pub function: String,
+    pub file: String,
+    /// `None` when the instruction has no line (CPython's location table allows that).
+    pub line: Option<i32>,
+}
+
+/// What a thread was doing when sampled; the profiling mode decides from it whether the sample
+/// counts.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ThreadStatus {
+    /// The kernel reported the thread running (only read when the mode needs it; otherwise
+    /// `false`).
+    pub on_cpu: bool,
+    /// The thread held the GIL.
+    pub holds_gil: bool,
+}
+
+/// One thread in one sample.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SampledThread {
+    pub thread_id: u64,
+    pub status: ThreadStatus,
+    /// Stack id interned by the source; [`StackSource::resolve`] turns it into frames.
+    pub stack: u64,
+}
+
+/// A sample that failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{kind}: {message}")]
+pub struct SampleError {
+    /// Short, fixed category; becomes the `kind` label of `pyfleet_sample_errors_total`.
+    pub kind: &'static str,
+    /// The target process no longer exists: the sampler ends cleanly instead of retrying.
+    pub process_gone: bool,
+    pub message: String,
+}
+
+/// Cumulative counters of one source since it was attached. The sampler exports their
+/// increases as metrics.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SourceStats {
+    pub samples: u64,
+    pub errors: u64,
+    pub frame_cache_hits: u64,
+    pub frame_cache_partial_hits: u64,
+    pub frame_cache_misses: u64,
+    pub code_cache_hits: u64,
+    pub code_cache_misses: u64,
+    pub remote_reads: u64,
+    pub remote_read_bytes: u64,
+}
+
+/// Samples one process. Owned by that process's sampler and used only from the sampler's own
+/// thread, so it needs `Send` but not `Sync`.
+pub trait StackSource: Send + 'static {
+    /// Samples every thread once into `out`, which the caller has cleared. In steady state
+    /// neither this nor the caller allocates: `out` keeps its capacity from sample to sample.
+    fn sample(&mut self, out: &mut Vec<SampledThread>) -> Result<(), SampleError>;
+
+    /// Frames of an interned stack, innermost frame first. The sampler asks once per stack id
+    /// per source lifetime (and again only after it has forgotten what it sent, see the
+    /// sampler's module docs); `None` means the id is unknown.
+    fn resolve(&self, stack: u64) -> Option<Vec<FrameInfo>>;
+
+    /// Cumulative counters since attach.
+    fn stats(&self) -> SourceStats;
+}
+
+/// Attaches a [`StackSource`] to a process. Called on the new sampler's own thread (never on
+/// the async workers), once per sampler start, including each restart.
+pub trait SourceFactory: Send + Sync + 'static {
+    type Source: StackSource;
+
+    /// `needs_cpu_status`: the mode counts only threads on CPU, so the source must find out
+    /// which are (otherwise it may report `on_cpu: false` for all and skip that cost).
+    fn attach(&self, p: &ProcessInfo, needs_cpu_status: bool) -> Result<Self::Source, String>;
+}

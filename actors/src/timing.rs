@@ -1,0 +1,185 @@
+//! Deadline arithmetic for periodic work that must not drift, and a periodic message timer for
+//! actors.
+//!
+//! Owns [`Deadlines`] (the sampler thread's tick schedule: `next = previous deadline + period`,
+//! missed deadlines counted and skipped, never bursted) and [`spawn_ticker`] (the same rule on
+//! tokio time, used for scans, rate checks and snapshots). It must not sleep on a thread or
+//! read a clock itself in [`Deadlines`]: callers pass `now`, so the arithmetic is testable.
+
+use std::time::{Duration, Instant};
+
+use ractor::{ActorRef, Message};
+
+/// Shortest period accepted; shorter ones (or zero) are raised to it.
+const MIN_PERIOD: Duration = Duration::from_micros(1);
+
+/// A tick schedule anchored on its deadlines, not on when ticks ran.
+#[derive(Debug, Clone)]
+pub(crate) struct Deadlines {
+    period: Duration,
+    /// The deadline of the last tick that ran, if any.
+    last: Option<Instant>,
+    next: Instant,
+}
+
+impl Deadlines {
+    /// First tick due at `start`.
+    pub(crate) fn new(start: Instant, period: Duration) -> Self {
+        Deadlines {
+            period: period.max(MIN_PERIOD),
+            last: None,
+            next: start,
+        }
+    }
+
+    pub(crate) fn next(&self) -> Instant {
+        self.next
+    }
+
+    #[cfg(test)]
+    pub(crate) fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// The tick due at [`Self::next`] has run; `now` is after it ran. Moves to the following
+    /// deadline, skipping every deadline already past. Returns how many were skipped (missed).
+    pub(crate) fn advance(&mut self, now: Instant) -> u64 {
+        let due = self.next;
+        self.last = Some(due);
+        self.next = after(due, self.period);
+        if now < self.next {
+            return 0;
+        }
+        // Deadlines self.next, self.next + period, ... up to and including now were missed.
+        let period_ns = self.period.as_nanos();
+        let behind_ns = (now - self.next).as_nanos();
+        let missed = behind_ns / period_ns + 1;
+        let to_next = period_ns - behind_ns % period_ns;
+        let to_next = Duration::from_nanos(u64::try_from(to_next).unwrap_or(u64::MAX));
+        self.next = after(now, to_next);
+        u64::try_from(missed).unwrap_or(u64::MAX)
+    }
+
+    /// Changes the period; it applies from the next tick on: the next deadline becomes the
+    /// last tick's deadline plus the new period (or stays as it is before the first tick).
+    pub(crate) fn set_period(&mut self, period: Duration) {
+        self.period = period.max(MIN_PERIOD);
+        if let Some(last) = self.last {
+            self.next = after(last, self.period);
+        }
+    }
+}
+
+/// `t + d`, or a point so far away it never comes when that overflows.
+fn after(t: Instant, d: Duration) -> Instant {
+    t.checked_add(d)
+        .or_else(|| t.checked_add(Duration::from_secs(100 * 365 * 24 * 3600)))
+        .unwrap_or(t)
+}
+
+/// The period of a rate in Hz, or `None` when the rate is not a positive finite number.
+pub(crate) fn period_of(hz: f64) -> Option<Duration> {
+    if !(hz > 0.0 && hz.is_finite()) {
+        return None;
+    }
+    Duration::try_from_secs_f64(1.0 / hz)
+        .ok()
+        .map(|p| p.max(MIN_PERIOD))
+}
+
+/// Sends `make()` to `actor` every `period`, first after one period, on deadlines that do not
+/// drift (late timers skip, they do not burst). Ends when the actor is gone or the handle is
+/// aborted. A period too long to represent never fires.
+pub(crate) fn spawn_ticker<M, F>(
+    actor: ActorRef<M>,
+    period: Duration,
+    make: F,
+) -> tokio::task::JoinHandle<()>
+where
+    M: Message,
+    F: Fn() -> M + Send + 'static,
+{
+    tokio::spawn(async move {
+        let period = period.max(MIN_PERIOD);
+        let mut next = match tokio::time::Instant::now().checked_add(period) {
+            Some(t) => t,
+            None => return std::future::pending().await,
+        };
+        loop {
+            tokio::time::sleep_until(next).await;
+            if actor.send_message(make()).is_err() {
+                return;
+            }
+            let now = tokio::time::Instant::now();
+            next = match next.checked_add(period) {
+                Some(t) => t,
+                None => return std::future::pending().await,
+            };
+            while next <= now {
+                next = match next.checked_add(period) {
+                    Some(t) => t,
+                    None => return std::future::pending().await,
+                };
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn on_time_ticks_do_not_drift() {
+        let t0 = Instant::now();
+        let mut d = Deadlines::new(t0, 10 * MS);
+        assert_eq!(d.next(), t0);
+        // Each tick runs a little late; the schedule stays on t0 + k * 10 ms.
+        for k in 1..=5u32 {
+            let ran_at = d.next() + 3 * MS;
+            assert_eq!(d.advance(ran_at), 0);
+            assert_eq!(d.next(), t0 + k * 10 * MS);
+        }
+    }
+
+    #[test]
+    fn overruns_skip_and_count_missed_deadlines() {
+        let t0 = Instant::now();
+        let mut d = Deadlines::new(t0, 10 * MS);
+        // The tick at t0 finished at t0 + 35 ms: deadlines 10, 20, 30 are missed; next is 40.
+        assert_eq!(d.advance(t0 + 35 * MS), 3);
+        assert_eq!(d.next(), t0 + 40 * MS);
+        // Finishing exactly on a deadline misses it too.
+        assert_eq!(d.advance(t0 + 50 * MS), 1);
+        assert_eq!(d.next(), t0 + 60 * MS);
+    }
+
+    #[test]
+    fn rate_change_applies_from_the_last_deadline() {
+        let t0 = Instant::now();
+        let mut d = Deadlines::new(t0, 10 * MS);
+        d.set_period(20 * MS);
+        assert_eq!(
+            d.next(),
+            t0,
+            "before the first tick the first deadline stays"
+        );
+        d.advance(t0 + MS);
+        assert_eq!(d.next(), t0 + 20 * MS);
+        d.set_period(5 * MS);
+        assert_eq!(d.next(), t0 + 5 * MS);
+        assert_eq!(d.period(), 5 * MS);
+    }
+
+    #[test]
+    fn periods_of_rates() {
+        assert_eq!(period_of(100.0), Some(10 * MS));
+        assert_eq!(period_of(0.0), None);
+        assert_eq!(period_of(-1.0), None);
+        assert_eq!(period_of(f64::NAN), None);
+        assert_eq!(period_of(f64::INFINITY), None);
+        assert_eq!(period_of(1e12), Some(MIN_PERIOD));
+    }
+}

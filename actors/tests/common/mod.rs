@@ -1,0 +1,386 @@
+//! Fakes for the traits of pyfleet-actors: a world of fake processes that tests script, a
+//! discovery that lists them, a factory whose sources sample them, and a writer that keeps
+//! the snapshots in memory.
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pyfleet_actors::{
+    Discovery, Fleet, FleetConfig, FleetStatus, FrameInfo, ProcessInfo, ProcessState, SampleError,
+    SampledThread, Snapshot, SnapshotWriter, SourceFactory, SourceStats, StackSource, ThreadStatus,
+};
+use pyfleet_policies::{Mode, RatePolicy, RestartPolicy};
+
+pub const CPU_GIL: ThreadStatus = ThreadStatus {
+    on_cpu: true,
+    holds_gil: true,
+};
+pub const CPU: ThreadStatus = ThreadStatus {
+    on_cpu: true,
+    holds_gil: false,
+};
+pub const GIL: ThreadStatus = ThreadStatus {
+    on_cpu: false,
+    holds_gil: true,
+};
+pub const IDLE: ThreadStatus = ThreadStatus {
+    on_cpu: false,
+    holds_gil: false,
+};
+
+/// What happens once a fake process has given `limit` successful samples.
+#[derive(Clone, Copy, Debug)]
+pub enum AfterLimit {
+    /// Keeps answering with no thread.
+    Idle,
+    /// Reports `process_gone`; with `unlist`, discovery stops listing it at the same moment.
+    Gone { unlist: bool },
+}
+
+/// How sample() behaves.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Failures {
+    None,
+    /// Every sample panics.
+    Panic,
+    /// Every other call fails (1st, 3rd, ...).
+    EveryOther,
+    /// Every call fails.
+    Always,
+    /// attach() fails (as it does without permission to read the process).
+    Attach,
+}
+
+pub struct FakeProc {
+    pub info: ProcessInfo,
+    pub threads: Vec<(ThreadStatus, u64)>,
+    pub limit: Option<(u64, AfterLimit)>,
+    pub failures: Failures,
+    pub listed: AtomicBool,
+    pub attaches: Mutex<Vec<Instant>>,
+    pub needs_cpu_status: Mutex<Vec<bool>>,
+    /// Calls of sample().
+    pub calls: AtomicU64,
+    /// Successful samples (with threads, i.e. before the limit).
+    pub ok_samples: AtomicU64,
+    pub resolves: Mutex<HashMap<u64, u32>>,
+}
+
+impl FakeProc {
+    pub fn new(pid: i32, name: &str, threads: Vec<(ThreadStatus, u64)>) -> Self {
+        FakeProc {
+            info: ProcessInfo {
+                pid,
+                name: name.to_string(),
+                cmdline: format!("python3 {name}.py"),
+                python_version: "3.13.1".to_string(),
+            },
+            threads,
+            limit: None,
+            failures: Failures::None,
+            listed: AtomicBool::new(true),
+            attaches: Mutex::new(Vec::new()),
+            needs_cpu_status: Mutex::new(Vec::new()),
+            calls: AtomicU64::new(0),
+            ok_samples: AtomicU64::new(0),
+            resolves: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn limit(mut self, n: u64, after: AfterLimit) -> Self {
+        self.limit = Some((n, after));
+        self
+    }
+
+    pub fn failures(mut self, f: Failures) -> Self {
+        self.failures = f;
+        self
+    }
+
+    pub fn attach_count(&self) -> usize {
+        self.attaches.lock().unwrap().len()
+    }
+
+    pub fn ok(&self) -> u64 {
+        self.ok_samples.load(Ordering::SeqCst)
+    }
+
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+/// The frames a fake stack id resolves to, innermost first.
+pub fn frames_of(stack: u64) -> Vec<FrameInfo> {
+    vec![
+        FrameInfo {
+            function: format!("f{stack}"),
+            file: "fake.py".to_string(),
+            line: Some(stack as i32),
+        },
+        FrameInfo {
+            function: "<module>".to_string(),
+            file: "fake.py".to_string(),
+            line: None,
+        },
+    ]
+}
+
+#[derive(Default)]
+pub struct World {
+    procs: Mutex<BTreeMap<i32, Arc<FakeProc>>>,
+    pub scans: AtomicUsize,
+}
+
+impl World {
+    pub fn new() -> Arc<Self> {
+        Arc::new(World::default())
+    }
+
+    pub fn add(&self, p: FakeProc) -> Arc<FakeProc> {
+        let p = Arc::new(p);
+        self.procs.lock().unwrap().insert(p.info.pid, p.clone());
+        p
+    }
+}
+
+pub struct FakeDiscovery(pub Arc<World>);
+
+impl Discovery for FakeDiscovery {
+    fn scan(&mut self) -> Vec<ProcessInfo> {
+        self.0.scans.fetch_add(1, Ordering::SeqCst);
+        self.0
+            .procs
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|p| p.listed.load(Ordering::SeqCst))
+            .map(|p| p.info.clone())
+            .collect()
+    }
+}
+
+pub struct FakeFactory(pub Arc<World>);
+
+pub struct FakeSource {
+    proc: Arc<FakeProc>,
+    stats: SourceStats,
+}
+
+impl SourceFactory for FakeFactory {
+    type Source = FakeSource;
+
+    fn attach(&self, p: &ProcessInfo, needs_cpu_status: bool) -> Result<FakeSource, String> {
+        let proc = self
+            .0
+            .procs
+            .lock()
+            .unwrap()
+            .get(&p.pid)
+            .cloned()
+            .ok_or_else(|| format!("no such process {}", p.pid))?;
+        proc.attaches.lock().unwrap().push(Instant::now());
+        proc.needs_cpu_status.lock().unwrap().push(needs_cpu_status);
+        if proc.failures == Failures::Attach {
+            return Err("permission denied".to_string());
+        }
+        Ok(FakeSource {
+            proc,
+            stats: SourceStats::default(),
+        })
+    }
+}
+
+impl StackSource for FakeSource {
+    fn sample(&mut self, out: &mut Vec<SampledThread>) -> Result<(), SampleError> {
+        let p = &self.proc;
+        let call = p.calls.fetch_add(1, Ordering::SeqCst);
+        self.stats.remote_reads += 1;
+        match p.failures {
+            Failures::Panic => panic!("fake source for pid {} panics", p.info.pid),
+            Failures::Always => return Err(read_error()),
+            Failures::EveryOther if call & 1 == 0 => return Err(read_error()),
+            _ => {}
+        }
+        if let Some((limit, after)) = p.limit {
+            if p.ok_samples.load(Ordering::SeqCst) >= limit {
+                return match after {
+                    AfterLimit::Idle => Ok(()),
+                    AfterLimit::Gone { unlist } => {
+                        if unlist {
+                            p.listed.store(false, Ordering::SeqCst);
+                        }
+                        Err(SampleError {
+                            kind: "gone",
+                            process_gone: true,
+                            message: "no such process".to_string(),
+                        })
+                    }
+                };
+            }
+        }
+        for (i, (status, stack)) in p.threads.iter().enumerate() {
+            out.push(SampledThread {
+                thread_id: i as u64 + 1,
+                status: *status,
+                stack: *stack,
+            });
+        }
+        p.ok_samples.fetch_add(1, Ordering::SeqCst);
+        self.stats.samples += 1;
+        Ok(())
+    }
+
+    fn resolve(&self, stack: u64) -> Option<Vec<FrameInfo>> {
+        *self.proc.resolves.lock().unwrap().entry(stack).or_default() += 1;
+        Some(frames_of(stack))
+    }
+
+    fn stats(&self) -> SourceStats {
+        self.stats
+    }
+}
+
+fn read_error() -> SampleError {
+    SampleError {
+        kind: "read",
+        process_gone: false,
+        message: "fake read error".to_string(),
+    }
+}
+
+#[derive(Clone, Default)]
+pub struct FakeWriter {
+    pub snaps: Arc<Mutex<Vec<Snapshot>>>,
+    pub retention_runs: Arc<AtomicUsize>,
+}
+
+impl FakeWriter {
+    pub fn snapshots(&self) -> Vec<Snapshot> {
+        self.snaps.lock().unwrap().clone()
+    }
+}
+
+impl SnapshotWriter for FakeWriter {
+    fn write(&self, snap: &Snapshot) -> Result<PathBuf, String> {
+        let mut snaps = self.snaps.lock().unwrap();
+        snaps.push(snap.clone());
+        Ok(PathBuf::from(format!("snapshot-{}", snaps.len())))
+    }
+
+    fn apply_retention(&self) {
+        self.retention_runs.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Fast intervals; no rate adjustment and no periodic snapshot unless a test sets them.
+pub fn fast_config() -> FleetConfig {
+    FleetConfig {
+        scan_interval: Duration::from_millis(50),
+        snapshot_interval: Duration::from_secs(3600),
+        batch_interval: Duration::from_millis(50),
+        rate_interval: Duration::from_secs(3600),
+        mode: Mode::Wall,
+        rate: RatePolicy::new(200.0, 100.0).unwrap(),
+        restart: RestartPolicy {
+            initial_backoff: Duration::from_millis(20),
+            max_backoff: Duration::from_millis(200),
+            multiplier: 2.0,
+            jitter: 0.0,
+            max_restarts: 3,
+            window: Duration::from_secs(60),
+        },
+        max_consecutive_errors: 100,
+        max_stacks_per_process: 1000,
+        healthy_after: Duration::from_secs(10),
+        stop_timeout: Duration::from_secs(5),
+    }
+}
+
+pub struct Harness {
+    pub world: Arc<World>,
+    pub writer: FakeWriter,
+    pub fleet: Fleet,
+}
+
+pub async fn start(config: FleetConfig, world: &Arc<World>) -> Harness {
+    let writer = FakeWriter::default();
+    let fleet = Fleet::start(
+        config,
+        FakeDiscovery(world.clone()),
+        FakeFactory(world.clone()),
+        writer.clone(),
+    )
+    .await
+    .expect("fleet starts");
+    Harness {
+        world: world.clone(),
+        writer,
+        fleet,
+    }
+}
+
+/// Generous bound for conditions that should hold within a fraction of a second.
+pub const PATIENCE: Duration = Duration::from_secs(10);
+
+/// Polls `cond` until it holds or `PATIENCE` runs out; returns whether it held.
+pub async fn eventually(mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + PATIENCE;
+    while Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    cond()
+}
+
+/// Polls the fleet's status until `cond` holds; returns the status that satisfied it.
+pub async fn status_when(
+    fleet: &Fleet,
+    mut cond: impl FnMut(&FleetStatus) -> bool,
+) -> Option<FleetStatus> {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let status = fleet.status().await.expect("supervisor answers");
+        if cond(&status) {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            eprintln!("last status: {status:?}");
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+pub fn state_of(status: &FleetStatus, pid: i32) -> Option<ProcessState> {
+    status
+        .processes
+        .iter()
+        .find(|p| p.pid == pid)
+        .map(|p| p.state)
+}
+
+/// Counts per (status, innermost function) of one process over all snapshots.
+pub fn counts(snaps: &[Snapshot], pid: i32) -> BTreeMap<(ThreadStatus, String), u64> {
+    let mut out = BTreeMap::new();
+    for snap in snaps {
+        for p in snap.processes.iter().filter(|p| p.pid == pid) {
+            for (status, frames, n) in &p.samples {
+                *out.entry((*status, frames[0].function.clone()))
+                    .or_default() += n;
+            }
+        }
+    }
+    out
+}
+
+pub fn total(snaps: &[Snapshot], pid: i32) -> u64 {
+    counts(snaps, pid).values().sum()
+}

@@ -1,0 +1,135 @@
+"""Fleet benchmark: pyfleet profiling many Python processes at once, as a daemon would.
+
+Starts N Python processes (default 32) of mixed workloads (worker.py: busy, idle, deep,
+threads) spread over every interpreter found (3.11-3.15), runs `pyfleet run` on exactly those
+pids at --rate Hz for --duration seconds, and reports pyfleet's CPU (percent of one core, from
+its rusage), its peak RSS, and samples taken, missed ticks and errors (from its /metrics just
+before the end). Run as root after `cargo build --release`:
+
+    python3 examples/fleet/bench.py                       # 32 processes, 100 Hz, 30 s
+    python3 examples/fleet/bench.py --max-cpu 1           # show the budget holding
+    python3 examples/fleet/bench.py --json
+
+Not a test: figures go in the README.
+"""
+import argparse
+import json
+import os
+import pathlib
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+KINDS = ["busy", "idle", "deep", "threads"]
+
+
+def interpreters():
+    home = pathlib.Path.home()
+    pythons = pathlib.Path(os.environ.get("PYFLEET_PYTHONS", home / ".cache/pyfleet/pythons"))
+    found = [pathlib.Path("/usr/bin/python3.11")]
+    for minor in ("3.12", "3.13"):
+        found += sorted((home / ".pyenv/versions").glob(f"{minor}.*/bin/python{minor}"))[-1:]
+    found += [pythons / "3.14/usr/bin/python3.14", pythons / "3.15/usr/bin/python3.15"]
+    return [p for p in found if p.exists()]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def total(text, name):
+    """Sum of every series of one metric in Prometheus text format."""
+    pat = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", re.M)
+    return sum(float(v) for v in pat.findall(text))
+
+
+def run(args, pythons):
+    procs = []
+    try:
+        for i in range(args.processes):
+            py, kind = pythons[i % len(pythons)], KINDS[i % len(KINDS)]
+            p = subprocess.Popen([str(py), str(HERE / "worker.py"), kind],
+                                 stdout=subprocess.PIPE, text=True)
+            procs.append(p)
+        for p in procs:
+            if "ready" not in p.stdout.readline():
+                raise SystemExit("a worker did not start")
+        port = free_port()
+        out = tempfile.mkdtemp(prefix="pyfleet-fleet-bench-")
+        cmd = [args.pyfleet, "run", "--rate", str(args.rate), "--duration", str(args.duration),
+               "--snapshot-interval", "10", "--out", out, "--metrics-addr", f"127.0.0.1:{port}",
+               "--max-cpu", str(args.max_cpu)]
+        for p in procs:
+            cmd += ["--pid", str(p.pid)]
+        t0 = time.monotonic()
+        daemon = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+        time.sleep(max(1.0, args.duration - 1.5))
+        metrics = scrape(port)
+        _, status, usage = os.wait4(daemon.pid, 0)
+        wall = time.monotonic() - t0
+        err = daemon.stderr.read()
+        if status != 0:
+            raise SystemExit(f"pyfleet failed ({status}):\n{err}")
+        cpu = usage.ru_utime + usage.ru_stime
+        return {
+            "processes": args.processes,
+            "interpreters": [p.name for p in pythons],
+            "rate_hz": args.rate,
+            "max_cpu_percent": args.max_cpu,
+            "duration_s": round(wall, 2),
+            "cpu_percent_of_one_core": round(100 * cpu / wall, 2),
+            "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
+            "samples": int(total(metrics, "pyfleet_samples_total")),
+            "missed_ticks": int(total(metrics, "pyfleet_missed_ticks_total")),
+            "errors": int(total(metrics, "pyfleet_sample_errors_total")),
+            "sampled_processes": int(total(metrics, "pyfleet_processes")),
+            "samples_per_process_per_s": round(
+                total(metrics, "pyfleet_samples_total") / args.processes / max(1e-9, args.duration - 1.5), 1),
+        }
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pyfleet", default=str(ROOT / "target/release/pyfleet"))
+    ap.add_argument("--processes", type=int, default=32)
+    ap.add_argument("--rate", type=float, default=100)
+    ap.add_argument("--duration", type=float, default=30)
+    ap.add_argument("--max-cpu", type=float, default=5)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if not os.path.exists(args.pyfleet):
+        raise SystemExit(f"{args.pyfleet} not found: run `cargo build --release` first")
+    pythons = interpreters()
+    if not pythons:
+        raise SystemExit("no Python interpreter found")
+    r = run(args, pythons)
+    if args.json:
+        print(json.dumps(r))
+        return
+    print("| processes | rate | budget | pyfleet CPU (% of one core) | peak RSS | samples | "
+          "per process per s | missed ticks | errors |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"| {r['processes']} ({', '.join(r['interpreters'])}) | {r['rate_hz']:g} Hz | "
+          f"{r['max_cpu_percent']:g}% | {r['cpu_percent_of_one_core']}% | {r['peak_rss_mib']} MiB | "
+          f"{r['samples']} | {r['samples_per_process_per_s']} | {r['missed_ticks']} | {r['errors']} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

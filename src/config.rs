@@ -1,0 +1,337 @@
+//! Settings of the fleet daemon (`pyfleet run`): the same options on the command line and in a
+//! TOML file (`--config pyfleet.toml`, keys as the long options: `match = ["gunicorn"]`,
+//! `max-cpu = 5`, ...), the command line winning. [`RunOptions::resolve`] validates everything
+//! up front, so bad input fails with one line before anything starts.
+//!
+//! Owns parsing and validation only; it starts nothing.
+
+use pyfleet_policies::{parse_size, MatchPolicy, Mode, RatePolicy, RestartPolicy, RetentionPolicy};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub const DEFAULT_OUT: &str = "pyfleet-snapshots";
+pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9464";
+
+/// The daemon's options, as clap parses them and as a config file holds them.
+#[derive(Debug, Clone, Default, clap::Args, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RunOptions {
+    /// Profile processes whose command line or executable name matches REGEX (repeatable).
+    /// With no --match and no --pid, every Python process on the host.
+    #[arg(long = "match", short = 'm', value_name = "REGEX")]
+    #[serde(rename = "match")]
+    pub matches: Vec<String>,
+    /// Never profile processes matching REGEX (repeatable; wins over --match and --pid).
+    #[arg(long, value_name = "REGEX")]
+    pub exclude: Vec<String>,
+    /// Profile this process (repeatable).
+    #[arg(long = "pid", short = 'p', value_name = "PID")]
+    #[serde(rename = "pid")]
+    pub pids: Vec<i32>,
+    /// Samples per second per process [default: 100].
+    #[arg(long, value_name = "HZ")]
+    pub rate: Option<f64>,
+    /// Which thread samples count: wall (all), cpu (on CPU), gil (holding the GIL) [default: wall].
+    #[arg(long, value_name = "wall|cpu|gil")]
+    pub mode: Option<String>,
+    /// pyfleet's own CPU budget, percent of one core; rates come down to hold it [default: 5].
+    #[arg(long, value_name = "PERCENT")]
+    pub max_cpu: Option<f64>,
+    /// Seconds between scans for new and exited processes [default: 1].
+    #[arg(long, value_name = "SECS")]
+    pub scan_interval: Option<f64>,
+    /// Seconds between snapshots [default: 60].
+    #[arg(long, value_name = "SECS")]
+    pub snapshot_interval: Option<f64>,
+    /// Directory for snapshots [default: ./pyfleet-snapshots].
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Snapshots kept [default: 60].
+    #[arg(long, value_name = "N")]
+    pub keep: Option<usize>,
+    /// Most bytes of snapshots kept (e.g. 500M, 2G) [default: no limit].
+    #[arg(long, value_name = "SIZE")]
+    pub max_bytes: Option<String>,
+    /// Prometheus listener address, or `off` [default: 127.0.0.1:9464].
+    #[arg(long, value_name = "ADDR|off")]
+    pub metrics_addr: Option<String>,
+    /// Stop after this many seconds (a final snapshot is written) [default: run until stopped].
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Never write to target processes (no 3.15 frame-cache marker; results stay exact).
+    #[arg(long)]
+    pub read_only: bool,
+    /// Read settings from this TOML file (command-line options win).
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+}
+
+/// Validated settings.
+#[derive(Debug, Clone)]
+pub struct RunSettings {
+    pub policy: MatchPolicy,
+    pub matches: Vec<String>,
+    pub pids: Vec<i32>,
+    pub rate: RatePolicy,
+    pub mode: Mode,
+    pub scan_interval: Duration,
+    pub snapshot_interval: Duration,
+    pub out: PathBuf,
+    pub retention: RetentionPolicy,
+    pub restart: RestartPolicy,
+    pub metrics_addr: Option<SocketAddr>,
+    pub duration: Option<Duration>,
+    pub read_only: bool,
+}
+
+fn seconds(name: &str, v: Option<f64>, default: f64) -> Result<Duration, String> {
+    let v = v.unwrap_or(default);
+    if !(v.is_finite() && v > 0.0 && v < 1e9) {
+        return Err(format!(
+            "--{name} must be a positive number of seconds (got {v})"
+        ));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+impl RunOptions {
+    /// Reads a config file.
+    pub fn from_file(path: &std::path::Path) -> Result<RunOptions, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
+        toml::from_str(&text).map_err(|e| {
+            let msg = e.message().replace('\n', " ");
+            match e.span() {
+                Some(span) => {
+                    let line = 1 + text.as_bytes()[..span.start.min(text.len())]
+                        .iter()
+                        .filter(|&&b| b == b'\n')
+                        .count();
+                    format!("invalid config {} line {line}: {msg}", path.display())
+                }
+                None => format!("invalid config {}: {msg}", path.display()),
+            }
+        })
+    }
+
+    /// These options over `file`'s: a value given here wins, lists given here replace the
+    /// file's.
+    pub fn over(self, file: RunOptions) -> RunOptions {
+        fn list<T>(a: Vec<T>, b: Vec<T>) -> Vec<T> {
+            if a.is_empty() {
+                b
+            } else {
+                a
+            }
+        }
+        RunOptions {
+            matches: list(self.matches, file.matches),
+            exclude: list(self.exclude, file.exclude),
+            pids: list(self.pids, file.pids),
+            rate: self.rate.or(file.rate),
+            mode: self.mode.or(file.mode),
+            max_cpu: self.max_cpu.or(file.max_cpu),
+            scan_interval: self.scan_interval.or(file.scan_interval),
+            snapshot_interval: self.snapshot_interval.or(file.snapshot_interval),
+            out: self.out.or(file.out),
+            keep: self.keep.or(file.keep),
+            max_bytes: self.max_bytes.or(file.max_bytes),
+            metrics_addr: self.metrics_addr.or(file.metrics_addr),
+            duration: self.duration.or(file.duration),
+            read_only: self.read_only || file.read_only,
+            config: self.config,
+        }
+    }
+
+    /// Merges the config file (if any) and validates everything.
+    pub fn resolve(self, self_pid: i32) -> Result<RunSettings, String> {
+        let o = match self.config.clone() {
+            Some(path) => self.over(RunOptions::from_file(&path)?),
+            None => self,
+        };
+        if let Some(bad) = o.pids.iter().find(|p| **p <= 0) {
+            return Err(format!("--pid must be a positive process id (got {bad})"));
+        }
+        let policy = MatchPolicy::new(&o.matches, &o.exclude, &o.pids, Some(self_pid))
+            .map_err(|e| e.to_string())?;
+        let rate = RatePolicy::new(
+            o.rate.unwrap_or(pyfleet_policies::rate::DEFAULT_RATE_HZ),
+            o.max_cpu
+                .unwrap_or(pyfleet_policies::rate::DEFAULT_MAX_CPU_PERCENT),
+        )
+        .map_err(|e| e.to_string())?;
+        let mode: Mode = match &o.mode {
+            Some(m) => m
+                .parse()
+                .map_err(|e: pyfleet_policies::ModeError| e.to_string())?,
+            None => Mode::default(),
+        };
+        let max_bytes = match &o.max_bytes {
+            Some(s) => Some(parse_size(s).map_err(|e| format!("--max-bytes: {e}"))?),
+            None => None,
+        };
+        let retention =
+            RetentionPolicy::new(o.keep.unwrap_or(60), max_bytes).map_err(|e| e.to_string())?;
+        let metrics_addr = match o.metrics_addr.as_deref().unwrap_or(DEFAULT_METRICS_ADDR) {
+            "off" => None,
+            a => Some(a.parse::<SocketAddr>().map_err(|_| {
+                format!("--metrics-addr must be IP:PORT (e.g. {DEFAULT_METRICS_ADDR}) or off (got '{a}')")
+            })?),
+        };
+        Ok(RunSettings {
+            policy,
+            matches: o.matches,
+            pids: o.pids,
+            rate,
+            mode,
+            scan_interval: seconds("scan-interval", o.scan_interval, 1.0)?,
+            snapshot_interval: seconds("snapshot-interval", o.snapshot_interval, 60.0)?,
+            out: o.out.unwrap_or_else(|| PathBuf::from(DEFAULT_OUT)),
+            retention,
+            restart: RestartPolicy::default(),
+            metrics_addr,
+            duration: match o.duration {
+                Some(d) => Some(seconds("duration", Some(d), 0.0)?),
+                None => None,
+            },
+            read_only: o.read_only,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults() {
+        let s = RunOptions::default().resolve(1).unwrap();
+        assert!(s.policy.matches_everything());
+        assert_eq!(s.rate.base_hz(), 100.0);
+        assert_eq!(s.rate.max_cpu_percent(), 5.0);
+        assert_eq!(s.mode, Mode::Wall);
+        assert_eq!(s.scan_interval, Duration::from_secs(1));
+        assert_eq!(s.snapshot_interval, Duration::from_secs(60));
+        assert_eq!(s.retention.keep, 60);
+        assert_eq!(s.metrics_addr, Some("127.0.0.1:9464".parse().unwrap()));
+        assert_eq!(s.duration, None);
+        assert!(!s.read_only);
+    }
+
+    #[test]
+    fn bad_input_is_one_line() {
+        let cases: Vec<(RunOptions, &str)> = vec![
+            (
+                RunOptions {
+                    matches: vec!["(".into()],
+                    ..Default::default()
+                },
+                "invalid regex",
+            ),
+            (
+                RunOptions {
+                    rate: Some(0.0),
+                    ..Default::default()
+                },
+                "--rate",
+            ),
+            (
+                RunOptions {
+                    metrics_addr: Some("nope".into()),
+                    ..Default::default()
+                },
+                "--metrics-addr",
+            ),
+            (
+                RunOptions {
+                    mode: Some("fast".into()),
+                    ..Default::default()
+                },
+                "mode",
+            ),
+            (
+                RunOptions {
+                    keep: Some(0),
+                    ..Default::default()
+                },
+                "--keep",
+            ),
+            (
+                RunOptions {
+                    max_bytes: Some("12Q".into()),
+                    ..Default::default()
+                },
+                "--max-bytes",
+            ),
+            (
+                RunOptions {
+                    scan_interval: Some(-1.0),
+                    ..Default::default()
+                },
+                "--scan-interval",
+            ),
+            (
+                RunOptions {
+                    pids: vec![0],
+                    ..Default::default()
+                },
+                "--pid",
+            ),
+        ];
+        for (o, want) in cases {
+            let e = o.resolve(1).unwrap_err();
+            assert!(e.contains(want), "{e} (wanted {want})");
+            assert_eq!(e.lines().count(), 1, "{e}");
+        }
+        assert!(RunOptions {
+            metrics_addr: Some("off".into()),
+            ..Default::default()
+        }
+        .resolve(1)
+        .unwrap()
+        .metrics_addr
+        .is_none());
+    }
+
+    #[test]
+    fn config_file_and_command_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pyfleet.toml");
+        std::fs::write(
+            &path,
+            "match = [\"gunicorn\"]\nrate = 50\nmax-cpu = 2.5\nout = \"/var/lib/pyfleet\"\nread-only = true\n",
+        )
+        .unwrap();
+        let cli = RunOptions {
+            rate: Some(20.0),
+            config: Some(path.clone()),
+            ..Default::default()
+        };
+        let s = cli.resolve(1).unwrap();
+        assert_eq!(s.matches, vec!["gunicorn".to_string()]);
+        assert_eq!(s.rate.base_hz(), 20.0, "the command line wins");
+        assert_eq!(s.rate.max_cpu_percent(), 2.5);
+        assert_eq!(s.out, PathBuf::from("/var/lib/pyfleet"));
+        assert!(s.read_only);
+
+        std::fs::write(&path, "match = [\"x\"]\nbogus = 1\n").unwrap();
+        let e = RunOptions {
+            config: Some(path.clone()),
+            ..Default::default()
+        }
+        .resolve(1)
+        .unwrap_err();
+        assert!(e.contains("line 2") && e.contains("bogus"), "{e}");
+        assert_eq!(e.lines().count(), 1, "{e}");
+        let e = RunOptions {
+            config: Some(dir.path().join("missing.toml")),
+            ..Default::default()
+        }
+        .resolve(1)
+        .unwrap_err();
+        assert!(e.starts_with("cannot read config"), "{e}");
+    }
+}

@@ -1,0 +1,109 @@
+//! `pyfleet run`: the fleet daemon. Validates every setting first (one-line errors, nothing
+//! started), then wires the actors of `pyfleet-actors` to the unwinder (`fleet`), the snapshot
+//! directory (`output::snapshot_dir`) and the Prometheus exporter, and runs until SIGINT,
+//! SIGTERM or the end of `--duration`, when a final snapshot is written.
+
+use anyhow::{anyhow, Context, Result};
+use metrics_exporter_prometheus::PrometheusBuilder;
+use metrics_util::MetricKindMask;
+use pyfleet::config::RunOptions;
+use pyfleet::fleet::{HostDiscovery, UnwinderFactory};
+use pyfleet::output::snapshot_dir::SnapshotDir;
+use pyfleet_actors::{Fleet, FleetConfig};
+use std::time::Duration;
+
+pub fn run(opts: RunOptions) -> Result<()> {
+    let settings = opts
+        .resolve(std::process::id() as i32)
+        .map_err(|e| anyhow!(e))?;
+    let writer = SnapshotDir::open(&settings.out, settings.retention).map_err(|e| anyhow!(e))?;
+    let config = FleetConfig {
+        scan_interval: settings.scan_interval,
+        snapshot_interval: settings.snapshot_interval,
+        mode: settings.mode,
+        rate: settings.rate.clone(),
+        restart: settings.restart.clone(),
+        ..FleetConfig::default()
+    };
+    config.validate().map_err(|e| anyhow!("{e}"))?;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("pyfleet-async")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        if let Some(addr) = settings.metrics_addr {
+            // Bind first, so that a port in use is a startup error, not a log line later.
+            std::net::TcpListener::bind(addr)
+                .with_context(|| format!("cannot listen on --metrics-addr {addr}"))?;
+            let (recorder, exporter) = PrometheusBuilder::new()
+                .with_http_listener(addr)
+                .idle_timeout(MetricKindMask::ALL, Some(config.metrics_idle_timeout()))
+                .build()
+                .with_context(|| format!("cannot serve metrics on {addr}"))?;
+            metrics::set_global_recorder(recorder)
+                .map_err(|_| anyhow!("a metrics recorder is already installed"))?;
+            tokio::spawn(async move {
+                if let Err(e) = exporter.await {
+                    tracing::error!("metrics listener stopped: {e:?}");
+                }
+            });
+            pyfleet_actors::metric_names::describe();
+        }
+        let what = if settings.matches.is_empty() && settings.pids.is_empty() {
+            "every Python process".to_string()
+        } else {
+            let mut parts: Vec<String> = settings.matches.iter().map(|m| format!("/{m}/")).collect();
+            parts.extend(settings.pids.iter().map(|p| format!("pid {p}")));
+            parts.join(", ")
+        };
+        eprintln!(
+            "pyfleet: profiling {what} at {} Hz ({} mode{}); snapshots every {} s in {}; metrics {}",
+            settings.rate.base_hz(),
+            settings.mode,
+            if settings.read_only { ", read-only" } else { "" },
+            settings.snapshot_interval.as_secs_f64(),
+            settings.out.display(),
+            settings
+                .metrics_addr
+                .map(|a| format!("on http://{a}/metrics"))
+                .unwrap_or_else(|| "off".into()),
+        );
+        let fleet = Fleet::start(
+            config,
+            HostDiscovery::new(settings.policy.clone()),
+            UnwinderFactory {
+                read_only: settings.read_only,
+            },
+            writer,
+        )
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
+
+        let why = wait_for_end(settings.duration).await?;
+        tracing::info!("{why}: writing the final snapshot");
+        let last = fleet.shutdown().await.map_err(|e| anyhow!("{e}"))?;
+        eprintln!("pyfleet: {why}; last snapshot {}", last.display());
+        Ok(())
+    })
+}
+
+/// Waits for SIGINT, SIGTERM or the end of the duration; says which.
+async fn wait_for_end(duration: Option<Duration>) -> Result<&'static str> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    let sleep = async {
+        match duration {
+            Some(d) => tokio::time::sleep(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    Ok(tokio::select! {
+        _ = term.recv() => "stopped by SIGTERM",
+        _ = int.recv() => "stopped by SIGINT",
+        _ = sleep => "duration reached",
+    })
+}

@@ -1,0 +1,190 @@
+//! The root package's side of the fleet daemon: the real implementations of the traits that
+//! `pyfleet-actors` defines. [`HostDiscovery`] finds and matches Python processes in procfs;
+//! [`UnwinderFactory`] attaches one [`UnwinderSource`] (the fast sampler of `cpython`) per
+//! process.
+//!
+//! Must not schedule anything (the actors decide when) nor format output (`output/` does).
+
+use crate::cpython::{self, Sampler, SamplerOptions, Version};
+use crate::discovery;
+use crate::memory::ProcessMemory;
+use crate::process::{self, Process};
+use pyfleet_actors::{
+    Discovery, FrameInfo, ProcessInfo, SampleError, SampledThread, SourceFactory, SourceStats,
+    StackSource, ThreadStatus,
+};
+use pyfleet_policies::{short_name, MatchPolicy, ProcessFacts};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// A process just exec'd may not have mapped libpython yet: "not Python" is only believed
+/// after this long.
+const SETTLE: Duration = Duration::from_secs(5);
+
+/// What a scan learned about one process, kept while the process lives.
+struct Known {
+    start: u64,
+    exe: PathBuf,
+    version: Option<Version>,
+    probed_at: Instant,
+}
+
+/// Finds the Python processes that the match policy selects. Reading ELF files is the
+/// expensive part, so it is done once per process (pid + start time + executable), while the
+/// command line is read again every scan (servers rewrite their titles).
+pub struct HostDiscovery {
+    policy: MatchPolicy,
+    known: HashMap<i32, Known>,
+}
+
+impl HostDiscovery {
+    pub fn new(policy: MatchPolicy) -> Self {
+        HostDiscovery {
+            policy,
+            known: HashMap::new(),
+        }
+    }
+
+    fn version(&mut self, pid: i32, start: u64, exe: &PathBuf) -> Option<Version> {
+        if let Some(k) = self.known.get(&pid) {
+            if k.start == start
+                && &k.exe == exe
+                && (k.version.is_some() || k.probed_at.elapsed() > SETTLE)
+            {
+                return k.version;
+            }
+        }
+        let version = discovery::probe(pid).map(|p| p.version);
+        self.known.insert(
+            pid,
+            Known {
+                start,
+                exe: exe.clone(),
+                version,
+                probed_at: Instant::now(),
+            },
+        );
+        version
+    }
+}
+
+impl Discovery for HostDiscovery {
+    fn scan(&mut self) -> Vec<ProcessInfo> {
+        let pids = process::all_pids();
+        let mut found = Vec::new();
+        for &pid in &pids {
+            let (Some(start), Ok(p)) = (process::start_time(pid), Process::new(pid)) else {
+                continue;
+            };
+            let Ok(exe) = p.exe() else { continue }; // kernel threads, or gone
+            let Some(version) = self.version(pid, start, &exe) else {
+                continue;
+            };
+            let Ok(argv) = p.cmdline() else { continue };
+            let cmdline = argv.join(" ");
+            let exe_name = exe
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if !self.policy.matches(&ProcessFacts {
+                pid,
+                cmdline: &cmdline,
+                exe_name: &exe_name,
+            }) {
+                continue;
+            }
+            found.push(ProcessInfo {
+                pid,
+                name: short_name(&argv, &exe_name),
+                cmdline,
+                python_version: version.to_string(),
+            });
+        }
+        self.known.retain(|pid, _| pids.binary_search(pid).is_ok());
+        found
+    }
+}
+
+/// Attaches the fast sampler to each process.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UnwinderFactory {
+    pub read_only: bool,
+}
+
+impl SourceFactory for UnwinderFactory {
+    type Source = UnwinderSource;
+
+    fn attach(&self, p: &ProcessInfo, needs_cpu_status: bool) -> Result<UnwinderSource, String> {
+        let opts = SamplerOptions {
+            frame_cache: true,
+            read_only: self.read_only,
+            cpu_status: needs_cpu_status,
+            ..Default::default()
+        };
+        let sampler = cpython::attach(p.pid, opts).map_err(|e| e.to_string())?;
+        Ok(UnwinderSource { sampler })
+    }
+}
+
+/// One process's sampler, as the actors see it.
+pub struct UnwinderSource {
+    sampler: Sampler<ProcessMemory>,
+}
+
+impl StackSource for UnwinderSource {
+    fn sample(&mut self, out: &mut Vec<SampledThread>) -> Result<(), SampleError> {
+        match self.sampler.sample() {
+            Ok(threads) => {
+                out.extend(threads.iter().map(|t| SampledThread {
+                    thread_id: t.thread_id,
+                    status: ThreadStatus {
+                        on_cpu: t.on_cpu.unwrap_or(false),
+                        holds_gil: t.holds_gil,
+                    },
+                    stack: u64::from(t.stack),
+                }));
+                Ok(())
+            }
+            Err(e) => Err(SampleError {
+                kind: e.kind(),
+                process_gone: e.is_process_gone(),
+                message: e.to_string(),
+            }),
+        }
+    }
+
+    fn resolve(&self, stack: u64) -> Option<Vec<FrameInfo>> {
+        let table = self.sampler.stacks();
+        let frames = table.stack_frames(u32::try_from(stack).ok()?)?;
+        Some(
+            frames
+                .iter()
+                .filter_map(|&f| {
+                    let key = table.frame_key(f)?;
+                    let code = table.function_info(key.function)?;
+                    Some(FrameInfo {
+                        function: code.qualname.clone(),
+                        file: code.filename.clone(),
+                        line: key.line,
+                    })
+                })
+                .collect(),
+        )
+    }
+
+    fn stats(&self) -> SourceStats {
+        let s = self.sampler.stats();
+        SourceStats {
+            samples: s.samples,
+            errors: s.errors,
+            frame_cache_hits: s.frame_cache_hits,
+            frame_cache_partial_hits: s.frame_cache_partial_hits,
+            frame_cache_misses: s.frame_cache_misses,
+            code_cache_hits: s.code_cache_hits,
+            code_cache_misses: s.code_cache_misses,
+            remote_reads: s.remote_reads,
+            remote_read_bytes: s.remote_read_bytes,
+        }
+    }
+}

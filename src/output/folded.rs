@@ -1,0 +1,132 @@
+//! Brendan Gregg's folded stacks: one line per distinct stack, frames root first separated
+//! by `;`, then a space and the count. Frames read `function (file:line)`.
+//!
+//! Owns the text of a frame and of a folded line. Target strings are untrusted: a `;` would
+//! split a frame and a newline would forge a line, so both (and every control character) are
+//! replaced here. Must not do I/O: callers write the lines where they go.
+
+use pyfleet_actors::{FrameInfo, ProcessProfile};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// Appends one frame's label to `out`, defanged for the folded format.
+pub fn push_frame(out: &mut String, f: &FrameInfo) {
+    push_clean(out, &f.function);
+    out.push_str(" (");
+    push_clean(out, &f.file);
+    if let Some(line) = f.line {
+        let _ = write!(out, ":{line}");
+    }
+    out.push(')');
+}
+
+/// Appends `s` with `;` turned into `,` and control characters into `?`.
+pub fn push_clean(out: &mut String, s: &str) {
+    for c in s.chars() {
+        out.push(match c {
+            ';' => ',',
+            c if c.is_control() => '?',
+            c => c,
+        });
+    }
+}
+
+/// The folded stacks of one process, statuses merged, sorted by stack text (stable output),
+/// each with `prefix` as its root frame when given. Stacks without a Python frame are left
+/// out (a folded line needs at least one frame).
+pub fn process_lines(p: &ProcessProfile, prefix: Option<&str>) -> Vec<(String, u64)> {
+    let mut merged: BTreeMap<String, u64> = BTreeMap::new();
+    let mut line = String::new();
+    for (_, frames, count) in &p.samples {
+        if frames.is_empty() || *count == 0 {
+            continue;
+        }
+        line.clear();
+        if let Some(prefix) = prefix {
+            push_clean(&mut line, prefix);
+            line.push(';');
+        }
+        // Frames come innermost first; folded is root first.
+        for (i, f) in frames.iter().rev().enumerate() {
+            if i > 0 {
+                line.push(';');
+            }
+            push_frame(&mut line, f);
+        }
+        *merged.entry(line.clone()).or_default() += count;
+    }
+    merged.into_iter().collect()
+}
+
+/// Renders lines as the text of a `.folded` file.
+pub fn render(lines: &[(String, u64)]) -> String {
+    let mut out = String::with_capacity(lines.iter().map(|(l, _)| l.len() + 12).sum());
+    for (l, n) in lines {
+        let _ = writeln!(out, "{l} {n}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pyfleet_actors::ThreadStatus;
+
+    fn frame(function: &str, file: &str, line: Option<i32>) -> FrameInfo {
+        FrameInfo {
+            function: function.into(),
+            file: file.into(),
+            line,
+        }
+    }
+
+    #[test]
+    fn root_first_merged_and_defanged() {
+        let busy = ThreadStatus {
+            on_cpu: true,
+            holds_gil: true,
+        };
+        let p = ProcessProfile {
+            pid: 7,
+            name: "app".into(),
+            samples: vec![
+                (
+                    busy,
+                    vec![
+                        frame("leaf", "/a.py", Some(3)),
+                        frame("main", "/a.py", None),
+                    ],
+                    2,
+                ),
+                (
+                    ThreadStatus::default(),
+                    vec![
+                        frame("leaf", "/a.py", Some(3)),
+                        frame("main", "/a.py", None),
+                    ],
+                    3,
+                ),
+                (busy, vec![], 9),
+                (busy, vec![frame("evil;x\n1 2", "/b;c.py", Some(1))], 1),
+            ],
+        };
+        let lines = process_lines(&p, None);
+        assert_eq!(
+            lines,
+            vec![
+                ("evil,x?1 2 (/b,c.py:1)".to_string(), 1),
+                ("main (/a.py);leaf (/a.py:3)".to_string(), 5),
+            ]
+        );
+        let all = process_lines(&p, Some("app-7"));
+        assert_eq!(all[1].0, "app-7;main (/a.py);leaf (/a.py:3)");
+        let text = render(&lines);
+        assert_eq!(text.lines().count(), 2);
+        // Every line ends in " <count>" and has no stray separator.
+        for l in text.lines() {
+            let (stack, n) = l.rsplit_once(' ').unwrap();
+            assert!(n.parse::<u64>().is_ok(), "{l}");
+            assert!(!stack.is_empty());
+        }
+    }
+}

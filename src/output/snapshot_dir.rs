@@ -1,0 +1,297 @@
+//! Snapshots on disk: `<out>/<UTC time>/` holding `<process>-<pid>.folded` per process, the
+//! fleet-wide `all.folded` (each stack rooted at `<process>-<pid>`) and `flamegraph.svg`.
+//!
+//! Owns the directory layout, atomicity and retention. A snapshot is built in a hidden
+//! `.partial-<name>` directory (every file written and fsynced), then renamed into place, so
+//! a reader never sees half a snapshot. Retention deletes only directories whose names this
+//! module made. File names come from sanitised process names (policies' `naming`), never
+//! straight from a target.
+
+use super::{folded, svg};
+use pyfleet_actors::{Snapshot, SnapshotWriter};
+use pyfleet_policies::{RetentionPolicy, SnapshotEntry};
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+const PARTIAL: &str = ".partial-";
+
+/// Writes snapshots under one output directory.
+#[derive(Debug)]
+pub struct SnapshotDir {
+    out: PathBuf,
+    retention: RetentionPolicy,
+}
+
+impl SnapshotDir {
+    /// Creates `out` if needed and checks that snapshots can be written there (a probe file is
+    /// written and removed), so an unusable directory fails at startup, not an hour later.
+    pub fn open(out: &Path, retention: RetentionPolicy) -> Result<Self, String> {
+        let fail = |what: &str, e: std::io::Error| {
+            format!("unusable --out {}: {what}: {e}", out.display())
+        };
+        fs::create_dir_all(out).map_err(|e| fail("cannot create it", e))?;
+        if !out.is_dir() {
+            return Err(format!("unusable --out {}: not a directory", out.display()));
+        }
+        let probe = out.join(format!("{PARTIAL}probe-{}", std::process::id()));
+        fs::write(&probe, b"probe").map_err(|e| fail("cannot write in it", e))?;
+        let _ = fs::remove_file(&probe);
+        // Leftovers of a run that died mid-write.
+        if let Ok(entries) = fs::read_dir(out) {
+            for e in entries.flatten() {
+                if e.file_name().to_string_lossy().starts_with(PARTIAL) {
+                    let _ = fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        Ok(SnapshotDir {
+            out: out.to_path_buf(),
+            retention,
+        })
+    }
+
+    pub fn out(&self) -> &Path {
+        &self.out
+    }
+
+    /// Names of the snapshots present, oldest first, with their sizes.
+    pub fn list(&self) -> Vec<SnapshotEntry> {
+        let mut found: Vec<SnapshotEntry> = fs::read_dir(&self.out)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_str()?.to_string();
+                if !is_snapshot_name(&name) || !e.file_type().ok()?.is_dir() {
+                    return None;
+                }
+                let bytes = fs::read_dir(e.path())
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter_map(|f| f.metadata().ok())
+                    .map(|m| m.len())
+                    .sum();
+                Some(SnapshotEntry { name, bytes })
+            })
+            .collect();
+        found.sort_by(|a, b| a.name.cmp(&b.name));
+        found
+    }
+
+    fn write_files(&self, dir: &Path, snap: &Snapshot, title: &str) -> std::io::Result<()> {
+        let mut all: Vec<(String, u64)> = Vec::new();
+        for p in &snap.processes {
+            let root = format!("{}-{}", p.name, p.pid);
+            let lines = folded::process_lines(p, None);
+            write_synced(
+                &dir.join(format!("{root}.folded")),
+                folded::render(&lines).as_bytes(),
+            )?;
+            all.extend(folded::process_lines(p, Some(&root)));
+        }
+        all.sort();
+        write_synced(&dir.join("all.folded"), folded::render(&all).as_bytes())?;
+        let svg = svg::render(title, &all).map_err(std::io::Error::other)?;
+        write_synced(&dir.join("flamegraph.svg"), &svg)?;
+        Ok(())
+    }
+}
+
+impl SnapshotWriter for SnapshotDir {
+    fn write(&self, snap: &Snapshot) -> Result<PathBuf, String> {
+        let base = utc_name(snap.taken_at);
+        // Two snapshots in one second (the final one right after a periodic one) get a suffix.
+        let mut name = base.clone();
+        let mut n = 1;
+        while self.out.join(&name).exists() {
+            name = format!("{base}-{n}");
+            n += 1;
+        }
+        let partial = self.out.join(format!("{PARTIAL}{name}"));
+        let fin = self.out.join(&name);
+        let title = format!("pyfleet {name}");
+        let r = (|| {
+            fs::create_dir_all(&partial)?;
+            self.write_files(&partial, snap, &title)?;
+            fs::File::open(&partial)?.sync_all()?;
+            fs::rename(&partial, &fin)?;
+            fs::File::open(&self.out)?.sync_all()
+        })();
+        match r {
+            Ok(()) => Ok(fin),
+            Err(e) => {
+                let _ = fs::remove_dir_all(&partial);
+                Err(format!("writing snapshot {} failed: {e}", fin.display()))
+            }
+        }
+    }
+
+    fn apply_retention(&self) {
+        let found = self.list();
+        for i in self.retention.to_delete(&found) {
+            if let Some(e) = found.get(i) {
+                let path = self.out.join(&e.name);
+                if let Err(err) = fs::remove_dir_all(&path) {
+                    tracing::warn!("retention: cannot delete {}: {err}", path.display());
+                }
+            }
+        }
+    }
+}
+
+/// Writes `data` to `path` through a temporary name, fsynced, then renamed.
+pub fn write_synced(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let mut f = fs::File::create(&tmp)?;
+    f.write_all(data)?;
+    f.sync_all()?;
+    drop(f);
+    fs::rename(&tmp, path)
+}
+
+/// `2026-11-23T02-55-07Z`: UTC, sortable, no colons (awkward in file names).
+pub fn utc_name(t: SystemTime) -> String {
+    let secs = t
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil_from_days(days as i64);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}-{:02}-{:02}Z",
+        rem / 3600,
+        (rem / 60) % 60,
+        rem % 60
+    )
+}
+
+/// Days since 1970-01-01 to (year, month, day) in the proleptic Gregorian calendar
+/// (the well-known era-based conversion).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+fn is_snapshot_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    let digits =
+        |r: std::ops::Range<usize>| b.get(r).is_some_and(|s| s.iter().all(u8::is_ascii_digit));
+    let at = |i: usize, c: u8| b.get(i) == Some(&c);
+    let stamp = b.len() >= 20
+        && digits(0..4)
+        && at(4, b'-')
+        && digits(5..7)
+        && at(7, b'-')
+        && digits(8..10)
+        && at(10, b'T')
+        && digits(11..13)
+        && at(13, b'-')
+        && digits(14..16)
+        && at(16, b'-')
+        && digits(17..19)
+        && at(19, b'Z');
+    stamp && (b.len() == 20 || (at(20, b'-') && b.len() > 21 && digits(21..b.len())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pyfleet_actors::{FrameInfo, ProcessProfile, ThreadStatus};
+    use std::time::Duration;
+
+    #[test]
+    fn utc_names() {
+        assert_eq!(utc_name(UNIX_EPOCH), "1970-01-01T00-00-00Z");
+        // 2024-02-29T23:59:59Z (a leap day).
+        let t = UNIX_EPOCH + Duration::from_secs(1_709_251_199);
+        assert_eq!(utc_name(t), "2024-02-29T23-59-59Z");
+        let t = UNIX_EPOCH + Duration::from_secs(4_102_444_800); // 2100-01-01
+        assert_eq!(utc_name(t), "2100-01-01T00-00-00Z");
+        assert!(is_snapshot_name("2024-02-29T23-59-59Z"));
+        assert!(is_snapshot_name("2024-02-29T23-59-59Z-3"));
+        assert!(!is_snapshot_name("2024-02-29T23-59-59Z-"));
+        assert!(!is_snapshot_name("..2024-02-29T23-59-59Z"));
+        assert!(!is_snapshot_name("notes"));
+    }
+
+    fn snap(at: u64, name: &str) -> Snapshot {
+        Snapshot {
+            taken_at: UNIX_EPOCH + Duration::from_secs(at),
+            processes: vec![ProcessProfile {
+                pid: 42,
+                name: name.into(),
+                samples: vec![(
+                    ThreadStatus::default(),
+                    vec![FrameInfo {
+                        function: "handle".into(),
+                        file: "/srv/app.py".into(),
+                        line: Some(7),
+                    }],
+                    5,
+                )],
+            }],
+        }
+    }
+
+    #[test]
+    fn writes_atomically_and_keeps_the_last_n() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("snaps");
+        let dir = SnapshotDir::open(&out, RetentionPolicy::new(2, None).unwrap()).unwrap();
+        fs::write(out.join("notes.txt"), "mine").unwrap();
+        let mut written = Vec::new();
+        for i in 0..4 {
+            let p = dir.write(&snap(1_700_000_000 + i, "web")).unwrap();
+            dir.apply_retention();
+            written.push(p);
+        }
+        // Same second twice: a suffix, not an overwrite.
+        let again = dir.write(&snap(1_700_000_003, "web")).unwrap();
+        assert!(
+            again.to_string_lossy().ends_with("Z-1"),
+            "{}",
+            again.display()
+        );
+        dir.apply_retention();
+        let left: Vec<String> = dir.list().into_iter().map(|e| e.name).collect();
+        assert_eq!(left.len(), 2, "{left:?}");
+        assert!(
+            out.join("notes.txt").exists(),
+            "retention touched a file it did not make"
+        );
+        let last = &written[3];
+        let folded = fs::read_to_string(last.join("web-42.folded")).unwrap();
+        assert_eq!(folded, "handle (/srv/app.py:7) 5\n");
+        let all = fs::read_to_string(last.join("all.folded")).unwrap();
+        assert_eq!(all, "web-42;handle (/srv/app.py:7) 5\n");
+        assert!(fs::read_to_string(last.join("flamegraph.svg"))
+            .unwrap()
+            .contains("handle"));
+        // Nothing half-written is left around.
+        assert!(fs::read_dir(&out)
+            .unwrap()
+            .flatten()
+            .all(|e| !e.file_name().to_string_lossy().starts_with(PARTIAL)));
+    }
+
+    #[test]
+    fn unusable_out_is_an_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("f");
+        fs::write(&file, "x").unwrap();
+        let e = SnapshotDir::open(&file.join("sub"), RetentionPolicy::default()).unwrap_err();
+        assert!(e.starts_with("unusable --out"), "{e}");
+        assert_eq!(e.lines().count(), 1);
+    }
+}

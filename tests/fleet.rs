@@ -1,0 +1,290 @@
+//! The fleet daemon end to end: gunicorn (3 workers, Python 3.15) and a second gunicorn on
+//! Python 3.11 under HTTP load, `pyfleet --match gunicorn` for a short --duration, a worker
+//! killed with SIGKILL mid-run. Checks the snapshots (files, the WSGI handler's functions,
+//! the replacement worker's pid, SVG well-formed), a scrape of /metrics, and bad input.
+
+mod common;
+
+use common::*;
+use std::collections::BTreeSet;
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+fn venvs_dir() -> PathBuf {
+    match std::env::var_os("PYFLEET_VENVS") {
+        Some(d) if !d.is_empty() => PathBuf::from(d),
+        _ => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+            .join(".cache/pyfleet/venvs"),
+    }
+}
+
+fn venv_python(name: &str) -> PathBuf {
+    let py = venvs_dir().join(name).join("bin/python");
+    assert!(
+        py.exists(),
+        "{} is missing: run scripts/setup-venvs.sh (the README's test command does)",
+        py.display()
+    );
+    py
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free port")
+}
+
+/// Children of `pid` (gunicorn's workers).
+fn children(pid: i32) -> BTreeSet<i32> {
+    fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|s| s.parse().ok())
+        .collect()
+}
+
+fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    Some(body)
+}
+
+fn gunicorn(label: &str, venv: &str, port: u16, workers: u32) -> Proc {
+    let py = venv_python(venv);
+    let app_dir = targets_dir();
+    let args: Vec<String> = vec![
+        "-m".into(),
+        "gunicorn".into(),
+        "--workers".into(),
+        workers.to_string(),
+        "--bind".into(),
+        format!("127.0.0.1:{port}"),
+        "--chdir".into(),
+        app_dir.display().to_string(),
+        "wsgi_app:app".into(),
+    ];
+    let mut p = Proc::spawn(label, &py, &args);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while children(p.pid()).len() < workers as usize || http_get(port, "/").is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "{label} did not start: {}",
+            p.stderr()
+        );
+        assert!(p.exited().is_none(), "{label} exited: {}", p.stderr());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    p
+}
+
+fn snapshot_dirs(out: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = fs::read_dir(out)
+        .map(|rd| rd.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    dirs.retain(|d| d.is_dir() && !d.file_name().unwrap().to_string_lossy().starts_with('.'));
+    dirs.sort();
+    dirs
+}
+
+fn well_formed_xml(svg: &[u8]) -> Result<(), String> {
+    let mut reader = quick_xml::Reader::from_reader(svg);
+    let mut buf = Vec::new();
+    loop {
+        match reader.read_event_into(&mut buf) {
+            Ok(quick_xml::events::Event::Eof) => return Ok(()),
+            Ok(_) => buf.clear(),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+#[test]
+fn gunicorn_fleet_under_load_with_a_killed_worker() {
+    let (port15, port11, metrics_port) = (free_port(), free_port(), free_port());
+    let g15 = gunicorn("gunicorn 3.15", "gunicorn-3.15", port15, 3);
+    let g11 = gunicorn("gunicorn 3.11", "gunicorn-3.11", port11, 1);
+    let workers15 = children(g15.pid());
+    let workers11 = children(g11.pid());
+    let load_py = any_interpreter().path;
+    let _load15 = Proc::spawn(
+        "load 3.15",
+        &load_py,
+        &[
+            target_script("load.py").display().to_string(),
+            "127.0.0.1".into(),
+            port15.to_string(),
+            "14".into(),
+        ],
+    );
+    let _load11 = Proc::spawn(
+        "load 3.11",
+        &load_py,
+        &[
+            target_script("load.py").display().to_string(),
+            "127.0.0.1".into(),
+            port11.to_string(),
+            "14".into(),
+            "2".into(),
+        ],
+    );
+
+    let out_dir = tempdir("pyfleet-fleet-");
+    let out = out_dir.path().join("snapshots");
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let daemon = Running::start(
+        pyfleet_command(&[
+            "--match",
+            "gunicorn",
+            "--duration",
+            "12",
+            "--scan-interval",
+            "1",
+            "--snapshot-interval",
+            "4",
+            "--out",
+            out.to_str().unwrap(),
+            "--metrics-addr",
+            &metrics_addr,
+        ]),
+        Duration::from_secs(60),
+    );
+
+    // Kill a 3.15 worker once sampling is under way; gunicorn replaces it.
+    std::thread::sleep(Duration::from_secs(4));
+    let victim = *workers15.iter().next().unwrap();
+    send_signal(victim, libc::SIGKILL);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let replacement = loop {
+        let now = children(g15.pid());
+        if let Some(&new) = now.difference(&workers15).next() {
+            break new;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "gunicorn did not replace worker {victim}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+
+    // Mid-run scrape: per-pid cache and sampling-time series of a live worker.
+    std::thread::sleep(Duration::from_secs(3));
+    let page = http_get(metrics_port, "/metrics").expect("no /metrics");
+    let live = *workers15.iter().find(|&&w| w != victim).unwrap();
+    for metric in [
+        "pyfleet_frame_cache_hits_total",
+        "pyfleet_code_cache_hits_total",
+        "pyfleet_sample_duration_seconds",
+        "pyfleet_samples_total",
+    ] {
+        assert!(
+            page.lines()
+                .any(|l| l.starts_with(metric) && l.contains(&format!("pid=\"{live}\""))),
+            "/metrics has no {metric} for pid {live}:\n{}",
+            truncate(&page, 6000)
+        );
+    }
+    assert!(
+        page.contains("process=\"gunicorn\""),
+        "{}",
+        truncate(&page, 4000)
+    );
+    assert!(
+        page.contains("pyfleet_processes"),
+        "{}",
+        truncate(&page, 4000)
+    );
+
+    let run = daemon.finish();
+    assert!(run.success(), "{}", run.describe());
+    assert!(
+        run.stderr.contains("gunicorn") && run.stderr.contains(out.to_str().unwrap()),
+        "the startup line should say what is matched and where output goes:\n{}",
+        run.stderr
+    );
+
+    let dirs = snapshot_dirs(&out);
+    assert!(
+        dirs.len() >= 3,
+        "expected periodic + final snapshots, got {dirs:?}"
+    );
+    let mut files_seen = BTreeSet::new();
+    let mut handler_seen = false;
+    for d in &dirs {
+        for e in fs::read_dir(d).unwrap().flatten() {
+            files_seen.insert(e.file_name().to_string_lossy().into_owned());
+        }
+        let all = fs::read_to_string(d.join("all.folded")).unwrap();
+        for line in all.lines() {
+            let (stack, n) = line.rsplit_once(' ').expect("folded line without a count");
+            assert!(n.parse::<u64>().is_ok(), "bad count in {line}");
+            assert!(
+                stack.starts_with("gunicorn-"),
+                "fleet stacks start with process-pid: {line}"
+            );
+        }
+        handler_seen |= all.contains("handle_request (") && all.contains("fib_work (");
+        let svg = fs::read(d.join("flamegraph.svg")).unwrap();
+        well_formed_xml(&svg).unwrap_or_else(|e| panic!("{}: not XML: {e}", d.display()));
+    }
+    assert!(
+        handler_seen,
+        "no snapshot shows the WSGI handler's functions"
+    );
+    for pid in workers15
+        .iter()
+        .chain(&workers11)
+        .chain([&replacement, &g15.pid(), &g11.pid()])
+    {
+        assert!(
+            files_seen.contains(&format!("gunicorn-{pid}.folded")),
+            "no snapshot of gunicorn pid {pid} (replacement {replacement}, killed {victim}): {files_seen:?}"
+        );
+    }
+    // Both Python versions' workers were sampled (their folded files have stacks).
+    let last_with = |pid: i32| {
+        dirs.iter()
+            .rev()
+            .find_map(|d| fs::read_to_string(d.join(format!("gunicorn-{pid}.folded"))).ok())
+    };
+    let w11 = *workers11.iter().next().unwrap();
+    assert!(
+        last_with(w11).is_some_and(|t| t.contains("wsgi_app.py")),
+        "3.11 worker {w11} has no handler stacks"
+    );
+}
+
+#[test]
+fn bad_daemon_input_fails_before_starting() {
+    let tmp = tempdir("pyfleet-bad-");
+    let file = tmp.path().join("file");
+    fs::write(&file, "x").unwrap();
+    let not_dir = file.join("out");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--match", "("], "invalid regex"),
+        (vec!["--rate", "0"], "--rate"),
+        (
+            vec!["--metrics-addr", "localhost:notaport"],
+            "--metrics-addr",
+        ),
+        (vec!["--out", not_dir.to_str().unwrap()], "--out"),
+        (vec!["--mode", "fast"], "mode"),
+    ];
+    for (args, needle) in cases {
+        let mut all = args.clone();
+        all.extend(["--duration", "5"]);
+        let out = pyfleet(&all);
+        assert_error_contract(&out, Some(needle));
+        assert!(
+            out.elapsed < Duration::from_secs(3),
+            "slow to fail: {}",
+            out.describe()
+        );
+    }
+}
