@@ -56,7 +56,27 @@ fn http_get(port: u16, path: &str) -> Option<String> {
     Some(body)
 }
 
-fn gunicorn(label: &str, venv: &str, port: u16, workers: u32) -> Proc {
+/// A gunicorn master whose workers die with it (SIGKILL to all on drop), so that no worker
+/// outlives the test and loads the machine for the next one.
+struct Gunicorn(Proc);
+
+impl Gunicorn {
+    fn pid(&self) -> i32 {
+        self.0.pid()
+    }
+}
+
+impl Drop for Gunicorn {
+    fn drop(&mut self) {
+        let workers = children(self.0.pid());
+        self.0.kill();
+        for w in workers {
+            try_signal(w, libc::SIGKILL);
+        }
+    }
+}
+
+fn gunicorn(label: &str, venv: &str, port: u16, workers: u32) -> Gunicorn {
     let py = venv_python(venv);
     let app_dir = targets_dir();
     let args: Vec<String> = vec![
@@ -81,7 +101,7 @@ fn gunicorn(label: &str, venv: &str, port: u16, workers: u32) -> Proc {
         assert!(p.exited().is_none(), "{label} exited: {}", p.stderr());
         std::thread::sleep(Duration::from_millis(100));
     }
-    p
+    Gunicorn(p)
 }
 
 fn snapshot_dirs(out: &Path) -> Vec<PathBuf> {

@@ -6,12 +6,21 @@
 //! Reads ELF files through `process` (via /proc/PID/root); never reads target memory.
 
 use crate::process::{Mapping, Process, ProcessError};
-use goblin::elf::{program_header::PT_LOAD, Elf};
-use std::io::Read;
+use goblin::container::Ctx;
+use goblin::elf::section_header::{SHT_DYNSYM, SHT_SYMTAB};
+use goblin::elf::sym::Symtab;
+use goblin::elf::{program_header::PT_LOAD, Elf, ProgramHeader, SectionHeader, Sym};
+use goblin::strtab::Strtab;
+use std::collections::HashMap;
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
-/// Files bigger than this are not read (no real libpython is near it).
-const MAX_ELF_SIZE: u64 = 1 << 30;
+/// Largest ELF table read (symbol tables of a libpython with debug info are ~1 MiB).
+const MAX_TABLE_SIZE: u64 = 256 << 20;
+/// Files whose symbols are remembered (one entry per distinct interpreter binary on the host).
+const MAX_CACHED_FILES: usize = 256;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BinaryError {
@@ -36,44 +45,92 @@ pub struct PythonSymbols {
 }
 
 impl PythonSymbols {
-    /// Reads symbols from an ELF image; `Ok(None)` when it holds no `_PyRuntime`.
+    /// Reads symbols from an ELF image in memory; `Ok(None)` when it holds no `_PyRuntime`.
     pub fn from_elf(data: &[u8]) -> Result<Option<Self>, String> {
-        let elf = Elf::parse(data).map_err(|e| e.to_string())?;
+        Self::from_reader(&mut std::io::Cursor::new(data))
+    }
+
+    /// Reads symbols from an ELF file, reading only its headers, section headers and symbol
+    /// and string tables (a few hundred KiB of a 30 MiB libpython with debug info), so that
+    /// attaching to many processes costs neither time nor memory.
+    pub fn from_reader<R: Read + Seek>(f: &mut R) -> Result<Option<Self>, String> {
+        let mut ident = [0u8; 64];
+        f.read_exact(&mut ident)
+            .map_err(|e| format!("not an ELF file: {e}"))?;
+        let header = Elf::parse_header(&ident).map_err(|e| e.to_string())?;
+        let ctx = Ctx::new(
+            header.container().map_err(|e| e.to_string())?,
+            header.endianness().map_err(|e| e.to_string())?,
+        );
+        let phdrs = read_at(
+            f,
+            header.e_phoff,
+            ProgramHeader::size(ctx) * usize::from(header.e_phnum),
+        )?;
+        let program_headers = ProgramHeader::parse(&phdrs, 0, usize::from(header.e_phnum), ctx)
+            .map_err(|e| e.to_string())?;
+        let shdrs = read_at(
+            f,
+            header.e_shoff,
+            SectionHeader::size(ctx) * usize::from(header.e_shnum),
+        )?;
+        let sections = if header.e_shoff == 0 || header.e_shnum == 0 {
+            Vec::new()
+        } else {
+            SectionHeader::parse_from(&shdrs, 0, usize::from(header.e_shnum), ctx)
+                .map_err(|e| e.to_string())?
+        };
+        let section = |i: usize| sections.get(i);
+        let read_section =
+            |f: &mut R, sh: &SectionHeader| read_at(f, sh.sh_offset, sh.sh_size as usize);
+
         let mut runtime = None;
         let mut py_version = None;
         let mut code_type = None;
-        let tables = [(&elf.dynsyms, &elf.dynstrtab), (&elf.syms, &elf.strtab)];
-        for (syms, strtab) in tables {
-            for sym in syms.iter() {
-                if sym.st_value == 0 {
+        for kind in [SHT_DYNSYM, SHT_SYMTAB] {
+            for sh in sections.iter().filter(|sh| sh.sh_type == kind) {
+                let Some(str_sh) = section(sh.sh_link as usize) else {
                     continue;
-                }
-                match strtab.get_at(sym.st_name) {
-                    Some("_PyRuntime") => runtime = runtime.or(Some(sym.st_value)),
-                    Some("Py_Version") => py_version = py_version.or(Some(sym.st_value)),
-                    Some("PyCode_Type") => code_type = code_type.or(Some(sym.st_value)),
-                    _ => {}
+                };
+                let syms_data = read_section(f, sh)?;
+                let str_data = read_section(f, str_sh)?;
+                let count = syms_data.len() / Sym::size(ctx.container);
+                let syms = Symtab::parse(&syms_data, 0, count, ctx).map_err(|e| e.to_string())?;
+                let strtab =
+                    Strtab::parse(&str_data, 0, str_data.len(), 0).map_err(|e| e.to_string())?;
+                for sym in syms.iter() {
+                    if sym.st_value == 0 {
+                        continue;
+                    }
+                    match strtab.get_at(sym.st_name) {
+                        Some("_PyRuntime") => runtime = runtime.or(Some(sym.st_value)),
+                        Some("Py_Version") => py_version = py_version.or(Some(sym.st_value)),
+                        Some("PyCode_Type") => code_type = code_type.or(Some(sym.st_value)),
+                        _ => {}
+                    }
                 }
             }
         }
         if runtime.is_none() {
             // 3.13+ place _PyRuntime in its own section so that it can be found without symbols.
-            runtime = elf
-                .section_headers
-                .iter()
-                .find(|sh| {
-                    matches!(
-                        elf.shdr_strtab.get_at(sh.sh_name),
-                        Some(".PyRuntime") | Some("PyRuntime")
-                    )
-                })
-                .map(|sh| sh.sh_addr);
+            if let Some(names_sh) = section(usize::from(header.e_shstrndx)) {
+                let names = read_section(f, names_sh)?;
+                let names = Strtab::parse(&names, 0, names.len(), 0).map_err(|e| e.to_string())?;
+                runtime = sections
+                    .iter()
+                    .find(|sh| {
+                        matches!(
+                            names.get_at(sh.sh_name),
+                            Some(".PyRuntime") | Some("PyRuntime")
+                        )
+                    })
+                    .map(|sh| sh.sh_addr);
+            }
         }
         let Some(runtime) = runtime else {
             return Ok(None);
         };
-        let first_load = elf
-            .program_headers
+        let first_load = program_headers
             .iter()
             .filter(|ph| ph.p_type == PT_LOAD)
             .min_by_key(|ph| ph.p_vaddr)
@@ -86,6 +143,19 @@ impl PythonSymbols {
             first_load,
         }))
     }
+}
+
+/// Reads `len` bytes at `offset` of `f` (bounded: ELF sizes are the file's, untrusted).
+fn read_at<R: Read + Seek>(f: &mut R, offset: u64, len: usize) -> Result<Vec<u8>, String> {
+    if len as u64 > MAX_TABLE_SIZE {
+        return Err(format!("ELF table of {len} bytes is too large"));
+    }
+    f.seek(SeekFrom::Start(offset))
+        .map_err(|e| format!("seek to {offset:#x}: {e}"))?;
+    let mut data = vec![0u8; len];
+    f.read_exact(&mut data)
+        .map_err(|e| format!("reading {len} bytes at {offset:#x}: {e}"))?;
+    Ok(data)
 }
 
 /// `_PyRuntime` located in a live target.
@@ -133,21 +203,34 @@ pub fn version_from_name(path: &Path) -> Option<(u32, u32)> {
     Some((major, minor_str.parse().ok()?))
 }
 
-fn read_file(process: &Process, path: &Path) -> Result<Vec<u8>, BinaryError> {
-    let mut f = process.open_file(path)?;
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-    if len > MAX_ELF_SIZE {
-        return Err(BinaryError::BadElf {
-            path: path.to_path_buf(),
-            msg: format!("file too large ({len} bytes)"),
-        });
-    }
-    let mut data = Vec::with_capacity(len as usize);
-    f.read_to_end(&mut data).map_err(|e| BinaryError::BadElf {
+/// Symbols of each file already read, by (device, inode, size, mtime): the interpreters of a
+/// fleet share a handful of binaries, read once each. The lock also keeps reads one at a time.
+static SYMBOLS: Mutex<Option<HashMap<(u64, u64, u64, i64), Option<PythonSymbols>>>> =
+    Mutex::new(None);
+
+/// The Python symbols of a target's mapped file (through /proc/PID/root), cached.
+fn symbols_of(process: &Process, path: &Path) -> Result<Option<PythonSymbols>, BinaryError> {
+    let bad = |msg: String| BinaryError::BadElf {
         path: path.to_path_buf(),
-        msg: e.to_string(),
-    })?;
-    Ok(data)
+        msg,
+    };
+    let mut f = process.open_file(path)?;
+    let meta = f.metadata().map_err(|e| bad(e.to_string()))?;
+    let key = (meta.dev(), meta.ino(), meta.len(), meta.mtime());
+    let mut cache = SYMBOLS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let cache = cache.get_or_insert_with(HashMap::new);
+    if let Some(found) = cache.get(&key) {
+        return Ok(found.clone());
+    }
+    let mut reader = std::io::BufReader::new(&mut f);
+    let syms = PythonSymbols::from_reader(&mut reader).map_err(bad)?;
+    if cache.len() >= MAX_CACHED_FILES {
+        cache.clear();
+    }
+    cache.insert(key, syms.clone());
+    Ok(syms)
 }
 
 /// Whether a mapped file could hold CPython's runtime: libpython, or the executable.
@@ -174,12 +257,9 @@ pub fn locate_runtime(process: &Process) -> Result<RuntimeLocation, BinaryError>
     let mut name_version = None;
     for path in candidates {
         name_version = name_version.or(version_from_name(path));
-        let data = read_file(process, path)?;
-        let syms = PythonSymbols::from_elf(&data).map_err(|msg| BinaryError::BadElf {
-            path: path.to_path_buf(),
-            msg,
-        })?;
-        let Some(syms) = syms else { continue };
+        let Some(syms) = symbols_of(process, path)? else {
+            continue;
+        };
         let file_maps: Vec<&Mapping> = maps.iter().filter(|m| m.path == path).collect();
         let bias = load_bias(&file_maps, syms.first_load).ok_or_else(|| BinaryError::BadElf {
             path: path.to_path_buf(),

@@ -240,6 +240,12 @@ pub fn is_root() -> bool {
 // Signals and /proc
 // ---------------------------------------------------------------------------------------------
 
+/// Like `send_signal`, for clean-ups: a process that is already gone is not an error.
+pub fn try_signal(pid: i32, sig: libc::c_int) -> bool {
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(pid, sig) == 0 }
+}
+
 pub fn send_signal(pid: i32, sig: libc::c_int) {
     // SAFETY: kill has no memory-safety preconditions.
     let rc = unsafe { libc::kill(pid, sig) };
