@@ -297,6 +297,22 @@ mod tests {
     }
 
     #[test]
+    fn the_example_config_is_valid() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/pyfleet.toml");
+        let s = RunOptions {
+            config: Some(path),
+            ..Default::default()
+        }
+        .resolve(1)
+        .unwrap();
+        assert_eq!(
+            s.matches,
+            vec!["gunicorn".to_string(), "celery".to_string()]
+        );
+        assert_eq!(s.retention.max_bytes, Some(2 << 30));
+    }
+
+    #[test]
     fn config_file_and_command_line() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("pyfleet.toml");

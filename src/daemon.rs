@@ -4,13 +4,16 @@
 //! SIGTERM or the end of `--duration`, when a final snapshot is written.
 
 use anyhow::{anyhow, Context, Result};
-use metrics_exporter_prometheus::PrometheusBuilder;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use metrics_util::MetricKindMask;
 use pyfleet::config::RunOptions;
 use pyfleet::fleet::{HostDiscovery, UnwinderFactory};
 use pyfleet::output::snapshot_dir::SnapshotDir;
 use pyfleet_actors::{Fleet, FleetConfig};
 use std::time::Duration;
+
+/// pyfleet's own resident memory, for dashboards and alerts.
+pub const RESIDENT_MEMORY: &str = "pyfleet_resident_memory_bytes";
 
 pub fn run(opts: RunOptions) -> Result<()> {
     let settings = opts
@@ -41,6 +44,15 @@ pub fn run(opts: RunOptions) -> Result<()> {
             let (recorder, exporter) = PrometheusBuilder::new()
                 .with_http_listener(addr)
                 .idle_timeout(MetricKindMask::ALL, Some(config.metrics_idle_timeout()))
+                // Real histogram buckets (not a summary), so rates and quantiles aggregate
+                // across processes in Prometheus: 1 µs to 100 ms.
+                .set_buckets_for_metric(
+                    Matcher::Full(pyfleet_actors::metric_names::SAMPLE_DURATION.to_string()),
+                    &[
+                        1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 1e-2, 1e-1,
+                    ],
+                )
+                .context("bad histogram buckets")?
                 .build()
                 .with_context(|| format!("cannot serve metrics on {addr}"))?;
             metrics::set_global_recorder(recorder)
@@ -51,6 +63,20 @@ pub fn run(opts: RunOptions) -> Result<()> {
                 }
             });
             pyfleet_actors::metric_names::describe();
+            metrics::describe_gauge!(
+                RESIDENT_MEMORY,
+                metrics::Unit::Bytes,
+                "pyfleet's own resident memory"
+            );
+            tokio::spawn(async {
+                let mut every = tokio::time::interval(Duration::from_secs(5));
+                loop {
+                    every.tick().await;
+                    if let Some(rss) = pyfleet::process::own_rss_bytes() {
+                        metrics::gauge!(RESIDENT_MEMORY).set(rss as f64);
+                    }
+                }
+            });
         }
         let what = if settings.matches.is_empty() && settings.pids.is_empty() {
             "every Python process".to_string()

@@ -134,24 +134,30 @@ pub struct UnwinderSource {
 
 impl StackSource for UnwinderSource {
     fn sample(&mut self, out: &mut Vec<SampledThread>) -> Result<(), SampleError> {
-        match self.sampler.sample() {
-            Ok(threads) => {
-                out.extend(threads.iter().map(|t| SampledThread {
-                    thread_id: t.thread_id,
-                    status: ThreadStatus {
-                        on_cpu: t.on_cpu.unwrap_or(false),
-                        holds_gil: t.holds_gil,
-                    },
-                    stack: u64::from(t.stack),
-                }));
-                Ok(())
-            }
-            Err(e) => Err(SampleError {
+        // A target that changed its stack under the read (a torn frame chain, a frame freed
+        // mid-read) usually reads fine a moment later: one immediate retry, so the profile
+        // loses fewer samples. Both attempts count in the unwinder's own error stats.
+        let first = self.sampler.sample().map(|_| ());
+        let result = match first {
+            Err(e) if !e.is_process_gone() => self.sampler.sample().map(|_| ()),
+            other => other,
+        };
+        if let Err(e) = result {
+            return Err(SampleError {
                 kind: e.kind(),
                 process_gone: e.is_process_gone(),
                 message: e.to_string(),
-            }),
+            });
         }
+        out.extend(self.sampler.last_sample().iter().map(|t| SampledThread {
+            thread_id: t.thread_id,
+            status: ThreadStatus {
+                on_cpu: t.on_cpu.unwrap_or(false),
+                holds_gil: t.holds_gil,
+            },
+            stack: u64::from(t.stack),
+        }));
+        Ok(())
     }
 
     fn resolve(&self, stack: u64) -> Option<Vec<FrameInfo>> {

@@ -420,6 +420,11 @@ impl<M: RemoteMemory> Sampler<M> {
         s
     }
 
+    /// The threads of the last sample (what [`Sampler::sample`] returned; empty after an error).
+    pub fn last_sample(&self) -> &[ThreadSample] {
+        &self.out
+    }
+
     /// Takes one sample of every thread of every interpreter.
     pub fn sample(&mut self) -> Result<&[ThreadSample], UnwindError> {
         self.epoch += 1;
@@ -433,6 +438,7 @@ impl<M: RemoteMemory> Sampler<M> {
             }
             Err(e) => {
                 self.stats.errors += 1;
+                self.out.clear();
                 // Predictions may be what misled us: start afresh next time.
                 self.interps.clear();
                 self.threads.clear();

@@ -149,6 +149,13 @@ pub fn start_time(pid: i32) -> Option<u64> {
     rest.split_whitespace().nth(22 - 3)?.parse().ok()
 }
 
+/// This process's resident memory in bytes (`/proc/self/statm`).
+pub fn own_rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = s.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * procfs::page_size())
+}
+
 /// CPU time used so far by the calling thread, in nanoseconds (`/proc/thread-self/schedstat`).
 pub fn own_thread_cpu_ns() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
