@@ -88,6 +88,9 @@ pub fn run(cli: Cli) -> Result<()> {
     }
 }
 
+/// Reads of a running process tried before `dump` reports the failure.
+const DUMP_ATTEMPTS: u32 = 10;
+
 fn dump(pid: i32, json: bool) -> Result<()> {
     // A dump is one sample: it needs no frame cache, and must not write to the target.
     let opts = cpython::SamplerOptions {
@@ -97,9 +100,21 @@ fn dump(pid: i32, json: bool) -> Result<()> {
         ..Default::default()
     };
     let mut unwinder = cpython::attach(pid, opts)?;
-    let stacks = unwinder
-        .snapshot()
-        .with_context(|| format!("reading the stacks of process {pid} failed"))?;
+    // A process that runs changes its stacks while they are read; a torn read (a frame freed
+    // mid-walk) is worth a few immediate retries before it is reported. An exited process is
+    // not.
+    let mut attempt = 0;
+    let stacks = loop {
+        attempt += 1;
+        match unwinder.snapshot() {
+            Ok(s) => break s,
+            Err(e) if !e.is_process_gone() && attempt < DUMP_ATTEMPTS => continue,
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("reading the stacks of process {pid} failed"))
+            }
+        }
+    };
     let cmdline = Process::new(pid)
         .and_then(|p| p.cmdline())
         .map(|c| c.join(" "))

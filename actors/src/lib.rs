@@ -3,9 +3,13 @@
 //! package implements with its real unwinder and output formats.
 //!
 //! ```text
-//!  Fleet::start ──► supervisor ──(spawn_linked, one per pid)──► sampler ─► own OS thread
-//!                     │  scan (blocking thread), restarts, rate         │  StackSource
-//!                     │                                                 ▼ batches
+//!  Fleet::start ──► supervisor ──(spawn_linked, one per pid)──► sampler actor
+//!                     │  scan (blocking thread), restarts          │ attach (blocking pool),
+//!                     │                                            ▼ then hands over a slot
+//!                     └──(rate)──────────────────────────────► sampling thread (one for the
+//!                                                               │ fleet: one wakeup per tick,
+//!                                                               │ every slot's StackSource)
+//!                                                               ▼ batches
 //!                   sink ──(every snapshot_interval: TakeSnapshot)──► aggregator
 //!                     └──► SnapshotWriter (blocking thread)
 //! ```
@@ -38,6 +42,7 @@ mod fleet;
 pub mod metric_names;
 mod panics;
 mod sampler;
+mod sampling;
 mod self_cpu;
 mod sink;
 pub mod snapshot;

@@ -14,7 +14,8 @@ pub const SAMPLES: &str = "pyfleet_samples_total";
 pub const SAMPLE_ERRORS: &str = "pyfleet_sample_errors_total";
 /// Time of one `sample()` call, successful or not, `{process,pid}`.
 pub const SAMPLE_DURATION: &str = "pyfleet_sample_duration_seconds";
-/// Sampling ticks skipped because the previous sample overran, `{process,pid}`.
+/// Sampling ticks skipped because the previous tick (the samples of every process on the same
+/// sampling thread) overran, `{process,pid}`; every process on that thread counts them.
 pub const MISSED_TICKS: &str = "pyfleet_missed_ticks_total";
 /// From [`SourceStats`](crate::SourceStats), `{process,pid}`.
 pub const FRAME_CACHE_HITS: &str = "pyfleet_frame_cache_hits_total";
@@ -46,7 +47,7 @@ pub fn describe() {
     describe_counter!(
         MISSED_TICKS,
         Unit::Count,
-        "Sampling ticks skipped because a sample overran"
+        "Sampling ticks skipped because a tick overran"
     );
     describe_counter!(FRAME_CACHE_HITS, Unit::Count, "Frame cache full hits");
     describe_counter!(

@@ -1,41 +1,53 @@
-//! The sampler actor: one per profiled process, owning that process's [`StackSource`].
+//! The sampler actor: one per profiled process, and the *slot* that carries that process's
+//! [`StackSource`] and sampling state on the fleet's shared sampling thread.
 //!
-//! Design. Sampling runs on a dedicated OS thread that the actor starts in `pre_start` and that
-//! owns the source from attach to drop, so a slow or blocking read never stalls the tokio
-//! workers that run the other actors, and the tick schedule is not at the mercy of the async
-//! scheduler. The actor itself only relays: rate changes go to the thread over a channel (the
-//! thread's sleep is a `recv_timeout` on that channel, so a rate change or a stop wakes it at
-//! once), and the thread reports how it ended back to the actor as a message.
+//! Why the split. A thread wakeup costs about 60 µs of CPU on a VM, twenty times the 3 µs of
+//! a sample; one sleeping thread per process made pyfleet pay that per process per tick
+//! (32 processes at 100 Hz: 3200 wakeups/s, about 20% of a core, against a goal of 5%). So
+//! the ticking lives in [`sampling`](crate::sampling): one thread wakes once per tick and
+//! samples every process back to back. What stays per process is everything about its
+//! lifetime: the actor (supervision, restart policy, exits), and in its slot the tally, the
+//! metric handles, the consecutive-error count and the settings.
 //!
-//! The thread's loop:
-//! - ticks on deadlines ([`Deadlines`]): `next = previous deadline + period`; a sample that
-//!   overruns makes the deadlines already past count as missed (`pyfleet_missed_ticks_total`)
-//!   and skip, never burst; a new rate applies from the next tick (last deadline + new period);
-//! - per sample: applies the [`Mode`] to each thread's status and tallies `(stack id, status)`
-//!   locally (no allocation once the tally has seen the stacks; `out` is reused);
-//! - every `batch_interval`, and once more when it ends however it ends, sends the aggregator
-//!   a batch: the counts, plus the frames of stack ids not sent before in this sampler's life
-//!   (resolved once per stack id; past a cap of remembered ids it forgets them all, bumps an
-//!   epoch and resends, which bounds memory here and in the aggregator), and turns the
-//!   increases of [`SourceStats`] into counters;
-//! - a [`SampleError`](crate::SampleError) with `process_gone` ends it cleanly: the actor
-//!   stops with reason [`REASON_PROCESS_GONE`], which the supervisor sees as an exit, not a
-//!   failure. Other errors are counted by kind; `max_consecutive_errors` in a row, a failed
-//!   attach, or a panic in any call into the source (caught on the thread) end it with a
-//!   failure: the actor returns an error, so the supervisor gets `ActorFailed` and applies
-//!   the restart policy. The process itself never goes down with a source.
-//!
-//! On stop (`post_stop`) the actor tells the thread to stop and waits, bounded by
-//! `stop_timeout`, until the thread has sent its final batch, so a snapshot taken after the
-//! sampler stopped includes it. If the actor dies without `post_stop` (killed), dropping its
-//! state disconnects the channel, which the thread also takes as a stop.
+//! A sampler's life:
+//! - start: the actor attaches its source ([`SourceFactory::attach`], which can take
+//!   milliseconds) on tokio's blocking pool, never on the sampling thread nor on the async
+//!   workers; the result comes back as [`SamplerMsg::Attached`]. A failed or panicking attach
+//!   fails the actor. Otherwise the actor builds a [`Slot`] (source, tally, metric handles,
+//!   settings, its own ref and a oneshot for "done") and hands it to the sampling pool, which
+//!   places it on its least loaded thread;
+//! - every tick, on the sampling thread ([`Slot::sample`]): applies the [`Mode`] to each
+//!   thread's status and tallies `(stack id, status)` locally (no allocation once the tally
+//!   has seen the stacks; the thread's `out` buffer is reused), records
+//!   `pyfleet_sample_duration_seconds`, counts samples and errors by kind; the thread counts
+//!   missed ticks (`pyfleet_missed_ticks_total`) for every slot;
+//! - every `batch_interval` (checked after each tick), and once more when the slot ends
+//!   however it ends ([`Slot::flush_if_due`], [`Slot::finish`]): sends the aggregator a batch: the counts,
+//!   plus the frames of stack ids not sent before in this sampler's life (resolved once per
+//!   stack id; past a cap of remembered ids it forgets them all, bumps an epoch and resends,
+//!   which bounds memory here and in the aggregator), and turns the increases of
+//!   [`SourceStats`] into counters;
+//! - the slot ends by itself on a [`SampleError`](crate::SampleError) with `process_gone`
+//!   (clean: the actor stops with reason [`REASON_PROCESS_GONE`], which the supervisor sees
+//!   as an exit), after `max_consecutive_errors` errors in a row, or on a panic in any call
+//!   into its source (caught, and isolated to that slot: the other slots keep sampling). The
+//!   last two fail the actor, so the supervisor gets `ActorFailed` and applies the restart
+//!   policy. In every case the thread first sends the final batch, then drops the slot (and
+//!   with it the source, panics in its `Drop` caught too), then tells the actor
+//!   ([`SamplerMsg::Ended`]) and fires the slot's "done" oneshot;
+//! - stop (`post_stop`: the supervisor stops it, or the fleet shuts down): the actor asks the
+//!   sampling thread to remove its slot and waits, bounded by `stop_timeout`, for "done",
+//!   which fires after the final batch went to the aggregator, so a snapshot taken after the
+//!   sampler stopped includes it. If the actor dies without `post_stop` (killed), its state
+//!   drops the oneshot's receiver, which the thread notices at its next tick and removes the
+//!   slot the same way. If the sampling thread itself were to die with slots on it, each slot
+//!   tells its actor it failed as it is dropped.
 //!
 //! It must not aggregate across processes, write files, or decide restarts.
 
 use std::collections::{HashMap, HashSet};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -47,25 +59,23 @@ use tokio::sync::oneshot;
 use crate::aggregator::{AggregatorMsg, Batch};
 use crate::metric_names as m;
 use crate::panics::guard;
+use crate::sampling::SamplingPool;
 use crate::snapshot::UNKNOWN_FUNCTION;
 use crate::source::{
-    FrameInfo, ProcessInfo, SourceFactory, SourceStats, StackSource, ThreadStatus,
+    FrameInfo, ProcessInfo, SampledThread, SourceFactory, SourceStats, StackSource, ThreadStatus,
 };
-use crate::timing::{period_of, Deadlines};
 
 /// Exit reason of a sampler whose process is gone.
 pub(crate) const REASON_PROCESS_GONE: &str = "process_gone";
 
-/// Rate used when the rate passed in is not a positive finite number.
-const FALLBACK_PERIOD: Duration = Duration::from_secs(1);
-
+/// Sampler lives (a restart is a new life); also the id of the life's slot.
 static NEXT_LIFE: AtomicU64 = AtomicU64::new(1);
 
-/// Settings every sampler gets from the fleet configuration.
+/// Settings every sampler gets from the fleet configuration. (The rate is not among them: it
+/// is one for the fleet and belongs to the sampling threads.)
 #[derive(Debug, Clone)]
 pub(crate) struct SamplerSettings {
     pub mode: Mode,
-    pub rate_hz: f64,
     pub batch_interval: Duration,
     pub max_consecutive_errors: u32,
     /// Stack ids remembered as sent before the sampler forgets them and starts a new epoch.
@@ -76,15 +86,14 @@ pub(crate) struct SamplerSettings {
 pub(crate) struct SamplerArgs<F> {
     pub factory: Arc<F>,
     pub info: ProcessInfo,
-    pub aggregator: ActorRef<AggregatorMsg>,
+    pub sampling: Arc<SamplingPool>,
     pub settings: SamplerSettings,
 }
 
-#[derive(Debug)]
 pub(crate) enum SamplerMsg {
-    /// The shared sampling rate changed.
-    SetRate(f64),
-    /// From the sampling thread: it has ended (after sending its final batch).
+    /// From the attach task: the source, or why there is none.
+    Attached(Result<Box<dyn StackSource>, String>),
+    /// From the sampling thread: the slot has ended by itself (its final batch is sent).
     Ended(Outcome),
 }
 
@@ -94,9 +103,14 @@ pub(crate) enum Outcome {
     Failed(String),
 }
 
-enum Control {
-    SetRate(f64),
-    Stop,
+/// How a slot ends.
+#[derive(Debug)]
+pub(crate) enum End {
+    /// Removed on request (its actor stops, or is gone, or the fleet shuts down): nothing to
+    /// report.
+    Removed,
+    ProcessGone(String),
+    Failed(String),
 }
 
 /// The sampler actor; see the module documentation.
@@ -109,10 +123,12 @@ impl<F> SamplerActor<F> {
 }
 
 pub(crate) struct SamplerState {
-    pid: i32,
-    control: mpsc::Sender<Control>,
-    done: Option<oneshot::Receiver<()>>,
-    stop_timeout: Duration,
+    life: u64,
+    info: ProcessInfo,
+    settings: SamplerSettings,
+    sampling: Arc<SamplingPool>,
+    /// Once the slot is on a sampling thread: that thread, and the slot's "done" signal.
+    placed: Option<(usize, oneshot::Receiver<()>)>,
 }
 
 impl<F: SourceFactory> Actor for SamplerActor<F> {
@@ -125,32 +141,32 @@ impl<F: SourceFactory> Actor for SamplerActor<F> {
         myself: ActorRef<Self::Msg>,
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let (control_tx, control_rx) = mpsc::channel();
-        let (done_tx, done_rx) = oneshot::channel();
-        let pid = args.info.pid;
-        let stop_timeout = args.settings.stop_timeout;
-        let thread = SamplingThread {
-            life: NEXT_LIFE.fetch_add(1, Ordering::Relaxed),
-            factory: args.factory,
-            info: args.info,
-            aggregator: args.aggregator,
-            settings: args.settings,
-            control: control_rx,
-            myself,
-        };
-        std::thread::Builder::new()
-            .name(format!("pyfleet-{pid}"))
-            .spawn(move || {
-                thread.run();
-                // Dropping done_tx would do as well; sending says it explicitly.
-                let _ = done_tx.send(());
-            })
-            .map_err(|e| format!("cannot start the sampling thread for pid {pid}: {e}"))?;
+        let SamplerArgs {
+            factory,
+            info,
+            sampling,
+            settings,
+        } = args;
+        // Attach off the async workers and off the sampling thread; the answer is a message,
+        // handled once the actor has started.
+        let me = myself.clone();
+        let target = info.clone();
+        let needs_cpu_status = settings.mode.needs_cpu_status();
+        tokio::task::spawn_blocking(move || {
+            let attached = match guard(|| factory.attach(&target, needs_cpu_status)) {
+                Ok(Ok(source)) => Ok(Box::new(source) as Box<dyn StackSource>),
+                Ok(Err(e)) => Err(format!("attach failed: {e}")),
+                Err(panic) => Err(format!("attach panicked: {panic}")),
+            };
+            // If the actor stopped meanwhile, the message and its source are dropped here.
+            let _ = me.send_message(SamplerMsg::Attached(attached));
+        });
         Ok(SamplerState {
-            pid,
-            control: control_tx,
-            done: Some(done_rx),
-            stop_timeout,
+            life: NEXT_LIFE.fetch_add(1, Ordering::Relaxed),
+            info,
+            settings,
+            sampling,
+            placed: None,
         })
     }
 
@@ -161,15 +177,39 @@ impl<F: SourceFactory> Actor for SamplerActor<F> {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            SamplerMsg::SetRate(hz) => {
-                // A send error means the thread has ended; its Ended message is on its way.
-                let _ = state.control.send(Control::SetRate(hz));
+            SamplerMsg::Attached(Ok(source)) => {
+                let (done_tx, done_rx) = oneshot::channel();
+                let slot = Slot::new(
+                    state.life,
+                    &state.info,
+                    &state.settings,
+                    source,
+                    Reporter {
+                        actor: myself,
+                        done: Some(done_tx),
+                    },
+                );
+                let thread = state.sampling.add(slot)?;
+                state.placed = Some((thread, done_rx));
+                tracing::debug!(pid = state.info.pid, process = %state.info.name, "sampling");
+            }
+            SamplerMsg::Attached(Err(why)) => {
+                tracing::warn!(
+                    pid = state.info.pid,
+                    process = %state.info.name,
+                    "sampler failed: {why}"
+                );
+                return Err(why.into());
             }
             SamplerMsg::Ended(Outcome::ProcessGone(why)) => {
-                tracing::debug!(pid = state.pid, "process gone: {why}");
+                state.placed = None;
+                tracing::debug!(pid = state.info.pid, "process gone: {why}");
                 myself.stop(Some(REASON_PROCESS_GONE.to_string()));
             }
-            SamplerMsg::Ended(Outcome::Failed(why)) => return Err(why.into()),
+            SamplerMsg::Ended(Outcome::Failed(why)) => {
+                state.placed = None;
+                return Err(why.into());
+            }
         }
         Ok(())
     }
@@ -179,185 +219,261 @@ impl<F: SourceFactory> Actor for SamplerActor<F> {
         _myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        let _ = state.control.send(Control::Stop);
-        if let Some(done) = state.done.take() {
-            if tokio::time::timeout(state.stop_timeout, done)
-                .await
-                .is_err()
-            {
-                tracing::warn!(
-                    pid = state.pid,
-                    "sampling thread did not stop within {:?}; its last batch may be lost",
-                    state.stop_timeout
-                );
-            }
+        // Not placed: the attach is still running (its result will find no actor), it failed,
+        // or the slot has already ended by itself.
+        let Some((thread, done)) = state.placed.take() else {
+            return Ok(());
+        };
+        state.sampling.remove(thread, state.life);
+        // An error is "done" dropped unsent: the slot is gone all the same.
+        if tokio::time::timeout(state.settings.stop_timeout, done)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                pid = state.info.pid,
+                "the sampling thread did not remove this process within {:?}; its last batch \
+                 may be lost",
+                state.settings.stop_timeout
+            );
         }
         Ok(())
     }
 }
 
-enum End {
-    /// Told to stop (or the actor is gone): nothing to report.
-    Stopped,
-    ProcessGone(String),
-    Failed(String),
+/// One process on a sampling thread: its source and everything its sampling needs. Built by
+/// the actor, owned by the sampling thread from then on; see the module documentation.
+pub(crate) struct Slot {
+    id: u64,
+    work: SlotWork,
+    reporter: Reporter,
 }
 
-struct SamplingThread<F> {
-    life: u64,
-    factory: Arc<F>,
-    info: ProcessInfo,
-    aggregator: ActorRef<AggregatorMsg>,
-    settings: SamplerSettings,
-    control: mpsc::Receiver<Control>,
-    myself: ActorRef<SamplerMsg>,
+/// The part of a slot that the thread drops (with the source) before reporting the end.
+struct SlotWork {
+    source: Box<dyn StackSource>,
+    tally: Tally,
+    metrics: ProcessMetrics,
+    mode: Mode,
+    batch_interval: Duration,
+    max_consecutive_errors: u32,
+    consecutive_errors: u32,
+    next_flush: Instant,
 }
 
-impl<F: SourceFactory> SamplingThread<F> {
-    fn run(self) {
-        let end = self.sample_until_end();
+/// Tells the actor how its slot ended. Dropped without [`Reporter::report`] (the sampling
+/// thread unwinding with the slot on it), it reports a failure, so no actor is left waiting
+/// for samples that will never come.
+struct Reporter {
+    actor: ActorRef<SamplerMsg>,
+    /// Fired after the slot's final batch is sent (and the source dropped); `None` once used.
+    done: Option<oneshot::Sender<()>>,
+}
+
+impl Reporter {
+    fn report(mut self, end: End) {
         let outcome = match end {
-            End::Stopped => return,
-            End::ProcessGone(why) => Outcome::ProcessGone(why),
-            End::Failed(why) => {
-                tracing::warn!(
-                    pid = self.info.pid,
-                    process = %self.info.name,
-                    "sampler failed: {why}"
-                );
-                Outcome::Failed(why)
-            }
+            End::Removed => None,
+            End::ProcessGone(why) => Some(Outcome::ProcessGone(why)),
+            End::Failed(why) => Some(Outcome::Failed(why)),
         };
-        // The actor may already be stopping; then nobody needs to know.
-        let _ = self.myself.send_message(SamplerMsg::Ended(outcome));
-    }
-
-    fn sample_until_end(&self) -> End {
-        let info = &self.info;
-        let settings = &self.settings;
-        let mut metrics = ProcessMetrics::new(&info.name, info.pid);
-        let mut source = match guard(|| self.factory.attach(info, settings.mode.needs_cpu_status()))
-        {
-            Ok(Ok(source)) => source,
-            Ok(Err(e)) => return End::Failed(format!("attach failed: {e}")),
-            Err(panic) => return End::Failed(format!("attach panicked: {panic}")),
-        };
-        tracing::debug!(pid = info.pid, process = %info.name, "sampling");
-        let mut tally = Tally {
-            life: self.life,
-            epoch: 0,
-            pid: info.pid,
-            name: Arc::from(info.name.as_str()),
-            counts: HashMap::new(),
-            known: HashSet::new(),
-            max_known: settings.max_known_stacks.max(1),
-        };
-        let start = Instant::now();
-        let mut ticks = Deadlines::new(
-            start,
-            period_of(settings.rate_hz).unwrap_or(FALLBACK_PERIOD),
-        );
-        let mut next_flush = later(start, settings.batch_interval);
-        let mut consecutive_errors: u32 = 0;
-        let mut out = Vec::new();
-
-        // Every way out sends the final batch first.
-        let finish = |tally: &mut Tally,
-                      metrics: &mut ProcessMetrics,
-                      source: &F::Source,
-                      end: End|
-         -> End {
-            match flush(tally, metrics, source, &self.aggregator, true) {
-                Ok(()) => end,
-                Err(panic) => match end {
-                    End::Failed(why) => End::Failed(why),
-                    _ => End::Failed(panic),
-                },
-            }
-        };
-
-        loop {
-            // Wait for the next deadline, flushing and obeying control messages meanwhile.
-            loop {
-                let now = Instant::now();
-                if now >= next_flush {
-                    if let Err(why) =
-                        flush(&mut tally, &mut metrics, &source, &self.aggregator, false)
-                    {
-                        // The batch went out; the last one tells the aggregator to forget us.
-                        return finish(&mut tally, &mut metrics, &source, End::Failed(why));
-                    }
-                    next_flush = later(next_flush, settings.batch_interval);
-                    if next_flush <= now {
-                        next_flush = later(now, settings.batch_interval);
-                    }
-                }
-                let due = ticks.next();
-                let control = if now >= due {
-                    match self.control.try_recv() {
-                        Ok(c) => c,
-                        Err(TryRecvError::Empty) => break,
-                        Err(TryRecvError::Disconnected) => Control::Stop,
-                    }
-                } else {
-                    match self.control.recv_timeout(due.min(next_flush) - now) {
-                        Ok(c) => c,
-                        Err(RecvTimeoutError::Timeout) => continue,
-                        Err(RecvTimeoutError::Disconnected) => Control::Stop,
-                    }
-                };
-                match control {
-                    Control::SetRate(hz) => {
-                        if let Some(period) = period_of(hz) {
-                            ticks.set_period(period);
-                        }
-                    }
-                    Control::Stop => {
-                        return finish(&mut tally, &mut metrics, &source, End::Stopped)
-                    }
-                }
-            }
-
-            out.clear();
-            let began = Instant::now();
-            let result = guard(|| source.sample(&mut out));
-            metrics.duration.record(began.elapsed().as_secs_f64());
-            match result {
-                Ok(Ok(())) => {
-                    consecutive_errors = 0;
-                    metrics.samples.increment(1);
-                    for thread in &out {
-                        let s = thread.status;
-                        if settings.mode.counts(s.on_cpu, s.holds_gil) {
-                            tally.add(thread.stack, s);
-                        }
-                    }
-                }
-                Ok(Err(e)) => {
-                    metrics.error(e.kind);
-                    if e.process_gone {
-                        let end = End::ProcessGone(e.message);
-                        return finish(&mut tally, &mut metrics, &source, end);
-                    }
-                    consecutive_errors = consecutive_errors.saturating_add(1);
-                    if consecutive_errors >= settings.max_consecutive_errors {
-                        let end = End::Failed(format!(
-                            "{consecutive_errors} consecutive sample errors, the last: {e}"
-                        ));
-                        return finish(&mut tally, &mut metrics, &source, end);
-                    }
-                }
-                Err(panic) => {
-                    let end = End::Failed(format!("sample panicked: {panic}"));
-                    return finish(&mut tally, &mut metrics, &source, end);
-                }
-            }
-            let missed = ticks.advance(Instant::now());
-            if missed > 0 {
-                metrics.missed.increment(missed);
-            }
+        if let Some(outcome) = outcome {
+            // The actor may already be stopping; then nobody needs to know.
+            let _ = self.actor.send_message(SamplerMsg::Ended(outcome));
+        }
+        if let Some(done) = self.done.take() {
+            let _ = done.send(());
         }
     }
+}
+
+impl Drop for Reporter {
+    fn drop(&mut self) {
+        if self.done.take().is_some() {
+            let _ = self.actor.send_message(SamplerMsg::Ended(Outcome::Failed(
+                "the sampling thread dropped this process without ending it".to_string(),
+            )));
+        }
+    }
+}
+
+impl Slot {
+    fn new(
+        life: u64,
+        info: &ProcessInfo,
+        settings: &SamplerSettings,
+        source: Box<dyn StackSource>,
+        reporter: Reporter,
+    ) -> Self {
+        let now = Instant::now();
+        Slot {
+            id: life,
+            work: SlotWork {
+                source,
+                tally: Tally {
+                    life,
+                    epoch: 0,
+                    pid: info.pid,
+                    name: Arc::from(info.name.as_str()),
+                    counts: HashMap::new(),
+                    known: HashSet::new(),
+                    max_known: settings.max_known_stacks.max(1),
+                },
+                metrics: ProcessMetrics::new(&info.name, info.pid),
+                mode: settings.mode,
+                batch_interval: settings.batch_interval,
+                max_consecutive_errors: settings.max_consecutive_errors,
+                consecutive_errors: 0,
+                next_flush: later(now, settings.batch_interval),
+            },
+            reporter,
+        }
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub(crate) fn pid(&self) -> i32 {
+        self.work.tally.pid
+    }
+
+    /// Placed on a sampling thread at `now`: the first batch is due one interval later.
+    pub(crate) fn placed(&mut self, now: Instant) {
+        self.work.next_flush = later(now, self.work.batch_interval);
+    }
+
+    /// The actor is gone without asking for removal (killed, or it gave up waiting).
+    pub(crate) fn abandoned(&self) -> bool {
+        self.reporter.done.as_ref().is_none_or(|d| d.is_closed())
+    }
+
+    /// One sample, tallied. `Some` when the slot must end.
+    pub(crate) fn sample(&mut self, out: &mut Vec<SampledThread>) -> Option<End> {
+        let w = &mut self.work;
+        out.clear();
+        let began = Instant::now();
+        let result = guard(|| w.source.sample(out));
+        w.metrics.duration.record(began.elapsed().as_secs_f64());
+        match result {
+            Ok(Ok(())) => {
+                w.consecutive_errors = 0;
+                w.metrics.samples.increment(1);
+                for thread in out.iter() {
+                    let s = thread.status;
+                    if w.mode.counts(s.on_cpu, s.holds_gil) {
+                        w.tally.add(thread.stack, s);
+                    }
+                }
+                None
+            }
+            Ok(Err(e)) => {
+                w.metrics.error(e.kind);
+                if e.process_gone {
+                    return Some(End::ProcessGone(e.message));
+                }
+                w.consecutive_errors = w.consecutive_errors.saturating_add(1);
+                if w.consecutive_errors >= w.max_consecutive_errors {
+                    return Some(End::Failed(format!(
+                        "{} consecutive sample errors, the last: {e}",
+                        w.consecutive_errors
+                    )));
+                }
+                None
+            }
+            Err(panic) => Some(End::Failed(format!("sample panicked: {panic}"))),
+        }
+    }
+
+    /// Counts ticks this slot (like every slot on its thread) missed.
+    pub(crate) fn missed(&self, ticks: u64) {
+        self.work.metrics.missed.increment(ticks);
+    }
+
+    /// Sends a batch if one is due at `now`. `Some` when the slot must end (a panic in the
+    /// source while resolving stacks or reading its stats; the batch went out regardless).
+    pub(crate) fn flush_if_due(
+        &mut self,
+        now: Instant,
+        aggregator: &ActorRef<AggregatorMsg>,
+    ) -> Option<End> {
+        let w = &mut self.work;
+        if now < w.next_flush {
+            return None;
+        }
+        w.next_flush = later(w.next_flush, w.batch_interval);
+        if w.next_flush <= now {
+            w.next_flush = later(now, w.batch_interval);
+        }
+        let flushed = flush(
+            &mut w.tally,
+            &mut w.metrics,
+            w.source.as_ref(),
+            aggregator,
+            false,
+        );
+        flushed.err().map(End::Failed)
+    }
+
+    /// Ends the slot: sends the final batch, drops the source (a panic in its `Drop` is
+    /// caught), then tells the actor how it ended and fires "done". A panic in the source
+    /// while flushing turns any end into a failure.
+    pub(crate) fn finish(self, aggregator: &ActorRef<AggregatorMsg>, end: End) {
+        let Slot {
+            id: _,
+            mut work,
+            reporter,
+        } = self;
+        let flushed = flush(
+            &mut work.tally,
+            &mut work.metrics,
+            work.source.as_ref(),
+            aggregator,
+            true,
+        );
+        let end = match (flushed, end) {
+            (_, End::Failed(why)) | (Err(why), _) => End::Failed(why),
+            (Ok(()), end) => end,
+        };
+        let pid = work.tally.pid;
+        let name = work.tally.name.clone();
+        if let Err(panic) = guard(move || drop(work)) {
+            tracing::warn!(pid, process = %name, "dropping the stack source panicked: {panic}");
+        }
+        if let End::Failed(why) = &end {
+            tracing::warn!(pid, process = %name, "sampler failed: {why}");
+        }
+        reporter.report(end);
+    }
+
+    /// Drops a slot that was never sampled (its actor went away before it was placed),
+    /// sending nothing.
+    pub(crate) fn discard(self) {
+        let Slot {
+            id: _,
+            work,
+            reporter,
+        } = self;
+        let _ = guard(move || drop(work));
+        reporter.report(End::Removed);
+    }
+}
+
+/// A slot as a sampler actor would hand it over, and its "done" signal.
+#[cfg(test)]
+pub(crate) fn test_slot(
+    info: &ProcessInfo,
+    settings: &SamplerSettings,
+    source: Box<dyn StackSource>,
+    actor: ActorRef<SamplerMsg>,
+) -> (Slot, oneshot::Receiver<()>) {
+    let (done_tx, done_rx) = oneshot::channel();
+    let life = NEXT_LIFE.fetch_add(1, Ordering::Relaxed);
+    let reporter = Reporter {
+        actor,
+        done: Some(done_tx),
+    };
+    (Slot::new(life, info, settings, source, reporter), done_rx)
 }
 
 /// `t + d`, saturating far in the future.
@@ -369,7 +485,7 @@ fn later(t: Instant, d: Duration) -> Instant {
 
 /// Sends the tally as a batch and exports the source's counters. `Err` is a panic in the
 /// source (while resolving or reading stats); the batch is sent regardless.
-fn flush<S: StackSource>(
+fn flush<S: StackSource + ?Sized>(
     tally: &mut Tally,
     metrics: &mut ProcessMetrics,
     source: &S,
@@ -408,7 +524,11 @@ impl Tally {
     /// Drains the counts into a batch (keeping the map's capacity). The second value is `Err`
     /// with the message of a panic in `resolve`; the batch is complete regardless (the stack
     /// is marked unknown).
-    fn batch<S: StackSource>(&mut self, source: &S, last: bool) -> (Batch, Result<(), String>) {
+    fn batch<S: StackSource + ?Sized>(
+        &mut self,
+        source: &S,
+        last: bool,
+    ) -> (Batch, Result<(), String>) {
         if self.known.len() > self.max_known {
             self.known.clear();
             self.epoch += 1;

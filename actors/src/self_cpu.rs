@@ -1,7 +1,7 @@
 //! pyfleet's own CPU time, for the rate controller and `pyfleet_cpu_seconds_total`.
 //!
 //! Owns the one `getrusage(RUSAGE_SELF)` call (user + system time of every thread of this
-//! process, sampler threads included) and the percentage over an interval. It must not decide
+//! process, sampling threads included) and the percentage over an interval. It must not decide
 //! the rate: [`RatePolicy`](pyfleet_policies::RatePolicy) does.
 
 use std::time::{Duration, Instant};

@@ -83,8 +83,10 @@ pub struct SourceStats {
     pub remote_read_bytes: u64,
 }
 
-/// Samples one process. Owned by that process's sampler and used only from the sampler's own
-/// thread, so it needs `Send` but not `Sync`.
+/// Samples one process. Owned by that process's sampler and used only from the fleet's
+/// sampling thread (after being attached elsewhere), so it needs `Send` but not `Sync`. That
+/// thread samples every process of the fleet (or its share of them) one after the other at
+/// each tick: a call that blocks delays the other processes' samples too, so none should.
 pub trait StackSource: Send + 'static {
     /// Samples every thread once into `out`, which the caller has cleared. In steady state
     /// neither this nor the caller allocates: `out` keeps its capacity from sample to sample.
@@ -99,8 +101,9 @@ pub trait StackSource: Send + 'static {
     fn stats(&self) -> SourceStats;
 }
 
-/// Attaches a [`StackSource`] to a process. Called on the new sampler's own thread (never on
-/// the async workers), once per sampler start, including each restart.
+/// Attaches a [`StackSource`] to a process. Called on tokio's blocking pool (never on the
+/// async workers nor on the sampling thread, so it may take its time), once per sampler
+/// start, including each restart.
 pub trait SourceFactory: Send + Sync + 'static {
     type Source: StackSource;
 

@@ -17,11 +17,12 @@
 //! restart after its backoff (`pyfleet_actor_restarts_total{process,pid}` counts restarts), or
 //! giving up: one warning, and no sampler for that pid while it is listed. Every
 //! `rate_interval` it reads pyfleet's own CPU time (`pyfleet_cpu_seconds_total`), asks the
-//! [`RatePolicy`](pyfleet_policies::RatePolicy) for the next rate and sends it to every
-//! sampler. It keeps `pyfleet_processes` equal to the number of live samplers.
+//! [`RatePolicy`](pyfleet_policies::RatePolicy) for the next rate and sends it to the fleet's
+//! sampling threads (one rate for every process; see [`sampling`](crate::sampling)). It keeps
+//! `pyfleet_processes` equal to the number of live samplers.
 //!
 //! It must not sample, aggregate or write anything, and must not block: discovery runs on a
-//! blocking thread and the samplers attach on their own threads.
+//! blocking thread, and the samplers attach on tokio's blocking pool.
 
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, HashSet};
@@ -34,11 +35,11 @@ use pyfleet_policies::{RestartDecision, RestartState};
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::task::JoinHandle;
 
-use crate::aggregator::AggregatorMsg;
 use crate::fleet::{FleetConfig, FleetStatus, ProcessState, ProcessStatus};
 use crate::metric_names as m;
 use crate::panics::guard;
 use crate::sampler::{SamplerActor, SamplerArgs, SamplerMsg, SamplerSettings, REASON_PROCESS_GONE};
+use crate::sampling::SamplingPool;
 use crate::self_cpu::{cpu_time, CpuMeter};
 use crate::source::{Discovery, ProcessInfo, SourceFactory};
 use crate::timing::spawn_ticker;
@@ -49,7 +50,7 @@ const REASON_SHUTDOWN: &str = "shutdown";
 pub(crate) struct SupervisorArgs<D, F> {
     pub discovery: D,
     pub factory: Arc<F>,
-    pub aggregator: ActorRef<AggregatorMsg>,
+    pub sampling: Arc<SamplingPool>,
     pub config: FleetConfig,
 }
 
@@ -142,7 +143,7 @@ impl Jitter {
 pub(crate) struct SupervisorState<D, F> {
     discovery: Arc<Mutex<D>>,
     factory: Arc<F>,
-    aggregator: ActorRef<AggregatorMsg>,
+    sampling: Arc<SamplingPool>,
     config: FleetConfig,
     started: Instant,
     entries: HashMap<i32, Entry>,
@@ -181,7 +182,7 @@ impl<D: Discovery, F: SourceFactory> Actor for SupervisorActor<D, F> {
         Ok(SupervisorState {
             discovery: Arc::new(Mutex::new(args.discovery)),
             factory: args.factory,
-            aggregator: args.aggregator,
+            sampling: args.sampling,
             config: args.config,
             started: Instant::now(),
             entries: HashMap::new(),
@@ -418,10 +419,9 @@ impl<D: Discovery, F: SourceFactory> SupervisorState<D, F> {
         let args = SamplerArgs {
             factory: self.factory.clone(),
             info: entry.info.clone(),
-            aggregator: self.aggregator.clone(),
+            sampling: self.sampling.clone(),
             settings: SamplerSettings {
                 mode: self.config.mode,
-                rate_hz: self.rate_hz,
                 batch_interval: self.config.batch_interval,
                 max_consecutive_errors: self.config.max_consecutive_errors,
                 max_known_stacks: self.config.max_stacks_per_process.saturating_mul(2),
@@ -565,11 +565,7 @@ impl<D: Discovery, F: SourceFactory> SupervisorState<D, F> {
             self.rate_hz
         );
         self.rate_hz = rate;
-        for entry in self.entries.values() {
-            if let EntryState::Running { actor, .. } = &entry.state {
-                let _ = actor.send_message(SamplerMsg::SetRate(rate));
-            }
-        }
+        self.sampling.set_rate(rate);
     }
 
     fn status(&self) -> FleetStatus {

@@ -1,10 +1,11 @@
 //! Deadline arithmetic for periodic work that must not drift, and a periodic message timer for
 //! actors.
 //!
-//! Owns [`Deadlines`] (the sampler thread's tick schedule: `next = previous deadline + period`,
-//! missed deadlines counted and skipped, never bursted) and [`spawn_ticker`] (the same rule on
-//! tokio time, used for scans, rate checks and snapshots). It must not sleep on a thread or
-//! read a clock itself in [`Deadlines`]: callers pass `now`, so the arithmetic is testable.
+//! Owns [`Deadlines`] (the sampling thread's tick schedule, one grid for every process on it:
+//! `next = previous deadline + period`, missed deadlines counted and skipped, never bursted)
+//! and [`spawn_ticker`] (the same rule on tokio time, used for scans, rate checks and
+//! snapshots). It must not sleep on a thread or read a clock itself in [`Deadlines`]: callers
+//! pass `now`, so the arithmetic is testable.
 
 use std::time::{Duration, Instant};
 
@@ -36,7 +37,6 @@ impl Deadlines {
         self.next
     }
 
-    #[cfg(test)]
     pub(crate) fn period(&self) -> Duration {
         self.period
     }

@@ -1,5 +1,6 @@
 //! The actors end to end, driven by fakes (tests/common): supervision, restarts, exits,
-//! aggregation per mode, shutdown flushing and rate changes.
+//! aggregation per mode, shutdown flushing and rate changes. The shared sampling thread itself
+//! is tested in tests/sampling.rs.
 
 mod common;
 
@@ -118,12 +119,14 @@ async fn too_many_consecutive_errors_fail_the_sampler_and_it_restarts() {
         .expect("the failing sampler is restarted");
     assert!(status.restarts >= 2);
     h.fleet.shutdown().await.expect("final snapshot");
-    // Each life ends after exactly five errors in a row.
+    // Each life ends after exactly five errors in a row. The last one may have been stopped
+    // by the shutdown anywhere from before its first tick (a new slot joins the sampling
+    // thread's grid at its next tick) to its fifth error.
     let lives = broken.attach_count() as u64;
     let calls = broken.calls();
     assert!(lives >= 3, "{lives} lives");
     assert!(
-        calls <= 5 * lives && calls > 5 * (lives - 1),
+        calls <= 5 * lives && calls >= 5 * (lives - 1),
         "{calls} calls in {lives} lives"
     );
 }

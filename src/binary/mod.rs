@@ -205,8 +205,10 @@ pub fn version_from_name(path: &Path) -> Option<(u32, u32)> {
 
 /// Symbols of each file already read, by (device, inode, size, mtime): the interpreters of a
 /// fleet share a handful of binaries, read once each. The lock also keeps reads one at a time.
-static SYMBOLS: Mutex<Option<HashMap<(u64, u64, u64, i64), Option<PythonSymbols>>>> =
-    Mutex::new(None);
+static SYMBOLS: Mutex<Option<HashMap<FileKey, Option<PythonSymbols>>>> = Mutex::new(None);
+
+/// A file's identity: device, inode, size, modification time.
+type FileKey = (u64, u64, u64, i64);
 
 /// The Python symbols of a target's mapped file (through /proc/PID/root), cached.
 fn symbols_of(process: &Process, path: &Path) -> Result<Option<PythonSymbols>, BinaryError> {

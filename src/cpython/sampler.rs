@@ -135,6 +135,7 @@ struct ChainFrame {
     addr: u64,
     code: u64,
     previous: u64,
+    instr: u64,
     id: Option<FrameId>,
 }
 
@@ -351,6 +352,8 @@ pub struct Sampler<M: RemoteMemory> {
     work: Vec<Work>,
     ids: Vec<FrameId>,
     chain_new: Vec<ChainFrame>,
+    /// A cached code object was found stale (and reloaded) this sample.
+    codes_changed: bool,
 }
 
 impl<M: RemoteMemory> Sampler<M> {
@@ -387,6 +390,7 @@ impl<M: RemoteMemory> Sampler<M> {
             work: Vec::new(),
             ids: Vec::new(),
             chain_new: Vec::new(),
+            codes_changed: false,
         }
     }
 
@@ -897,6 +901,7 @@ impl<M: RemoteMemory> Sampler<M> {
     /// Makes sure every code object walked this sample is cached and valid: one batch of
     /// validations, one batch of loads.
     fn resolve_codes(&mut self, generation: u64) -> Result<(), UnwindError> {
+        self.codes_changed = false;
         let c = self.layout.code.clone();
         let use_generation = self.layout.interp.code_object_generation.is_some();
         let stamp = if use_generation {
@@ -946,6 +951,7 @@ impl<M: RemoteMemory> Sampler<M> {
                     self.stats.code_cache_hits += 1;
                 } else {
                     self.stats.stale_invalidations += 1;
+                    self.codes_changed = true;
                     self.codes.pop(&a);
                     load.push(a);
                 }
@@ -992,7 +998,28 @@ impl<M: RemoteMemory> Sampler<M> {
             let mut chain_new = std::mem::take(&mut self.chain_new);
             chain_new.clear();
             self.ids.clear();
-            for r in &self.raws[w.raw.clone()] {
+            let raws = &self.raws[w.raw.clone()];
+            // Without the 3.15 marker every frame is walked, but the outer ones rarely change:
+            // frames identical to last sample's from the bottom up (same address, code object,
+            // caller and instruction) keep their frame ids, so only the top is resolved. Not
+            // after a code object was found stale this sample (its function may differ).
+            let common = match (w.tail, self.codes_changed) {
+                (None, false) => self.threads.get(&w.ts.addr).map_or(0, |tc| {
+                    raws.iter()
+                        .rev()
+                        .zip(tc.chain.iter().rev())
+                        .take_while(|(r, c)| {
+                            r.addr == c.addr
+                                && r.code == c.code
+                                && r.previous == c.previous
+                                && r.instr == c.instr
+                        })
+                        .count()
+                }),
+                _ => 0,
+            };
+            let top = raws.len() - common;
+            for r in &raws[..top] {
                 let id = if r.shim || r.code == 0 {
                     None
                 } else if let Some(e) = self.codes.get(&r.code) {
@@ -1009,6 +1036,7 @@ impl<M: RemoteMemory> Sampler<M> {
                     addr: r.addr,
                     code: r.code,
                     previous: r.previous,
+                    instr: r.instr,
                     id,
                 });
             }
@@ -1036,6 +1064,22 @@ impl<M: RemoteMemory> Sampler<M> {
                             let rest = &tc.chain[w.raw.len()..];
                             self.ids.extend(rest.iter().filter_map(|c| c.id));
                             tc.last_tail_len = tail_len;
+                            self.table.stack(&self.ids)
+                        }
+                    }
+                }
+                None if common > 0 => {
+                    self.stats.frame_cache_misses += 1;
+                    self.stats.frames_from_cache += common as u64;
+                    let same = top == 0 && tc.chain.len() == common;
+                    let keep_from = tc.chain.len() - common;
+                    tc.chain.splice(..keep_from, chain_new.drain(..));
+                    tc.last_tail_len = usize::MAX;
+                    match tc.last_stack {
+                        Some(id) if same => id,
+                        _ => {
+                            let rest = &tc.chain[top..];
+                            self.ids.extend(rest.iter().filter_map(|c| c.id));
                             self.table.stack(&self.ids)
                         }
                     }

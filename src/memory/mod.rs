@@ -122,6 +122,7 @@ pub struct FieldOutOfRange {
 }
 
 impl<'a> Bytes<'a> {
+    #[inline]
     fn field<const N: usize>(&self, offset: u64) -> Result<[u8; N], FieldOutOfRange> {
         let err = FieldOutOfRange {
             offset,
@@ -135,18 +136,23 @@ impl<'a> Bytes<'a> {
         out.copy_from_slice(slice);
         Ok(out)
     }
+    #[inline]
     pub fn u64(&self, offset: u64) -> Result<u64, FieldOutOfRange> {
         self.field::<8>(offset).map(u64::from_le_bytes)
     }
+    #[inline]
     pub fn i64(&self, offset: u64) -> Result<i64, FieldOutOfRange> {
         self.field::<8>(offset).map(i64::from_le_bytes)
     }
+    #[inline]
     pub fn u32(&self, offset: u64) -> Result<u32, FieldOutOfRange> {
         self.field::<4>(offset).map(u32::from_le_bytes)
     }
+    #[inline]
     pub fn i32(&self, offset: u64) -> Result<i32, FieldOutOfRange> {
         self.field::<4>(offset).map(i32::from_le_bytes)
     }
+    #[inline]
     pub fn u8(&self, offset: u64) -> Result<u8, FieldOutOfRange> {
         self.field::<1>(offset).map(|b| b[0])
     }

@@ -4,10 +4,11 @@
 
 #![allow(dead_code)]
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use pyfleet_actors::{
@@ -52,6 +53,8 @@ pub enum Failures {
     EveryOther,
     /// Every call fails.
     Always,
+    /// Every `n`th call panics (the `n`th, the `2n`th, ...), counted over all lives.
+    PanicEvery(u64),
     /// attach() fails (as it does without permission to read the process).
     Attach,
 }
@@ -69,6 +72,12 @@ pub struct FakeProc {
     /// Successful samples (with threads, i.e. before the limit).
     pub ok_samples: AtomicU64,
     pub resolves: Mutex<HashMap<u64, u32>>,
+    /// The OS threads sample() ran on, and the names of those attach() ran on.
+    pub sample_threads: Mutex<HashSet<ThreadId>>,
+    pub sample_thread_names: Mutex<HashSet<String>>,
+    pub attach_thread_names: Mutex<Vec<String>>,
+    /// Sources dropped.
+    pub drops: AtomicUsize,
 }
 
 impl FakeProc {
@@ -89,6 +98,10 @@ impl FakeProc {
             calls: AtomicU64::new(0),
             ok_samples: AtomicU64::new(0),
             resolves: Mutex::new(HashMap::new()),
+            sample_threads: Mutex::new(HashSet::new()),
+            sample_thread_names: Mutex::new(HashSet::new()),
+            attach_thread_names: Mutex::new(Vec::new()),
+            drops: AtomicUsize::new(0),
         }
     }
 
@@ -113,6 +126,17 @@ impl FakeProc {
     pub fn calls(&self) -> u64 {
         self.calls.load(Ordering::SeqCst)
     }
+
+    pub fn drop_count(&self) -> usize {
+        self.drops.load(Ordering::SeqCst)
+    }
+}
+
+fn thread_name() -> String {
+    std::thread::current()
+        .name()
+        .unwrap_or("<unnamed>")
+        .to_string()
 }
 
 /// The frames a fake stack id resolves to, innermost first.
@@ -146,6 +170,17 @@ impl World {
         let p = Arc::new(p);
         self.procs.lock().unwrap().insert(p.info.pid, p.clone());
         p
+    }
+
+    /// The distinct OS threads that sampled any process, and their names.
+    pub fn sampling_threads(&self) -> (HashSet<ThreadId>, HashSet<String>) {
+        let mut ids = HashSet::new();
+        let mut names = HashSet::new();
+        for p in self.procs.lock().unwrap().values() {
+            ids.extend(p.sample_threads.lock().unwrap().iter().copied());
+            names.extend(p.sample_thread_names.lock().unwrap().iter().cloned());
+        }
+        (ids, names)
     }
 }
 
@@ -185,6 +220,7 @@ impl SourceFactory for FakeFactory {
             .cloned()
             .ok_or_else(|| format!("no such process {}", p.pid))?;
         proc.attaches.lock().unwrap().push(Instant::now());
+        proc.attach_thread_names.lock().unwrap().push(thread_name());
         proc.needs_cpu_status.lock().unwrap().push(needs_cpu_status);
         if proc.failures == Failures::Attach {
             return Err("permission denied".to_string());
@@ -200,9 +236,20 @@ impl StackSource for FakeSource {
     fn sample(&mut self, out: &mut Vec<SampledThread>) -> Result<(), SampleError> {
         let p = &self.proc;
         let call = p.calls.fetch_add(1, Ordering::SeqCst);
+        let me = std::thread::current().id();
+        if p.sample_threads.lock().unwrap().insert(me) {
+            p.sample_thread_names.lock().unwrap().insert(thread_name());
+        }
         self.stats.remote_reads += 1;
         match p.failures {
             Failures::Panic => panic!("fake source for pid {} panics", p.info.pid),
+            Failures::PanicEvery(n) if call % n == n - 1 => {
+                panic!(
+                    "fake source for pid {} panics at call {}",
+                    p.info.pid,
+                    call + 1
+                )
+            }
             Failures::Always => return Err(read_error()),
             Failures::EveryOther if call & 1 == 0 => return Err(read_error()),
             _ => {}
@@ -243,6 +290,12 @@ impl StackSource for FakeSource {
 
     fn stats(&self) -> SourceStats {
         self.stats
+    }
+}
+
+impl Drop for FakeSource {
+    fn drop(&mut self) {
+        self.proc.drops.fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -299,6 +352,7 @@ pub fn fast_config() -> FleetConfig {
         max_stacks_per_process: 1000,
         healthy_after: Duration::from_secs(10),
         stop_timeout: Duration::from_secs(5),
+        sampling_threads: 1,
     }
 }
 
