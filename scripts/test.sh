@@ -2,6 +2,7 @@
 # pyfleet's test command: sets up everything a fresh machine lacks, then runs every check.
 #   - Python 3.14 and 3.15 from Debian unstable (cached under ~/.cache/pyfleet), patchelf;
 #   - venvs with gunicorn from PyPI for the fleet test (cached under ~/.cache/pyfleet/venvs);
+#   - prometheus/promtool (Debian), kubernetes-validate (PyPI venv) for the deploy/ test;
 #   - Rust dependencies (cargo fetches them);
 #   - formatting, clippy, unit and integration tests against real interpreters 3.11-3.15.
 # Every interpreter must be present: a missing one fails the run, it is not skipped.
@@ -15,6 +16,9 @@ scripts/setup-pythons.sh
 
 step "venvs (gunicorn for the fleet test)"
 scripts/setup-venvs.sh
+
+step "deploy tools (prometheus, promtool, systemd-analyze, kubernetes-validate)"
+scripts/setup-deploy-tools.sh
 
 step "cargo fmt"
 cargo fmt --all -- --check

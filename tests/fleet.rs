@@ -193,8 +193,26 @@ fn gunicorn_fleet_under_load_with_a_killed_worker() {
         std::thread::sleep(Duration::from_millis(50));
     };
 
+    // The replacement is sampled within two scan intervals (1 s each) of appearing.
+    let appeared = Instant::now();
+    let series = format!("pid=\"{replacement}\"");
+    loop {
+        let page = http_get(metrics_port, "/metrics").unwrap_or_default();
+        if page
+            .lines()
+            .any(|l| l.starts_with("pyfleet_samples_total") && l.contains(&series))
+        {
+            break;
+        }
+        assert!(
+            appeared.elapsed() < Duration::from_millis(2000 + 500),
+            "replacement worker {replacement} not sampled within two scan intervals"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
     // Mid-run scrape: per-pid cache and sampling-time series of a live worker.
-    std::thread::sleep(Duration::from_secs(3));
+    std::thread::sleep(Duration::from_secs(2));
     let page = http_get(metrics_port, "/metrics").expect("no /metrics");
     let live = *workers15.iter().find(|&&w| w != victim).unwrap();
     for metric in [

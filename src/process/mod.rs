@@ -13,6 +13,10 @@ pub enum ProcessError {
     NoSuchProcess(i32),
     #[error("permission denied for pid {0} (needs root or CAP_SYS_PTRACE)")]
     PermissionDenied(i32),
+    /// The target's files could not be opened through /proc/PID/root: reading another user's
+    /// files (and their directories) takes CAP_DAC_READ_SEARCH besides CAP_SYS_PTRACE.
+    #[error("permission denied opening {path} of pid {pid} (needs root, or CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH)")]
+    FilePermissionDenied { pid: i32, path: PathBuf },
     #[error("cannot read /proc/{pid}: {msg}")]
     Proc { pid: i32, msg: String },
     #[error("cannot open {path} of pid {pid}: {source}")]
@@ -116,7 +120,10 @@ impl Process {
         let rel = path.strip_prefix("/").unwrap_or(path);
         let through_root = PathBuf::from(format!("/proc/{}/root", self.pid)).join(rel);
         File::open(&through_root).map_err(|source| match source.kind() {
-            std::io::ErrorKind::PermissionDenied => ProcessError::PermissionDenied(self.pid),
+            std::io::ErrorKind::PermissionDenied => ProcessError::FilePermissionDenied {
+                pid: self.pid,
+                path: path.to_path_buf(),
+            },
             _ if !Path::new(&format!("/proc/{}", self.pid)).exists() => {
                 ProcessError::NoSuchProcess(self.pid)
             }

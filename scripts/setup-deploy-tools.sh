@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The real tools that tests/deploy.rs checks deploy/ with:
+#   - prometheus and promtool (Debian's prometheus package; its service is left disabled and
+#     stopped: the test starts its own Prometheus on a loopback port);
+#   - systemd-analyze (systemd), strace, setpriv (util-linux);
+#   - kubernetes-validate from PyPI, in a venv cached under
+#     ${PYFLEET_VENVS:-~/.cache/pyfleet/venvs}/deploy-tools (made with pyenv's newest 3.11).
+# Idempotent: a second or so when everything is there. Needs root for apt-get.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENVS=${PYFLEET_VENVS:-$HOME/.cache/pyfleet/venvs}
+VENV=$VENVS/deploy-tools
+KV_SPEC=${PYFLEET_KUBERNETES_VALIDATE:-kubernetes-validate>=1.31,<2}
+
+say() { echo "setup-deploy-tools: $*" >&2; }
+die() { say "error: $*"; exit 1; }
+
+# --- Debian packages --------------------------------------------------------------------------
+missing=()
+command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
+command -v strace >/dev/null 2>&1 || missing+=(strace)
+command -v setpriv >/dev/null 2>&1 || missing+=(util-linux)
+
+if [ ${#missing[@]} -gt 0 ]; then
+    [ "$(id -u)" = 0 ] || die "need root to install ${missing[*]} with apt-get (or install them yourself)"
+    say "installing ${missing[*]}"
+    # A package the local lists do not know yet: refresh them once.
+    for pkg in "${missing[@]}"; do
+        if ! apt-cache show "$pkg" >/dev/null 2>&1; then
+            say "apt-get update (no $pkg in the package lists)"
+            apt-get update -qq || die "apt-get update failed"
+            break
+        fi
+    done
+    # No service is started during the install: a policy-rc.d that denies starts, unless the
+    # machine already has one (containers usually do).
+    own_policy=
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+        chmod 0755 /usr/sbin/policy-rc.d
+        own_policy=1
+    fi
+    rc=0
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" \
+        >/dev/null || rc=$?
+    [ -z "$own_policy" ] || rm -f /usr/sbin/policy-rc.d
+    [ "$rc" = 0 ] || die "apt-get install ${missing[*]} failed (exit $rc)"
+fi
+
+# The packaged Prometheus service must not run (it would hold port 9090 and scrape nothing of
+# ours): disable it, and stop it if something started it anyway.
+if [ -e /lib/systemd/system/prometheus.service ] || [ -e /usr/lib/systemd/system/prometheus.service ]; then
+    if systemctl is-enabled prometheus.service >/dev/null 2>&1; then
+        say "disabling the packaged prometheus service"
+        systemctl disable prometheus.service >/dev/null 2>&1 \
+            || die "cannot disable prometheus.service"
+    fi
+    if [ -d /run/systemd/system ] && systemctl is-active --quiet prometheus.service; then
+        say "stopping the packaged prometheus service"
+        systemctl stop prometheus.service || die "cannot stop prometheus.service"
+    fi
+fi
+if [ -x /etc/init.d/prometheus ] && [ ! -d /run/systemd/system ] \
+    && /etc/init.d/prometheus status >/dev/null 2>&1; then
+    say "stopping the packaged prometheus service"
+    /etc/init.d/prometheus stop >/dev/null || die "cannot stop the prometheus init script service"
+fi
+
+for tool in prometheus promtool systemd-analyze strace setpriv; do
+    command -v "$tool" >/dev/null 2>&1 || die "$tool is still missing after the install"
+done
+promtool --version >/dev/null 2>&1 || die "promtool does not run"
+
+# --- kubernetes-validate ----------------------------------------------------------------------
+ready() { [ -f "$VENV/.ready" ] && "$VENV/bin/kubernetes-validate" --version >/dev/null 2>&1; }
+if ready; then
+    say "$VENV ready"
+else
+    py=$(ls -d "$HOME"/.pyenv/versions/3.11.*/bin/python3.11 2>/dev/null | sort -V | tail -n 1 || true)
+    [ -n "$py" ] || die "no pyenv 3.11 under ~/.pyenv/versions (needed for the kubernetes-validate venv)"
+    mkdir -p "$VENVS"
+    rm -rf "$VENV"
+    "$py" -m venv "$VENV" || die "$py could not make a venv in $VENV"
+    say "installing $KV_SPEC into $VENV"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$KV_SPEC" \
+        || die "pip could not install $KV_SPEC into $VENV"
+    "$VENV/bin/kubernetes-validate" --version >/dev/null 2>&1 \
+        || die "kubernetes-validate does not run from $VENV"
+    touch "$VENV/.ready"
+    say "$VENV ready (kubernetes-validate $("$VENV/bin/kubernetes-validate" --version 2>&1))"
+fi
+say "prometheus $(prometheus --version 2>&1 | head -n 1 | awk '{print $3}'), systemd-analyze $(systemd-analyze --version | head -n 1 | awk '{print $2}')"
