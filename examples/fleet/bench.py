@@ -56,11 +56,18 @@ def total(text, name):
     return sum(float(v) for v in pat.findall(text))
 
 
+def cpu_ticks(pid):
+    """utime + stime of a process, in clock ticks."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
 def run(args, pythons):
     procs = []
     try:
         for i in range(args.processes):
-            py, kind = pythons[i % len(pythons)], KINDS[i % len(KINDS)]
+            py, kind = pythons[i % len(pythons)], args.kinds[i % len(args.kinds)]
             p = subprocess.Popen([str(py), str(HERE / "worker.py"), kind],
                                  stdout=subprocess.PIPE, text=True)
             procs.append(p)
@@ -76,7 +83,13 @@ def run(args, pythons):
             cmd += ["--pid", str(p.pid)]
         t0 = time.monotonic()
         daemon = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-        time.sleep(max(1.0, args.duration - 1.5))
+        # Steady state, without attaching at the start and the final snapshot at the end:
+        # pyfleet's CPU between two readings of /proc/PID/stat.
+        warmup = min(5.0, args.duration / 4)
+        time.sleep(warmup)
+        c0, s0 = cpu_ticks(daemon.pid), time.monotonic()
+        time.sleep(max(1.0, args.duration - warmup - 1.5))
+        c1, s1 = cpu_ticks(daemon.pid), time.monotonic()
         metrics = scrape(port)
         _, status, usage = os.wait4(daemon.pid, 0)
         wall = time.monotonic() - t0
@@ -86,11 +99,14 @@ def run(args, pythons):
         cpu = usage.ru_utime + usage.ru_stime
         return {
             "processes": args.processes,
+            "kinds": args.kinds,
             "interpreters": [p.name for p in pythons],
             "rate_hz": args.rate,
             "max_cpu_percent": args.max_cpu,
             "duration_s": round(wall, 2),
             "cpu_percent_of_one_core": round(100 * cpu / wall, 2),
+            "steady_cpu_percent_of_one_core": round(
+                100 * (c1 - c0) / os.sysconf("SC_CLK_TCK") / (s1 - s0), 2),
             "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
             "samples": int(total(metrics, "pyfleet_samples_total")),
             "missed_ticks": int(total(metrics, "pyfleet_missed_ticks_total")),
@@ -112,10 +128,15 @@ def main():
     ap.add_argument("--rate", type=float, default=100)
     ap.add_argument("--duration", type=float, default=30)
     ap.add_argument("--max-cpu", type=float, default=5)
+    ap.add_argument("--kinds", default=",".join(KINDS),
+                    help=f"workload kinds to cycle through (default {','.join(KINDS)})")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if not os.path.exists(args.pyfleet):
         raise SystemExit(f"{args.pyfleet} not found: run `cargo build --release` first")
+    args.kinds = [k for k in args.kinds.split(",") if k]
+    if not args.kinds or any(k not in KINDS for k in args.kinds):
+        raise SystemExit(f"--kinds takes a comma-separated list of {', '.join(KINDS)}")
     pythons = interpreters()
     if not pythons:
         raise SystemExit("no Python interpreter found")
@@ -123,11 +144,12 @@ def main():
     if args.json:
         print(json.dumps(r))
         return
-    print("| processes | rate | budget | pyfleet CPU (% of one core) | peak RSS | samples | "
-          "per process per s | missed ticks | errors |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| processes | rate | budget | pyfleet CPU, whole run (% of one core) | steady state | "
+          "peak RSS | samples | per process per s | missed ticks | errors |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     print(f"| {r['processes']} ({', '.join(r['interpreters'])}) | {r['rate_hz']:g} Hz | "
-          f"{r['max_cpu_percent']:g}% | {r['cpu_percent_of_one_core']}% | {r['peak_rss_mib']} MiB | "
+          f"{r['max_cpu_percent']:g}% | {r['cpu_percent_of_one_core']}% | "
+          f"{r['steady_cpu_percent_of_one_core']}% | {r['peak_rss_mib']} MiB | "
           f"{r['samples']} | {r['samples_per_process_per_s']} | {r['missed_ticks']} | {r['errors']} |")
 
 
