@@ -41,9 +41,14 @@ pub enum Command {
     },
     /// Sample one process back to back and report the cost per sample and the caches' work.
     Bench {
-        /// The process to sample.
-        #[arg(long, short)]
-        pid: i32,
+        /// The process to sample (repeatable with `--floor --rate`: the fleet floor).
+        #[arg(long, short, required = true)]
+        pid: Vec<i32>,
+        /// With --floor: pace the bare reads at this many rounds per second over every --pid,
+        /// as the daemon paces its samples, and report CPU percent of one core (the floor of
+        /// a fleet at that rate).
+        #[arg(long, value_name = "HZ")]
+        rate: Option<f64>,
         /// How long to sample, in seconds.
         #[arg(long, default_value_t = 5.0, value_parser = positive_seconds)]
         duration: f64,
@@ -79,12 +84,18 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::List { matches } => list(&matches),
         Command::Bench {
             pid,
+            rate,
             duration,
             no_frame_cache,
             read_only,
             floor,
             json,
-        } => bench(pid, duration, !no_frame_cache, read_only, floor, json),
+        } => match (pid.as_slice(), rate) {
+            (pids, Some(rate)) if floor => fleet_floor(pids, rate, duration, json),
+            (_, Some(_)) => anyhow::bail!("--rate goes with --floor"),
+            ([pid], None) => bench(*pid, duration, !no_frame_cache, read_only, floor, json),
+            _ => anyhow::bail!("several --pid go with --floor --rate"),
+        },
     }
 }
 
@@ -261,6 +272,74 @@ fn bench(
     }
     if let Some(e) = last_error {
         eprintln!("pyfleet: last sampling error: {e}");
+    }
+    Ok(())
+}
+
+/// The fleet floor: one bare 8-byte `process_vm_readv` per target per round, rounds paced at
+/// `rate` on one thread (as the daemon's sampling thread paces its samples). What any
+/// profiler reading these targets at this rate must at least spend on this machine.
+fn fleet_floor(pids: &[i32], rate: f64, duration: f64, json: bool) -> Result<()> {
+    use pyfleet::memory::{ProcessMemory, RemoteMemory};
+    use std::time::{Duration, Instant};
+    if !(rate.is_finite() && rate > 0.0 && rate <= 10_000.0) {
+        anyhow::bail!("--rate must be a positive number of rounds per second, at most 10000");
+    }
+    let mut targets = Vec::new();
+    for &pid in pids {
+        let sampler = cpython::attach(
+            pid,
+            cpython::SamplerOptions {
+                read_only: true,
+                ..Default::default()
+            },
+        )?;
+        targets.push((ProcessMemory::new(pid), sampler.runtime_address()));
+    }
+    let period = Duration::from_secs_f64(1.0 / rate);
+    let limit = Duration::from_secs_f64(duration);
+    let cpu0 = pyfleet::process::own_thread_cpu_ns();
+    let start = Instant::now();
+    let (mut next, mut rounds, mut reads) = (start, 0u64, 0u64);
+    while start.elapsed() < limit {
+        for (mem, addr) in &targets {
+            if mem.read_u64(*addr).is_ok() {
+                reads += 1;
+            }
+        }
+        rounds += 1;
+        next += period;
+        let now = Instant::now();
+        if next > now {
+            std::thread::sleep(next - now);
+        } else {
+            next = now;
+        }
+    }
+    let wall = start.elapsed().as_secs_f64();
+    let cpu_ns = match (cpu0, pyfleet::process::own_thread_cpu_ns()) {
+        (Some(a), Some(b)) => b.saturating_sub(a),
+        _ => 0,
+    };
+    let doc = serde_json::json!({
+        "mode": "fleet-floor",
+        "processes": targets.len(),
+        "rate_hz": rate,
+        "duration_s": wall,
+        "rounds": rounds,
+        "reads": reads,
+        "cpu_percent_of_one_core": cpu_ns as f64 / 1e9 / wall * 100.0,
+        "cpu_us_per_read": cpu_ns as f64 / 1e3 / reads.max(1) as f64,
+    });
+    if json {
+        println!("{doc}");
+    } else {
+        println!(
+            "fleet floor: {} processes at {rate} Hz: {:.2}% of one core ({:.2} µs per read)",
+            targets.len(),
+            doc["cpu_percent_of_one_core"].as_f64().unwrap_or(0.0),
+            doc["cpu_us_per_read"].as_f64().unwrap_or(0.0)
+        );
     }
     Ok(())
 }

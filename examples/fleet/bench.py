@@ -74,6 +74,18 @@ def run(args, pythons):
         for p in procs:
             if "ready" not in p.stdout.readline():
                 raise SystemExit("a worker did not start")
+        pids = [str(p.pid) for p in procs]
+
+        def floor():
+            """The machine's floor for this fleet: one bare 8-byte read per process per tick."""
+            cmd = [args.pyfleet, "bench", "--floor", "--rate", str(args.rate), "--duration",
+                   str(args.floor_seconds), "--json"]
+            for pid in pids:
+                cmd += ["--pid", pid]
+            return json.loads(subprocess.run(cmd, capture_output=True, text=True,
+                                             check=True).stdout)
+
+        floor_before = floor()
         port = free_port()
         out = tempfile.mkdtemp(prefix="pyfleet-fleet-bench-")
         cmd = [args.pyfleet, "run", "--rate", str(args.rate), "--duration", str(args.duration),
@@ -91,12 +103,17 @@ def run(args, pythons):
         time.sleep(max(1.0, args.duration - warmup - 1.5))
         c1, s1 = cpu_ticks(daemon.pid), time.monotonic()
         metrics = scrape(port)
+        scraped = time.monotonic()
         _, status, usage = os.wait4(daemon.pid, 0)
         wall = time.monotonic() - t0
         err = daemon.stderr.read()
         if status != 0:
             raise SystemExit(f"pyfleet failed ({status}):\n{err}")
         cpu = usage.ru_utime + usage.ru_stime
+        floor_after = floor()
+        floor_us = (floor_before["cpu_us_per_read"] + floor_after["cpu_us_per_read"]) / 2
+        steady_cpu_s = (c1 - c0) / os.sysconf("SC_CLK_TCK")
+        steady_samples_per_s = total(metrics, "pyfleet_samples_total") / max(1e-9, scraped - t0)
         return {
             "processes": args.processes,
             "kinds": args.kinds,
@@ -108,6 +125,10 @@ def run(args, pythons):
             "steady_cpu_percent_of_one_core": round(
                 100 * (c1 - c0) / os.sysconf("SC_CLK_TCK") / (s1 - s0), 2),
             "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
+            "cpu_us_per_sample": round(1e6 * steady_cpu_s / (s1 - s0) / max(1e-9, steady_samples_per_s), 2),
+            "floor_cpu_us_per_read": round(floor_us, 2),
+            "floor_cpu_percent_at_rate": round(
+                (floor_before["cpu_percent_of_one_core"] + floor_after["cpu_percent_of_one_core"]) / 2, 2),
             "samples": int(total(metrics, "pyfleet_samples_total")),
             "missed_ticks": int(total(metrics, "pyfleet_missed_ticks_total")),
             "errors": int(total(metrics, "pyfleet_sample_errors_total")),
@@ -128,6 +149,8 @@ def main():
     ap.add_argument("--rate", type=float, default=100)
     ap.add_argument("--duration", type=float, default=30)
     ap.add_argument("--max-cpu", type=float, default=5)
+    ap.add_argument("--floor-seconds", type=float, default=8,
+                    help="length of each floor measurement (before and after the run)")
     ap.add_argument("--kinds", default=",".join(KINDS),
                     help=f"workload kinds to cycle through (default {','.join(KINDS)})")
     ap.add_argument("--json", action="store_true")
@@ -145,11 +168,14 @@ def main():
         print(json.dumps(r))
         return
     print("| processes | rate | budget | pyfleet CPU, whole run (% of one core) | steady state | "
+          "CPU µs per sample / floor µs per bare read | floor at this rate | "
           "peak RSS | samples | per process per s | missed ticks | errors |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     print(f"| {r['processes']} ({', '.join(r['interpreters'])}) | {r['rate_hz']:g} Hz | "
           f"{r['max_cpu_percent']:g}% | {r['cpu_percent_of_one_core']}% | "
-          f"{r['steady_cpu_percent_of_one_core']}% | {r['peak_rss_mib']} MiB | "
+          f"{r['steady_cpu_percent_of_one_core']}% | "
+          f"{r['cpu_us_per_sample']} / {r['floor_cpu_us_per_read']} | "
+          f"{r['floor_cpu_percent_at_rate']}% | {r['peak_rss_mib']} MiB | "
           f"{r['samples']} | {r['samples_per_process_per_s']} | {r['missed_ticks']} | {r['errors']} |")
 
 
