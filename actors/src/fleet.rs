@@ -44,7 +44,8 @@ pub struct FleetConfig {
     pub snapshot_interval: Duration,
     /// How often each sampler sends its counts to the aggregator (default 1 s).
     pub batch_interval: Duration,
-    /// How often pyfleet's own CPU is measured and the rate adjusted (default 5 s).
+    /// How often pyfleet's own CPU is measured and the rate adjusted (default 2 s: soon
+    /// enough that a budget holds from the start, long enough for 10 ms CPU ticks to measure).
     pub rate_interval: Duration,
     /// Which thread samples count (default wall).
     pub mode: Mode,
@@ -74,7 +75,7 @@ impl Default for FleetConfig {
             scan_interval: Duration::from_secs(1),
             snapshot_interval: Duration::from_secs(60),
             batch_interval: Duration::from_secs(1),
-            rate_interval: Duration::from_secs(5),
+            rate_interval: Duration::from_secs(2),
             mode: Mode::default(),
             rate: RatePolicy::default(),
             restart: RestartPolicy::default(),
