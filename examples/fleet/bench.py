@@ -63,6 +63,25 @@ def cpu_ticks(pid):
     return int(fields[11]) + int(fields[12])
 
 
+def run_pyspy(args, pids):
+    """The alternative: one `py-spy record` per process at the same rate, for the same time.
+    Returns their total CPU, percent of one core."""
+    spies = []
+    out = tempfile.mkdtemp(prefix="pyfleet-pyspy-")
+    for pid in pids:
+        spies.append(subprocess.Popen(
+            [args.py_spy, "record", "--pid", pid, "--rate", str(int(args.rate)), "--duration",
+             str(int(args.duration)), "--nonblocking", "--format", "raw", "-o",
+             os.path.join(out, f"{pid}.txt")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    t0 = time.monotonic()
+    cpu = 0.0
+    for sp in spies:
+        _, _, usage = os.wait4(sp.pid, 0)
+        cpu += usage.ru_utime + usage.ru_stime
+    return round(100 * cpu / (time.monotonic() - t0), 2)
+
+
 def run(args, pythons):
     procs = []
     try:
@@ -111,6 +130,7 @@ def run(args, pythons):
             raise SystemExit(f"pyfleet failed ({status}):\n{err}")
         cpu = usage.ru_utime + usage.ru_stime
         floor_after = floor()
+        pyspy = run_pyspy(args, pids) if args.py_spy else None
         floor_us = (floor_before["cpu_us_per_read"] + floor_after["cpu_us_per_read"]) / 2
         steady_cpu_s = (c1 - c0) / os.sysconf("SC_CLK_TCK")
         steady_samples_per_s = total(metrics, "pyfleet_samples_total") / max(1e-9, scraped - t0)
@@ -129,6 +149,7 @@ def run(args, pythons):
             "floor_cpu_us_per_read": round(floor_us, 2),
             "floor_cpu_percent_at_rate": round(
                 (floor_before["cpu_percent_of_one_core"] + floor_after["cpu_percent_of_one_core"]) / 2, 2),
+            "py_spy_cpu_percent_of_one_core": pyspy,
             "samples": int(total(metrics, "pyfleet_samples_total")),
             "missed_ticks": int(total(metrics, "pyfleet_missed_ticks_total")),
             "errors": int(total(metrics, "pyfleet_sample_errors_total")),
@@ -153,6 +174,9 @@ def main():
                     help="length of each floor measurement (before and after the run)")
     ap.add_argument("--kinds", default=",".join(KINDS),
                     help=f"workload kinds to cycle through (default {','.join(KINDS)})")
+    ap.add_argument("--py-spy", metavar="PATH",
+                    help="also run one `py-spy record` per process (same rate and duration) "
+                         "after pyfleet and report their CPU (pip install py-spy)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if not os.path.exists(args.pyfleet):
