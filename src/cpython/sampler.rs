@@ -449,9 +449,9 @@ impl<M: RemoteMemory> Sampler<M> {
             Err(e) => {
                 self.stats.errors += 1;
                 self.out.clear();
-                // Predictions may be what misled us: start afresh next time.
+                // The interpreter list is read afresh next time; a thread whose walk failed
+                // has already lost its cache (`collect`).
                 self.interps.clear();
-                self.threads.clear();
                 Err(e)
             }
         }
@@ -734,7 +734,17 @@ impl<M: RemoteMemory> Sampler<M> {
         tstates.sort_by_key(|t| t.interp_id);
         for ts in tstates {
             let start = self.raws.len();
-            let tail = self.walk(b, &ts)?;
+            let tail = match self.walk(b, &ts) {
+                Ok(tail) => tail,
+                Err(e) => {
+                    // What this thread's cache predicted may be what misled the walk: it
+                    // starts afresh. The other threads' caches stay (a torn read of one
+                    // thread says nothing about the others, and re-learning every thread
+                    // of a busy process costs a syscall each).
+                    self.threads.remove(&ts.addr);
+                    return Err(e);
+                }
+            };
             let holds_gil = ts.holds_gil.unwrap_or_else(|| holders.contains(&ts.addr));
             work.push(Work {
                 raw: start..self.raws.len(),
