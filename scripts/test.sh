@@ -3,6 +3,8 @@
 #   - Python 3.14 and 3.15 from Debian unstable (cached under ~/.cache/pyfleet), patchelf;
 #   - venvs with gunicorn from PyPI for the fleet test (cached under ~/.cache/pyfleet/venvs);
 #   - prometheus/promtool (Debian), kubernetes-validate (PyPI venv) for the deploy/ test;
+#   - chromium, go tool pprof (Debian), speedscope's schema (npm), jsonschema (PyPI venv) for
+#     the output formats' test;
 #   - Rust dependencies (cargo fetches them);
 #   - formatting, clippy, unit and integration tests against real interpreters 3.11-3.15.
 # Every interpreter must be present: a missing one fails the run, it is not skipped.
@@ -19,6 +21,9 @@ scripts/setup-venvs.sh
 
 step "deploy tools (prometheus, promtool, systemd-analyze, kubernetes-validate)"
 scripts/setup-deploy-tools.sh
+
+step "format tools (chromium, go tool pprof, speedscope schema, jsonschema)"
+scripts/setup-format-tools.sh
 
 step "cargo fmt"
 cargo fmt --all -- --check

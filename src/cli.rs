@@ -1,6 +1,7 @@
 //! The command line: clap definitions and the one-shot commands (`dump`, `list`).
 
 use crate::daemon;
+use crate::record::{self, RecordOptions};
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use pyfleet::config::RunOptions;
@@ -30,6 +31,9 @@ pub enum Command {
     /// Profile matching Python processes continuously (the default command): snapshots on
     /// disk, metrics for Prometheus.
     Run(Box<RunOptions>),
+    /// Profile processes for a while into one file (flamegraph SVG, folded stacks, speedscope
+    /// or pprof), like `py-spy record`.
+    Record(Box<RecordOptions>),
     /// Print every interpreter, thread and frame of one Python process, innermost frame first.
     Dump {
         /// The process to read.
@@ -80,6 +84,7 @@ pub fn run(cli: Cli) -> Result<()> {
     };
     match command {
         Command::Run(opts) => daemon::run(*opts),
+        Command::Record(opts) => record::run(*opts),
         Command::Dump { pid, json } => dump(pid, json),
         Command::List { matches } => list(&matches),
         Command::Bench {

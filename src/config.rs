@@ -5,6 +5,8 @@
 //!
 //! Owns parsing and validation only; it starts nothing.
 
+use crate::output::format::Format;
+use crate::output::snapshot_dir::DEFAULT_FORMATS;
 use pyfleet_policies::{parse_size, MatchPolicy, Mode, RatePolicy, RestartPolicy, RetentionPolicy};
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -45,6 +47,10 @@ pub struct RunOptions {
     /// Seconds between snapshots [default: 60].
     #[arg(long, value_name = "SECS")]
     pub snapshot_interval: Option<f64>,
+    /// Format of the snapshots' files: folded, svg, speedscope or pprof (repeatable, or
+    /// comma-separated) [default: folded and svg].
+    #[arg(long = "snapshot-format", value_name = "FORMAT", value_delimiter = ',')]
+    pub snapshot_format: Vec<String>,
     /// Directory for snapshots [default: ./pyfleet-snapshots].
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
@@ -79,6 +85,8 @@ pub struct RunSettings {
     pub mode: Mode,
     pub scan_interval: Duration,
     pub snapshot_interval: Duration,
+    /// Formats written in each snapshot, without duplicates.
+    pub snapshot_formats: Vec<Format>,
     pub out: PathBuf,
     pub retention: RetentionPolicy,
     pub restart: RestartPolicy,
@@ -136,6 +144,7 @@ impl RunOptions {
             max_cpu: self.max_cpu.or(file.max_cpu),
             scan_interval: self.scan_interval.or(file.scan_interval),
             snapshot_interval: self.snapshot_interval.or(file.snapshot_interval),
+            snapshot_format: list(self.snapshot_format, file.snapshot_format),
             out: self.out.or(file.out),
             keep: self.keep.or(file.keep),
             max_bytes: self.max_bytes.or(file.max_bytes),
@@ -175,6 +184,18 @@ impl RunOptions {
         };
         let retention =
             RetentionPolicy::new(o.keep.unwrap_or(60), max_bytes).map_err(|e| e.to_string())?;
+        let mut snapshot_formats: Vec<Format> = Vec::new();
+        for name in &o.snapshot_format {
+            let f: Format = name
+                .parse()
+                .map_err(|e| format!("--snapshot-format: {e}"))?;
+            if !snapshot_formats.contains(&f) {
+                snapshot_formats.push(f);
+            }
+        }
+        if snapshot_formats.is_empty() {
+            snapshot_formats = DEFAULT_FORMATS.to_vec();
+        }
         let metrics_addr = match o.metrics_addr.as_deref().unwrap_or(DEFAULT_METRICS_ADDR) {
             "off" => None,
             a => Some(a.parse::<SocketAddr>().map_err(|_| {
@@ -189,6 +210,7 @@ impl RunOptions {
             mode,
             scan_interval: seconds("scan-interval", o.scan_interval, 1.0)?,
             snapshot_interval: seconds("snapshot-interval", o.snapshot_interval, 60.0)?,
+            snapshot_formats,
             out: o.out.unwrap_or_else(|| PathBuf::from(DEFAULT_OUT)),
             retention,
             restart: RestartPolicy::default(),
@@ -219,6 +241,7 @@ mod tests {
         assert_eq!(s.metrics_addr, Some("127.0.0.1:9464".parse().unwrap()));
         assert_eq!(s.duration, None);
         assert!(!s.read_only);
+        assert_eq!(s.snapshot_formats, vec![Format::Folded, Format::Svg]);
     }
 
     #[test]
@@ -280,6 +303,13 @@ mod tests {
                 },
                 "--pid",
             ),
+            (
+                RunOptions {
+                    snapshot_format: vec!["svg".into(), "png".into()],
+                    ..Default::default()
+                },
+                "--snapshot-format",
+            ),
         ];
         for (o, want) in cases {
             let e = o.resolve(1).unwrap_err();
@@ -318,7 +348,7 @@ mod tests {
         let path = dir.path().join("pyfleet.toml");
         std::fs::write(
             &path,
-            "match = [\"gunicorn\"]\nrate = 50\nmax-cpu = 2.5\nout = \"/var/lib/pyfleet\"\nread-only = true\n",
+            "match = [\"gunicorn\"]\nrate = 50\nmax-cpu = 2.5\nout = \"/var/lib/pyfleet\"\nread-only = true\nsnapshot-format = [\"pprof\", \"svg\", \"pprof\"]\n",
         )
         .unwrap();
         let cli = RunOptions {
@@ -332,6 +362,17 @@ mod tests {
         assert_eq!(s.rate.max_cpu_percent(), 2.5);
         assert_eq!(s.out, PathBuf::from("/var/lib/pyfleet"));
         assert!(s.read_only);
+        assert_eq!(s.snapshot_formats, vec![Format::Pprof, Format::Svg]);
+        let cli = RunOptions {
+            snapshot_format: vec!["speedscope".into()],
+            config: Some(path.clone()),
+            ..Default::default()
+        };
+        assert_eq!(
+            cli.resolve(1).unwrap().snapshot_formats,
+            vec![Format::Speedscope],
+            "a list on the command line replaces the file's"
+        );
 
         std::fs::write(&path, "match = [\"x\"]\nbogus = 1\n").unwrap();
         let e = RunOptions {

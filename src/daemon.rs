@@ -19,7 +19,9 @@ pub fn run(opts: RunOptions) -> Result<()> {
     let settings = opts
         .resolve(std::process::id() as i32)
         .map_err(|e| anyhow!(e))?;
-    let writer = SnapshotDir::open(&settings.out, settings.retention).map_err(|e| anyhow!(e))?;
+    let writer = SnapshotDir::open(&settings.out, settings.retention)
+        .map_err(|e| anyhow!(e))?
+        .with_formats(&settings.snapshot_formats);
     let config = FleetConfig {
         scan_interval: settings.scan_interval,
         snapshot_interval: settings.snapshot_interval,
@@ -86,10 +88,16 @@ pub fn run(opts: RunOptions) -> Result<()> {
             parts.join(", ")
         };
         eprintln!(
-            "pyfleet: profiling {what} at {} Hz ({} mode{}); snapshots every {} s in {}; metrics {}",
+            "pyfleet: profiling {what} at {} Hz ({} mode{}); snapshots ({}) every {} s in {}; metrics {}",
             settings.rate.base_hz(),
             settings.mode,
             if settings.read_only { ", read-only" } else { "" },
+            settings
+                .snapshot_formats
+                .iter()
+                .map(|f| f.name())
+                .collect::<Vec<_>>()
+                .join(", "),
             settings.snapshot_interval.as_secs_f64(),
             settings.out.display(),
             settings

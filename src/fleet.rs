@@ -1,7 +1,8 @@
 //! The root package's side of the fleet daemon: the real implementations of the traits that
 //! `pyfleet-actors` defines. [`HostDiscovery`] finds and matches Python processes in procfs;
 //! [`UnwinderFactory`] attaches one [`UnwinderSource`] (the fast sampler of `cpython`) per
-//! process.
+//! process. [`Counted`] wraps a factory to count the samples taken and failed across the fleet
+//! (for `record`'s progress line).
 //!
 //! Must not schedule anything (the actors decide when) nor format output (`output/` does).
 
@@ -16,6 +17,8 @@ use pyfleet_actors::{
 use pyfleet_policies::{short_name, MatchPolicy, ProcessFacts};
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A process just exec'd may not have mapped libpython yet: "not Python" is only believed
@@ -192,5 +195,68 @@ impl StackSource for UnwinderSource {
             remote_reads: s.remote_reads,
             remote_read_bytes: s.remote_read_bytes,
         }
+    }
+}
+
+/// Samples taken and failed so far, across every source a [`Counted`] factory attached.
+#[derive(Debug, Default)]
+pub struct SampleCounters {
+    samples: AtomicU64,
+    errors: AtomicU64,
+}
+
+impl SampleCounters {
+    /// Successful samples (one per process per tick).
+    pub fn samples(&self) -> u64 {
+        self.samples.load(Ordering::Relaxed)
+    }
+
+    /// Failed samples (not counting the one that finds a process gone).
+    pub fn errors(&self) -> u64 {
+        self.errors.load(Ordering::Relaxed)
+    }
+}
+
+/// A factory whose sources count their samples and errors into shared [`SampleCounters`].
+pub struct Counted<F> {
+    pub inner: F,
+    pub counters: Arc<SampleCounters>,
+}
+
+impl<F: SourceFactory> SourceFactory for Counted<F> {
+    type Source = CountedSource<F::Source>;
+
+    fn attach(&self, p: &ProcessInfo, needs_cpu_status: bool) -> Result<Self::Source, String> {
+        Ok(CountedSource {
+            inner: self.inner.attach(p, needs_cpu_status)?,
+            counters: self.counters.clone(),
+        })
+    }
+}
+
+/// A source of a [`Counted`] factory.
+pub struct CountedSource<S> {
+    inner: S,
+    counters: Arc<SampleCounters>,
+}
+
+impl<S: StackSource> StackSource for CountedSource<S> {
+    fn sample(&mut self, out: &mut Vec<SampledThread>) -> Result<(), SampleError> {
+        let r = self.inner.sample(out);
+        match &r {
+            Ok(()) => self.counters.samples.fetch_add(1, Ordering::Relaxed),
+            // The process exiting is how a recording ends, not a failure.
+            Err(e) if e.process_gone => 0,
+            Err(_) => self.counters.errors.fetch_add(1, Ordering::Relaxed),
+        };
+        r
+    }
+
+    fn resolve(&self, stack: u64) -> Option<Vec<FrameInfo>> {
+        self.inner.resolve(stack)
+    }
+
+    fn stats(&self) -> SourceStats {
+        self.inner.stats()
     }
 }

@@ -3,6 +3,7 @@
 
 mod cli;
 mod daemon;
+mod record;
 
 use clap::Parser;
 use std::process::ExitCode;
@@ -22,10 +23,23 @@ fn main() -> ExitCode {
                     ExitCode::SUCCESS
                 };
             }
-            // clap's usage errors span several lines; the first says what is wrong.
+            // clap's usage errors span several lines; the first says what is wrong, and the
+            // indented lines right after it name the arguments when it ends with a colon.
             let rendered = e.to_string();
-            let first = rendered.lines().next().unwrap_or("invalid arguments");
-            eprintln!("pyfleet: {}", first.trim_start_matches("error: "));
+            let mut lines = rendered.lines();
+            let mut first = lines
+                .next()
+                .unwrap_or("invalid arguments")
+                .trim_start_matches("error: ")
+                .to_string();
+            if first.ends_with(':') {
+                let named: Vec<&str> = lines
+                    .take_while(|l| l.starts_with(' '))
+                    .map(str::trim)
+                    .collect();
+                first = format!("{} {}", first, named.join(", "));
+            }
+            eprintln!("pyfleet: {}", first.trim_end());
             return ExitCode::from(2);
         }
     };

@@ -26,6 +26,16 @@ fn gil_holder_and_cpu_state_follow_the_target() {
         let ids: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
         let (busy, idle) = (ids["busy"].as_u64().unwrap(), ids["idle"].as_u64().unwrap());
+        // The main thread writes the file and then waits; on a loaded machine it may still be
+        // on its way to `wait()` when the file appears. Dump once it sleeps (the main
+        // thread's tid is the pid).
+        let pid = target.pid();
+        wait_until(
+            Duration::from_secs(10),
+            &format!("[{}] the waiting thread to sleep", interp.label),
+            || process_state(pid) == Some('S'),
+            || format!("state {:?}", process_state(pid)),
+        );
 
         let (mut busy_gil, mut busy_cpu) = (0, 0);
         for _ in 0..DUMPS {

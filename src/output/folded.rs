@@ -5,7 +5,7 @@
 //! split a frame and a newline would forge a line, so both (and every control character) are
 //! replaced here. Must not do I/O: callers write the lines where they go.
 
-use pyfleet_actors::{FrameInfo, ProcessProfile};
+use pyfleet_actors::{FrameInfo, ProcessProfile, Snapshot};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -56,6 +56,23 @@ pub fn process_lines(p: &ProcessProfile, prefix: Option<&str>) -> Vec<(String, u
         *merged.entry(line.clone()).or_default() += count;
     }
     merged.into_iter().collect()
+}
+
+/// The root frame of a process in fleet-wide stacks: `<process>-<pid>`.
+pub fn process_root(p: &ProcessProfile) -> String {
+    format!("{}-{}", p.name, p.pid)
+}
+
+/// The folded stacks of a whole snapshot, each rooted at its process's
+/// [`process_root`] frame, sorted (a snapshot's `all.folded`).
+pub fn fleet_lines(snap: &Snapshot) -> Vec<(String, u64)> {
+    let mut all: BTreeMap<String, u64> = BTreeMap::new();
+    for p in &snap.processes {
+        for (line, n) in process_lines(p, Some(&process_root(p))) {
+            *all.entry(line).or_default() += n;
+        }
+    }
+    all.into_iter().collect()
 }
 
 /// Renders lines as the text of a `.folded` file.

@@ -1,9 +1,15 @@
 //! The one home of every output format. Strings from targets are untrusted: each format
-//! escapes them for where they go (a terminal, JSON, folded stacks, SVG, file names).
+//! escapes them for where they go (a terminal, JSON, folded stacks, SVG, protobuf, file names).
+//! [`format`] names the profile formats and renders a snapshot in any of them; the daemon's
+//! [`snapshot_dir`] and `record`'s [`record_file`] write them.
 
 pub mod dump;
 pub mod folded;
+pub mod format;
+pub mod pprof;
+pub mod record_file;
 pub mod snapshot_dir;
+pub mod speedscope;
 pub mod svg;
 
 /// Replaces control characters (terminal escapes, newlines) in a target's string with

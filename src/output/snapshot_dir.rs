@@ -1,5 +1,8 @@
-//! Snapshots on disk: `<out>/<UTC time>/` holding `<process>-<pid>.folded` per process, the
-//! fleet-wide `all.folded` (each stack rooted at `<process>-<pid>`) and `flamegraph.svg`.
+//! Snapshots on disk: `<out>/<UTC time>/` holding, for the formats chosen
+//! (`--snapshot-format`, default folded and svg): `<process>-<pid>.folded` per process and the
+//! fleet-wide `all.folded` (each stack rooted at `<process>-<pid>`) for folded,
+//! `flamegraph.svg` for svg, `profile.speedscope.json` (one profile per process) for
+//! speedscope and `profile.pb.gz` (the process as a label) for pprof.
 //!
 //! Owns the directory layout, atomicity and retention. A snapshot is built in a hidden
 //! `.partial-<name>` directory (every file written and fsynced), then renamed into place, so
@@ -7,7 +10,8 @@
 //! module made. File names come from sanitised process names (policies' `naming`), never
 //! straight from a target.
 
-use super::{folded, svg};
+use super::folded;
+use super::format::{self, Format, RenderContext};
 use pyfleet_actors::{Snapshot, SnapshotWriter};
 use pyfleet_policies::{RetentionPolicy, SnapshotEntry};
 use std::fs;
@@ -22,6 +26,20 @@ const PARTIAL: &str = ".partial-";
 pub struct SnapshotDir {
     out: PathBuf,
     retention: RetentionPolicy,
+    formats: Vec<Format>,
+}
+
+/// The formats of a snapshot unless told otherwise.
+pub const DEFAULT_FORMATS: [Format; 2] = [Format::Folded, Format::Svg];
+
+/// The fleet-wide file of a format in a snapshot directory.
+pub fn fleet_file_name(format: Format) -> &'static str {
+    match format {
+        Format::Folded => "all.folded",
+        Format::Svg => "flamegraph.svg",
+        Format::Speedscope => "profile.speedscope.json",
+        Format::Pprof => "profile.pb.gz",
+    }
 }
 
 impl SnapshotDir {
@@ -49,7 +67,26 @@ impl SnapshotDir {
         Ok(SnapshotDir {
             out: out.to_path_buf(),
             retention,
+            formats: DEFAULT_FORMATS.to_vec(),
         })
+    }
+
+    /// Writes these formats (in this order, duplicates once) instead of the default ones.
+    pub fn with_formats(mut self, formats: &[Format]) -> Self {
+        let mut chosen: Vec<Format> = Vec::new();
+        for f in formats {
+            if !chosen.contains(f) {
+                chosen.push(*f);
+            }
+        }
+        if !chosen.is_empty() {
+            self.formats = chosen;
+        }
+        self
+    }
+
+    pub fn formats(&self) -> &[Format] {
+        &self.formats
     }
 
     pub fn out(&self) -> &Path {
@@ -82,20 +119,23 @@ impl SnapshotDir {
     }
 
     fn write_files(&self, dir: &Path, snap: &Snapshot, title: &str) -> std::io::Result<()> {
-        let mut all: Vec<(String, u64)> = Vec::new();
-        for p in &snap.processes {
-            let root = format!("{}-{}", p.name, p.pid);
-            let lines = folded::process_lines(p, None);
-            write_synced(
-                &dir.join(format!("{root}.folded")),
-                folded::render(&lines).as_bytes(),
-            )?;
-            all.extend(folded::process_lines(p, Some(&root)));
+        let ctx = RenderContext {
+            title: title.to_string(),
+            ..RenderContext::default()
+        };
+        for &f in &self.formats {
+            if f == Format::Folded {
+                for p in &snap.processes {
+                    let lines = folded::process_lines(p, None);
+                    write_synced(
+                        &dir.join(format!("{}.folded", folded::process_root(p))),
+                        folded::render(&lines).as_bytes(),
+                    )?;
+                }
+            }
+            let data = format::render(f, snap, &ctx).map_err(std::io::Error::other)?;
+            write_synced(&dir.join(fleet_file_name(f)), &data)?;
         }
-        all.sort();
-        write_synced(&dir.join("all.folded"), folded::render(&all).as_bytes())?;
-        let svg = svg::render(title, &all).map_err(std::io::Error::other)?;
-        write_synced(&dir.join("flamegraph.svg"), &svg)?;
         Ok(())
     }
 }
@@ -283,6 +323,30 @@ mod tests {
             .unwrap()
             .flatten()
             .all(|e| !e.file_name().to_string_lossy().starts_with(PARTIAL)));
+    }
+
+    #[test]
+    fn writes_the_chosen_formats_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = SnapshotDir::open(tmp.path(), RetentionPolicy::default())
+            .unwrap()
+            .with_formats(&[Format::Pprof, Format::Speedscope, Format::Pprof]);
+        assert_eq!(dir.formats(), &[Format::Pprof, Format::Speedscope]);
+        let p = dir.write(&snap(1_700_000_000, "web")).unwrap();
+        let mut names: Vec<String> = fs::read_dir(&p)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, vec!["profile.pb.gz", "profile.speedscope.json"]);
+        let profile =
+            super::super::pprof::decode(&fs::read(p.join("profile.pb.gz")).unwrap()).unwrap();
+        assert_eq!(profile.sample.len(), 1);
+        assert_eq!(profile.sample[0].value, vec![5]);
+        let json: serde_json::Value =
+            serde_json::from_slice(&fs::read(p.join("profile.speedscope.json")).unwrap()).unwrap();
+        assert_eq!(json["profiles"][0]["name"], "web-42");
     }
 
     #[test]

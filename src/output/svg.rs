@@ -1,11 +1,12 @@
 //! Flamegraph SVG from folded lines, rendered by inferno.
 //!
-//! Owns the flamegraph's options (title, colours, sorting). Frame text is untrusted: it is
-//! defanged for the folded format before it gets here, and inferno escapes it for XML; the
-//! tests check that hostile names still give well-formed SVG. Must not do I/O beyond writing
-//! into the buffer it is given.
+//! Owns the flamegraph's options (title, colours, sorting, labels truncated on the right so
+//! that they keep the function's name). Frame text is untrusted: it is defanged for the folded
+//! format before it gets here, and inferno escapes it for XML; the tests check that hostile
+//! names still give well-formed SVG. Must not do I/O beyond writing into the buffer it is
+//! given.
 
-use inferno::flamegraph::{self, Options};
+use inferno::flamegraph::{self, Options, TextTruncateDirection};
 
 /// Renders `lines` (folded text without the counts split off) into an SVG document. An empty
 /// profile gives a small valid SVG that says so, rather than an error.
@@ -13,6 +14,9 @@ pub fn render(title: &str, lines: &[(String, u64)]) -> Result<Vec<u8>, String> {
     let mut opts = Options::default();
     opts.title = title.to_string();
     opts.count_name = "samples".to_string();
+    // Labels read `function (file:line)`: a label too long for its frame keeps the function's
+    // name and loses the end of the path (inferno's default cuts the left, the name).
+    opts.text_truncate_direction = TextTruncateDirection::Right;
     let mut out = Vec::new();
     if lines.iter().all(|(_, n)| *n == 0) {
         let t = xml_escape(title);

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The real tools that tests/formats.rs checks pyfleet's output formats with:
+#   - chromium (Debian): opens the fleet's flamegraph.svg headless; fonts-dejavu-core so that
+#     inferno's script measures real text;
+#   - go tool pprof (Debian's golang-go): reads the pprof output back;
+#   - speedscope's published file-format schema, from the npm package speedscope (npm pack,
+#     nothing installed), cached in ${PYFLEET_FORMAT_TOOLS:-~/.cache/pyfleet/format-tools}/speedscope;
+#   - jsonschema from PyPI, in a venv cached under
+#     ${PYFLEET_VENVS:-~/.cache/pyfleet/venvs}/format-tools (made with pyenv's newest 3.11).
+# Idempotent: about a second when everything is there. Needs root for apt-get.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TOOLS=${PYFLEET_FORMAT_TOOLS:-$HOME/.cache/pyfleet/format-tools}
+VENVS=${PYFLEET_VENVS:-$HOME/.cache/pyfleet/venvs}
+VENV=$VENVS/format-tools
+SPEEDSCOPE_VERSION=${PYFLEET_SPEEDSCOPE_VERSION:-1.25.0}
+JSONSCHEMA_SPEC=${PYFLEET_JSONSCHEMA:-jsonschema>=4.17,<5}
+
+say() { echo "setup-format-tools: $*" >&2; }
+die() { say "error: $*"; exit 1; }
+
+# --- Debian packages --------------------------------------------------------------------------
+missing=()
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v go >/dev/null 2>&1 || missing+=(golang-go)
+[ -d /usr/share/fonts/truetype/dejavu ] || missing+=(fonts-dejavu-core)
+
+if [ ${#missing[@]} -gt 0 ]; then
+    [ "$(id -u)" = 0 ] || die "need root to install ${missing[*]} with apt-get (or install them yourself)"
+    say "installing ${missing[*]}"
+    for pkg in "${missing[@]}"; do
+        if ! apt-cache show "$pkg" >/dev/null 2>&1; then
+            say "apt-get update (no $pkg in the package lists)"
+            apt-get update -qq || die "apt-get update failed"
+            break
+        fi
+    done
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" \
+        >/dev/null || die "apt-get install ${missing[*]} failed"
+fi
+command -v chromium >/dev/null 2>&1 || die "chromium is still missing after the install"
+go tool pprof -h >/dev/null 2>&1 || die "go tool pprof does not run"
+
+# --- speedscope's file-format schema -----------------------------------------------------------
+SCHEMA_DIR=$TOOLS/speedscope
+if [ -s "$SCHEMA_DIR/file-format-schema.json" ] \
+    && [ "$(cat "$SCHEMA_DIR/VERSION" 2>/dev/null)" = "$SPEEDSCOPE_VERSION" ]; then
+    say "speedscope $SPEEDSCOPE_VERSION schema ready"
+else
+    command -v npm >/dev/null 2>&1 || die "npm is needed to fetch the speedscope package"
+    tmp=$(mktemp -d)
+    trap 'rm -rf "$tmp"' EXIT
+    say "fetching the speedscope@$SPEEDSCOPE_VERSION package (npm pack)"
+    (cd "$tmp" && npm pack --silent "speedscope@$SPEEDSCOPE_VERSION" >/dev/null 2>"$tmp/npm.err") \
+        || die "npm pack speedscope@$SPEEDSCOPE_VERSION failed: $(tail -n 3 "$tmp/npm.err")"
+    tar -xzf "$tmp"/speedscope-*.tgz -C "$tmp" package/dist/release/file-format-schema.json \
+        || die "the speedscope package has no dist/release/file-format-schema.json"
+    mkdir -p "$SCHEMA_DIR"
+    mv "$tmp/package/dist/release/file-format-schema.json" "$SCHEMA_DIR/file-format-schema.json"
+    echo "$SPEEDSCOPE_VERSION" > "$SCHEMA_DIR/VERSION"
+    say "speedscope $SPEEDSCOPE_VERSION schema in $SCHEMA_DIR"
+fi
+
+# --- jsonschema -------------------------------------------------------------------------------
+ready() { [ -f "$VENV/.ready" ] && "$VENV/bin/python" -c 'import jsonschema' >/dev/null 2>&1; }
+if ready; then
+    say "$VENV ready"
+else
+    py=$(ls -d "$HOME"/.pyenv/versions/3.11.*/bin/python3.11 2>/dev/null | sort -V | tail -n 1 || true)
+    [ -n "$py" ] || die "no pyenv 3.11 under ~/.pyenv/versions (needed for the jsonschema venv)"
+    mkdir -p "$VENVS"
+    rm -rf "$VENV"
+    "$py" -m venv "$VENV" || die "$py could not make a venv in $VENV"
+    say "installing $JSONSCHEMA_SPEC into $VENV"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$JSONSCHEMA_SPEC" \
+        || die "pip could not install $JSONSCHEMA_SPEC into $VENV"
+    "$VENV/bin/python" -c 'import jsonschema' || die "jsonschema does not import from $VENV"
+    touch "$VENV/.ready"
+fi
+say "$(chromium --version 2>/dev/null | head -n 1), $(go version | awk '{print $3}'), jsonschema $("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("jsonschema"))')"

@@ -1,0 +1,432 @@
+//! pprof's profile format (google/pprof `proto/profile.proto`), gzipped, as `go tool pprof`,
+//! Grafana Pyroscope and Parca read it.
+//!
+//! The messages below are the subset of profile.proto that pyfleet writes, declared by hand
+//! with prost's derive (field numbers as in profile.proto; no code generation). A profile
+//! holds:
+//! - sample types: `samples`/`count` first (the default), then, when the rate held for the
+//!   whole window, `<mode>`/`nanoseconds` (`wall`, `cpu` or `gil`: count times the period);
+//! - one `Function` per (function, file) and one `Location` per (function, line), each with
+//!   one `Line`; no mappings (Python frames have no binary addresses);
+//! - one `Sample` per (process, status, stack), leaf first, with the labels `process` (name),
+//!   `pid` (number) and `thread_status`: `holds_gil` or `no_gil`, prefixed with `on_cpu+`
+//!   when the thread was seen on CPU (which pyfleet looks at only in `cpu` mode).
+//!
+//! Stacks without a Python frame are left out, as in the folded output, so both hold the same
+//! counts. Target strings are untrusted but protobuf strings are length-delimited: nothing to
+//! escape. Must not do I/O beyond the in-memory gzip.
+
+use super::format::RenderContext;
+use flate2::write::GzEncoder;
+use prost::Message;
+use pyfleet_actors::{Snapshot, ThreadStatus};
+use std::collections::HashMap;
+use std::io::Write;
+use std::time::UNIX_EPOCH;
+
+/// `perftools.profiles.Profile` (the fields pyfleet writes).
+#[derive(Clone, PartialEq, Message)]
+pub struct Profile {
+    #[prost(message, repeated, tag = "1")]
+    pub sample_type: Vec<ValueType>,
+    #[prost(message, repeated, tag = "2")]
+    pub sample: Vec<Sample>,
+    #[prost(message, repeated, tag = "4")]
+    pub location: Vec<Location>,
+    #[prost(message, repeated, tag = "5")]
+    pub function: Vec<Function>,
+    /// `string_table[0]` is always "".
+    #[prost(string, repeated, tag = "6")]
+    pub string_table: Vec<String>,
+    #[prost(int64, tag = "9")]
+    pub time_nanos: i64,
+    #[prost(int64, tag = "10")]
+    pub duration_nanos: i64,
+    #[prost(message, optional, tag = "11")]
+    pub period_type: Option<ValueType>,
+    #[prost(int64, tag = "12")]
+    pub period: i64,
+    #[prost(int64, repeated, tag = "13")]
+    pub comment: Vec<i64>,
+    #[prost(int64, tag = "14")]
+    pub default_sample_type: i64,
+}
+
+/// `ValueType`: indices into the string table.
+#[derive(Clone, PartialEq, Message)]
+pub struct ValueType {
+    #[prost(int64, tag = "1")]
+    pub r#type: i64,
+    #[prost(int64, tag = "2")]
+    pub unit: i64,
+}
+
+/// `Sample`: locations leaf first, one value per sample type.
+#[derive(Clone, PartialEq, Message)]
+pub struct Sample {
+    #[prost(uint64, repeated, tag = "1")]
+    pub location_id: Vec<u64>,
+    #[prost(int64, repeated, tag = "2")]
+    pub value: Vec<i64>,
+    #[prost(message, repeated, tag = "3")]
+    pub label: Vec<Label>,
+}
+
+/// `Label`: `str` or `num` (string-table indices for `key`, `str`, `num_unit`).
+#[derive(Clone, PartialEq, Message)]
+pub struct Label {
+    #[prost(int64, tag = "1")]
+    pub key: i64,
+    #[prost(int64, tag = "2")]
+    pub str: i64,
+    #[prost(int64, tag = "3")]
+    pub num: i64,
+    #[prost(int64, tag = "4")]
+    pub num_unit: i64,
+}
+
+/// `Location`: ids start at 1.
+#[derive(Clone, PartialEq, Message)]
+pub struct Location {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(uint64, tag = "2")]
+    pub mapping_id: u64,
+    #[prost(uint64, tag = "3")]
+    pub address: u64,
+    #[prost(message, repeated, tag = "4")]
+    pub line: Vec<Line>,
+}
+
+/// `Line`: line 0 when the instruction has none.
+#[derive(Clone, PartialEq, Message)]
+pub struct Line {
+    #[prost(uint64, tag = "1")]
+    pub function_id: u64,
+    #[prost(int64, tag = "2")]
+    pub line: i64,
+}
+
+/// `Function`: ids start at 1.
+#[derive(Clone, PartialEq, Message)]
+pub struct Function {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(int64, tag = "2")]
+    pub name: i64,
+    #[prost(int64, tag = "3")]
+    pub system_name: i64,
+    #[prost(int64, tag = "4")]
+    pub filename: i64,
+    #[prost(int64, tag = "5")]
+    pub start_line: i64,
+}
+
+/// The string table being built.
+#[derive(Default)]
+struct Strings {
+    table: Vec<String>,
+    index: HashMap<String, i64>,
+}
+
+impl Strings {
+    fn new() -> Self {
+        let mut s = Strings::default();
+        s.get("");
+        s
+    }
+
+    fn get(&mut self, s: &str) -> i64 {
+        if let Some(&i) = self.index.get(s) {
+            return i;
+        }
+        let i = self.table.len() as i64;
+        self.table.push(s.to_string());
+        self.index.insert(s.to_string(), i);
+        i
+    }
+}
+
+/// The `thread_status` label's value.
+pub fn thread_status(s: ThreadStatus) -> &'static str {
+    match (s.on_cpu, s.holds_gil) {
+        (true, true) => "on_cpu+holds_gil",
+        (true, false) => "on_cpu+no_gil",
+        (false, true) => "holds_gil",
+        (false, false) => "no_gil",
+    }
+}
+
+/// Builds the profile (not yet encoded).
+pub fn build(snap: &Snapshot, ctx: &RenderContext) -> Profile {
+    let mut strings = Strings::new();
+    let samples_type = ValueType {
+        r#type: strings.get("samples"),
+        unit: strings.get("count"),
+    };
+    let mut sample_type = vec![samples_type.clone()];
+    let period_ns = ctx
+        .rate_hz
+        .filter(|hz| hz.is_finite() && *hz > 0.0)
+        .map(|hz| (1e9 / hz).round() as i64)
+        .filter(|p| *p > 0);
+    let time_type = period_ns.map(|_| ValueType {
+        r#type: strings.get(ctx.mode.as_str()),
+        unit: strings.get("nanoseconds"),
+    });
+    if let Some(t) = &time_type {
+        sample_type.push(t.clone());
+    }
+    let (k_process, k_pid, k_status) = (
+        strings.get("process"),
+        strings.get("pid"),
+        strings.get("thread_status"),
+    );
+
+    let mut functions: Vec<Function> = Vec::new();
+    let mut function_ids: HashMap<(&str, &str), u64> = HashMap::new();
+    let mut locations: Vec<Location> = Vec::new();
+    let mut location_ids: HashMap<(u64, i64), u64> = HashMap::new();
+    // (process index, status, locations) -> count, in first-seen order.
+    let mut sample_ids: HashMap<(usize, ThreadStatus, Vec<u64>), usize> = HashMap::new();
+    let mut samples: Vec<((usize, ThreadStatus), Vec<u64>, u64)> = Vec::new();
+
+    for (pi, p) in snap.processes.iter().enumerate() {
+        for (status, frames, count) in &p.samples {
+            if frames.is_empty() || *count == 0 {
+                continue;
+            }
+            let mut locs = Vec::with_capacity(frames.len());
+            for f in frames {
+                let fid = *function_ids
+                    .entry((f.function.as_str(), f.file.as_str()))
+                    .or_insert_with(|| {
+                        let name = strings.get(&f.function);
+                        let id = functions.len() as u64 + 1;
+                        // No system name: pprof readers would "demangle" a name equal
+                        // to it (`<module>` simplified to nothing).
+                        functions.push(Function {
+                            id,
+                            name,
+                            system_name: 0,
+                            filename: strings.get(&f.file),
+                            start_line: 0,
+                        });
+                        id
+                    });
+                let line = i64::from(f.line.unwrap_or(0));
+                let lid = *location_ids.entry((fid, line)).or_insert_with(|| {
+                    let id = locations.len() as u64 + 1;
+                    locations.push(Location {
+                        id,
+                        mapping_id: 0,
+                        address: 0,
+                        line: vec![Line {
+                            function_id: fid,
+                            line,
+                        }],
+                    });
+                    id
+                });
+                locs.push(lid);
+            }
+            let key = (pi, *status, locs);
+            match sample_ids.get(&key) {
+                Some(&i) => samples[i].2 += count,
+                None => {
+                    sample_ids.insert(key.clone(), samples.len());
+                    samples.push(((key.0, key.1), key.2, *count));
+                }
+            }
+        }
+    }
+
+    let mut process_labels: Vec<(i64, i64)> = Vec::with_capacity(snap.processes.len());
+    for p in &snap.processes {
+        process_labels.push((strings.get(&p.name), i64::from(p.pid)));
+    }
+    let sample = samples
+        .into_iter()
+        .map(|((pi, status), location_id, count)| {
+            let count = i64::try_from(count).unwrap_or(i64::MAX);
+            let mut value = vec![count];
+            if let Some(period) = period_ns {
+                value.push(count.saturating_mul(period));
+            }
+            let (name, pid) = process_labels.get(pi).copied().unwrap_or((0, 0));
+            Sample {
+                location_id,
+                value,
+                label: vec![
+                    Label {
+                        key: k_process,
+                        str: name,
+                        ..Default::default()
+                    },
+                    Label {
+                        key: k_pid,
+                        num: pid,
+                        ..Default::default()
+                    },
+                    Label {
+                        key: k_status,
+                        str: strings.get(thread_status(status)),
+                        ..Default::default()
+                    },
+                ],
+            }
+        })
+        .collect();
+
+    let duration_nanos = ctx
+        .duration
+        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+        .unwrap_or(0);
+    let end_nanos = snap
+        .taken_at
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+        .unwrap_or(0);
+    let comment = vec![strings.get(&ctx.title)];
+    Profile {
+        sample_type,
+        sample,
+        location: locations,
+        function: functions,
+        time_nanos: end_nanos.saturating_sub(duration_nanos),
+        duration_nanos,
+        period_type: time_type,
+        period: period_ns.unwrap_or(0),
+        comment,
+        default_sample_type: samples_type.r#type,
+        string_table: strings.table,
+    }
+}
+
+/// Renders the snapshot as a gzipped pprof profile.
+pub fn render(snap: &Snapshot, ctx: &RenderContext) -> Result<Vec<u8>, String> {
+    let raw = build(snap, ctx).encode_to_vec();
+    let mut gz = GzEncoder::new(
+        Vec::with_capacity(raw.len() / 4 + 64),
+        flate2::Compression::default(),
+    );
+    gz.write_all(&raw)
+        .and_then(|()| gz.finish())
+        .map_err(|e| format!("compressing the pprof profile failed: {e}"))
+}
+
+/// Reads a profile back (gzipped or not); for tests and tools.
+pub fn decode(bytes: &[u8]) -> Result<Profile, String> {
+    use std::io::Read;
+    let raw = if bytes.starts_with(&[0x1f, 0x8b]) {
+        let mut out = Vec::new();
+        flate2::read::GzDecoder::new(bytes)
+            .read_to_end(&mut out)
+            .map_err(|e| format!("not gzip: {e}"))?;
+        out
+    } else {
+        bytes.to_vec()
+    };
+    Profile::decode(raw.as_slice()).map_err(|e| format!("not a pprof profile: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pyfleet_actors::{FrameInfo, ProcessProfile};
+    use pyfleet_policies::Mode;
+    use std::time::Duration;
+
+    fn frame(function: &str, file: &str, line: Option<i32>) -> FrameInfo {
+        FrameInfo {
+            function: function.into(),
+            file: file.into(),
+            line,
+        }
+    }
+
+    #[test]
+    fn round_trip_with_labels_and_time() {
+        let gil = ThreadStatus {
+            on_cpu: true,
+            holds_gil: true,
+        };
+        let leaf = frame("leaf\u{0}\n", "/ü.py", Some(3));
+        let main = frame("main", "/a.py", None);
+        let snap = Snapshot {
+            taken_at: UNIX_EPOCH + Duration::from_secs(100),
+            processes: vec![
+                ProcessProfile {
+                    pid: 7,
+                    name: "app".into(),
+                    samples: vec![
+                        (gil, vec![leaf.clone(), main.clone()], 2),
+                        (ThreadStatus::default(), vec![leaf.clone(), main.clone()], 3),
+                        (gil, vec![], 9),
+                    ],
+                },
+                ProcessProfile {
+                    pid: 8,
+                    name: "other".into(),
+                    samples: vec![(gil, vec![main.clone()], 4)],
+                },
+            ],
+        };
+        let ctx = RenderContext {
+            rate_hz: Some(100.0),
+            mode: Mode::Cpu,
+            duration: Some(Duration::from_secs(10)),
+            ..Default::default()
+        };
+        let bytes = render(&snap, &ctx).unwrap();
+        assert_eq!(&bytes[..2], &[0x1f, 0x8b], "gzipped");
+        let p = decode(&bytes).unwrap();
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        assert_eq!(s(0), "");
+        let types: Vec<(&str, &str)> = p
+            .sample_type
+            .iter()
+            .map(|t| (s(t.r#type), s(t.unit)))
+            .collect();
+        assert_eq!(types, vec![("samples", "count"), ("cpu", "nanoseconds")]);
+        assert_eq!(s(p.default_sample_type), "samples");
+        assert_eq!(p.period, 10_000_000);
+        assert_eq!(p.time_nanos, 90_000_000_000);
+        assert_eq!(p.sample.len(), 3);
+        let total: i64 = p.sample.iter().map(|x| x.value[0]).sum();
+        assert_eq!(total, 9);
+        let first = &p.sample[0];
+        assert_eq!(first.value, vec![2, 20_000_000]);
+        // Leaf first: the leaf's location names the leaf function, with its line.
+        let loc = &p.location[(first.location_id[0] - 1) as usize];
+        let f = &p.function[(loc.line[0].function_id - 1) as usize];
+        assert_eq!(s(f.name), "leaf\u{0}\n");
+        assert_eq!(s(f.filename), "/ü.py");
+        assert_eq!(loc.line[0].line, 3);
+        let labels: Vec<(&str, String)> = first
+            .label
+            .iter()
+            .map(|l| {
+                let v = if l.str != 0 {
+                    s(l.str).to_string()
+                } else {
+                    l.num.to_string()
+                };
+                (s(l.key), v)
+            })
+            .collect();
+        assert_eq!(
+            labels,
+            vec![
+                ("process", "app".to_string()),
+                ("pid", "7".to_string()),
+                ("thread_status", "on_cpu+holds_gil".to_string())
+            ]
+        );
+        // Counts only when the rate is not known.
+        let counts = build(&snap, &RenderContext::default());
+        assert_eq!(counts.sample_type.len(), 1);
+        assert!(counts.sample.iter().all(|x| x.value.len() == 1));
+        assert_eq!(counts.period_type, None);
+    }
+}

@@ -1,0 +1,368 @@
+//! `pyfleet record`: profile some processes for a while into one file, like `py-spy record`,
+//! on the fleet's own pipeline: the supervisor, the samplers and the shared sampling thread,
+//! the aggregator and the snapshot sink of `pyfleet-actors`, with
+//! [`RecordFile`](pyfleet::output::record_file::RecordFile) as the sink's writer.
+//!
+//! Validates everything before sampling (options, the output file, each `--pid`), then runs
+//! until `--duration`, SIGINT/SIGTERM, or until every target has exited, and writes the file
+//! (through the fleet's final snapshot, so every sample taken is in it). While it runs, and
+//! only when stderr is a terminal, one line on stderr shows the progress. One line at the end
+//! says what was written.
+//!
+//! The sink writes only the final snapshot in practice: the snapshot interval is longer than
+//! the recording (or an hour when it has no end, the writer accumulating windows so that such
+//! a checkpoint holds everything so far). No metrics exporter is installed (the metrics facade
+//! then records nothing). The CPU budget is one whole core, so the rate is what was asked
+//! unless sampling would need more.
+
+use anyhow::{anyhow, bail, Context, Result};
+use pyfleet::cpython;
+use pyfleet::fleet::{Counted, HostDiscovery, SampleCounters, UnwinderFactory};
+use pyfleet::output::format::{Format, RenderContext};
+use pyfleet::output::record_file::RecordFile;
+use pyfleet::output::snapshot_dir::utc_name;
+use pyfleet_actors::{Fleet, FleetConfig, FleetStatus, ProcessState};
+use pyfleet_policies::{MatchPolicy, Mode, RatePolicy};
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// `record`'s CPU budget: one core.
+const RECORD_MAX_CPU_PERCENT: f64 = 100.0;
+/// How often the end conditions are checked.
+const POLL: Duration = Duration::from_millis(100);
+/// How often the progress line is redrawn.
+const REDRAW: Duration = Duration::from_millis(250);
+
+#[derive(Debug, Clone, clap::Args)]
+#[command(group(
+    clap::ArgGroup::new("target")
+        .required(true)
+        .multiple(true)
+        .args(["pids", "matches"])
+))]
+pub struct RecordOptions {
+    /// Record this process (repeatable).
+    #[arg(long = "pid", short = 'p', value_name = "PID")]
+    pub pids: Vec<i32>,
+    /// Record the Python processes whose command line or executable name matches REGEX
+    /// (repeatable: any may match), including those that start during the recording.
+    #[arg(long = "match", short = 'm', value_name = "REGEX")]
+    pub matches: Vec<String>,
+    /// Stop after this many seconds [default: at Ctrl-C, or when every target has exited].
+    #[arg(long, short = 'd', value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Samples per second per process.
+    #[arg(long, short = 'r', value_name = "HZ", default_value_t = 100.0)]
+    pub rate: f64,
+    /// Which thread samples count: wall (all), cpu (on CPU), gil (holding the GIL).
+    #[arg(long, value_name = "wall|cpu|gil", default_value = "wall")]
+    pub mode: String,
+    /// Output file [default: pyfleet-<UTC time>.<format's extension>].
+    #[arg(long, short = 'o', value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// folded, svg, speedscope or pprof [default: from the output's extension (.folded/.txt,
+    /// .svg, .json/.speedscope.json, .pb.gz/.pprof), else svg].
+    #[arg(long, short = 'f', value_name = "FORMAT")]
+    pub format: Option<String>,
+    /// Never write to target processes (no 3.15 frame-cache marker; results stay exact).
+    #[arg(long)]
+    pub read_only: bool,
+}
+
+/// Validated settings.
+struct Plan {
+    policy: MatchPolicy,
+    pids: Vec<i32>,
+    matches: Vec<String>,
+    rate: RatePolicy,
+    mode: Mode,
+    duration: Option<Duration>,
+    output: PathBuf,
+    format: Format,
+    read_only: bool,
+}
+
+fn plan(o: RecordOptions) -> Result<Plan> {
+    if let Some(bad) = o.pids.iter().find(|p| **p <= 0) {
+        bail!("--pid must be a positive process id (got {bad})");
+    }
+    let policy = MatchPolicy::new(
+        &o.matches,
+        [] as [&str; 0],
+        &o.pids,
+        Some(std::process::id() as i32),
+    )?;
+    let rate = RatePolicy::new(o.rate, RECORD_MAX_CPU_PERCENT)?;
+    let mode: Mode = o.mode.parse()?;
+    let duration = match o.duration {
+        Some(d) if d.is_finite() && d > 0.0 && d < 1e9 => Some(Duration::from_secs_f64(d)),
+        Some(d) => bail!("--duration must be a positive number of seconds (got {d})"),
+        None => None,
+    };
+    let format = match (&o.format, &o.output) {
+        (Some(f), _) => f.parse::<Format>().map_err(|e| anyhow!("--format: {e}"))?,
+        (None, Some(out)) => Format::from_path(out).ok_or_else(|| {
+            anyhow!(
+                "cannot tell the format of {} from its extension (.folded, .txt, .svg, .json, \
+                 .speedscope.json, .pb.gz, .pprof): give --format",
+                out.display()
+            )
+        })?,
+        (None, None) => Format::Svg,
+    };
+    let output = o.output.unwrap_or_else(|| {
+        PathBuf::from(format!(
+            "pyfleet-{}.{}",
+            utc_name(std::time::SystemTime::now()),
+            format.extension()
+        ))
+    });
+    Ok(Plan {
+        policy,
+        pids: o.pids,
+        matches: o.matches,
+        rate,
+        mode,
+        duration,
+        output,
+        format,
+        read_only: o.read_only,
+    })
+}
+
+/// One `--pid` target: its start time names it for its whole life.
+struct Target {
+    pid: i32,
+    start: u64,
+}
+
+impl Target {
+    /// Gone, a zombie, or its pid reused.
+    fn exited(&self) -> bool {
+        let state = std::fs::read(format!("/proc/{}/stat", self.pid))
+            .ok()
+            .and_then(|stat| {
+                let close = stat.iter().rposition(|&b| b == b')')?;
+                stat.get(close + 2).copied()
+            });
+        match state {
+            None | Some(b'Z') | Some(b'X') | Some(b'x') => true,
+            Some(_) => pyfleet::process::start_time(self.pid) != Some(self.start),
+        }
+    }
+}
+
+pub fn run(opts: RecordOptions) -> Result<()> {
+    let plan = plan(opts)?;
+    let what = describe_targets(&plan);
+    let ctx = RenderContext {
+        title: format!("pyfleet record: {what}"),
+        rate_hz: Some(plan.rate.base_hz()),
+        mode: plan.mode,
+        duration: None,
+    };
+    // The output first: an unwritable file fails before anything else happens.
+    let writer = RecordFile::open(&plan.output, plan.format, ctx).map_err(|e| anyhow!(e))?;
+    // Each --pid must be a Python process we can read, now (one-line errors as `dump`'s).
+    let mut targets = Vec::new();
+    for &pid in &plan.pids {
+        cpython::attach(
+            pid,
+            cpython::SamplerOptions {
+                frame_cache: false,
+                read_only: true,
+                ..Default::default()
+            },
+        )
+        .with_context(|| format!("cannot record process {pid}"))?;
+        let start = pyfleet::process::start_time(pid)
+            .ok_or_else(|| anyhow!("cannot record process {pid}: it exited"))?;
+        targets.push(Target { pid, start });
+    }
+
+    let config = FleetConfig {
+        snapshot_interval: plan
+            .duration
+            .map(|d| d + Duration::from_secs(60))
+            .unwrap_or(Duration::from_secs(3600)),
+        mode: plan.mode,
+        rate: plan.rate.clone(),
+        ..FleetConfig::default()
+    };
+    config.validate().map_err(|e| anyhow!("{e}"))?;
+    let counters = Arc::new(SampleCounters::default());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("pyfleet-async")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let started = Instant::now();
+    let progress = std::io::stderr().is_terminal();
+    let why = runtime.block_on(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+        let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+        let fleet = Fleet::start(
+            config,
+            HostDiscovery::new(plan.policy.clone()),
+            Counted {
+                inner: UnwinderFactory {
+                    read_only: plan.read_only,
+                },
+                counters: counters.clone(),
+            },
+            writer.clone(),
+        )
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
+
+        let mut tick = tokio::time::interval(POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut last_draw: Option<Instant> = None;
+        let mut seen_any = false;
+        let mut rate_changed = false;
+        let mut status: Option<FleetStatus> = None;
+        let why = loop {
+            tokio::select! {
+                _ = int.recv() => break Some("stopped by SIGINT".to_string()),
+                _ = term.recv() => break Some("stopped by SIGTERM".to_string()),
+                _ = tick.tick() => {}
+            }
+            if plan.duration.is_some_and(|d| started.elapsed() >= d) {
+                break None;
+            }
+            if let Ok(s) = fleet.status().await {
+                if s.rate_hz != plan.rate.base_hz() {
+                    rate_changed = true;
+                }
+                seen_any |= s
+                    .processes
+                    .iter()
+                    .any(|p| p.state == ProcessState::Sampling);
+                status = Some(s);
+            }
+            if let Some(why) = ended(&plan, &targets, seen_any, status.as_ref()) {
+                break Some(why);
+            }
+            if progress && last_draw.is_none_or(|t| t.elapsed() >= REDRAW) {
+                last_draw = Some(Instant::now());
+                draw(&what, &plan, started.elapsed(), &counters, status.as_ref());
+            }
+        };
+        if progress {
+            let mut err = std::io::stderr().lock();
+            let _ = write!(err, "\r\x1b[2K");
+            let _ = err.flush();
+        }
+        if rate_changed {
+            // The rate came down under the CPU budget: time values would be guesses.
+            writer.forget_rate();
+        }
+        fleet.shutdown().await.map_err(|e| anyhow!("{e}"))?;
+        Ok::<_, anyhow::Error>(why)
+    })?;
+    let written = writer.written().unwrap_or_default();
+    let mut line = format!(
+        "pyfleet: wrote {} thread samples of {} process{} to {} ({})",
+        written.samples,
+        written.processes,
+        if written.processes == 1 { "" } else { "es" },
+        writer.path().display(),
+        writer.format()
+    );
+    let errors = counters.errors();
+    if errors > 0 {
+        let s = if errors == 1 { "" } else { "s" };
+        line.push_str(&format!("; {errors} failed sample{s}"));
+    }
+    if let Some(why) = why {
+        line.push_str("; ");
+        line.push_str(&why);
+    }
+    eprintln!("{}", pyfleet::output::for_terminal(&line));
+    Ok(())
+}
+
+/// Why the recording ends now that every target has exited, or `None`. With `--pid` only,
+/// the pids themselves are watched (gone, zombie, or reused). With `--match`, the supervisor
+/// must have sampled some process, every process it tracks must have exited since, and so
+/// must every `--pid`.
+fn ended(
+    plan: &Plan,
+    targets: &[Target],
+    seen_any: bool,
+    status: Option<&FleetStatus>,
+) -> Option<String> {
+    let pids_gone = targets.iter().all(Target::exited);
+    if plan.matches.is_empty() {
+        if !pids_gone {
+            return None;
+        }
+        let pids: Vec<String> = targets.iter().map(|t| t.pid.to_string()).collect();
+        return Some(match pids.as_slice() {
+            [one] => format!("process {one} exited"),
+            _ => format!("processes {} exited", pids.join(", ")),
+        });
+    }
+    let fleet_gone = seen_any
+        && status.is_some_and(|s| s.processes.iter().all(|p| p.state == ProcessState::Exited));
+    (fleet_gone && pids_gone).then(|| "every matching process exited".to_string())
+}
+
+fn describe_targets(plan: &Plan) -> String {
+    let mut parts: Vec<String> = plan.pids.iter().map(|p| format!("pid {p}")).collect();
+    parts.extend(plan.matches.iter().map(|m| format!("/{m}/")));
+    pyfleet::output::for_terminal(&parts.join(", ")).into_owned()
+}
+
+/// The progress line: targets, a bar when the duration is known, elapsed time, samples taken,
+/// errors, processes being sampled.
+fn draw(
+    what: &str,
+    plan: &Plan,
+    elapsed: Duration,
+    counters: &SampleCounters,
+    status: Option<&FleetStatus>,
+) {
+    let secs = elapsed.as_secs_f64();
+    let time = match plan.duration {
+        Some(d) => {
+            const WIDTH: usize = 10;
+            let total = d.as_secs_f64();
+            let filled = ((secs / total).clamp(0.0, 1.0) * WIDTH as f64) as usize;
+            format!(
+                "[{}{}] {secs:.1}/{total:.0} s",
+                "#".repeat(filled),
+                ".".repeat(WIDTH - filled)
+            )
+        }
+        None => format!("{secs:.1} s"),
+    };
+    let sampling = status
+        .map(|s| {
+            s.processes
+                .iter()
+                .filter(|p| p.state == ProcessState::Sampling)
+                .count()
+        })
+        .unwrap_or(0);
+    // Short enough for an 80-column terminal (a wrapped line would not be redrawn in place).
+    const WHAT_MAX: usize = 24;
+    let what: String = if what.chars().count() > WHAT_MAX {
+        what.chars().take(WHAT_MAX - 1).chain(['…']).collect()
+    } else {
+        what.to_string()
+    };
+    let mut err = std::io::stderr().lock();
+    let _ = write!(
+        err,
+        "\r\x1b[2Krecording {what} {time}, {} samples, {} errors, {sampling} process{}",
+        counters.samples(),
+        counters.errors(),
+        if sampling == 1 { "" } else { "es" },
+    );
+    let _ = err.flush();
+}

@@ -1,0 +1,333 @@
+//! `pyfleet record` against real Python targets: each format chosen by the output's
+//! extension (and by --format), a target that exits mid-recording, Ctrl-C (SIGINT), --match
+//! over two processes until both exit, an unwritable output (fails at once, before any
+//! sampling), and the progress line on a terminal only.
+
+mod common;
+
+use common::*;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const HOT: &str = "pyfleet_hot_leaf";
+const ABSENT: &str = "pyfleet_never_called";
+
+/// A running profiled.py (SECONDS: 0 runs until killed) once it has written its ready file.
+fn target(seconds: f64, token: &str) -> Proc {
+    let py = any_interpreter();
+    let ready = format!("ready-{token}");
+    let mut p = Proc::python(
+        &py.label,
+        &py.path,
+        "profiled.py",
+        &[ready.clone(), seconds.to_string()],
+    );
+    p.wait_for_file(&ready, READY_TIMEOUT);
+    p
+}
+
+/// The last line of stderr, which must be `pyfleet: wrote N thread samples of P process(es)
+/// to PATH (FORMAT)...`; returns N and P.
+fn final_line(out: &RunOutput, path: &Path, format: &str) -> (u64, u64) {
+    let line = out.stderr.trim_end().lines().last().unwrap_or_default();
+    let want = format!("to {} ({format})", path.display());
+    assert!(
+        line.starts_with("pyfleet: wrote ") && line.contains(&want),
+        "unexpected final line {line:?} (wanted {want:?}): {}",
+        out.describe()
+    );
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let samples = words[2].parse().unwrap_or_else(|_| panic!("{line}"));
+    assert_eq!(&words[3..5], ["thread", "samples"], "{line}");
+    let processes = words[6].parse().unwrap_or_else(|_| panic!("{line}"));
+    (samples, processes)
+}
+
+/// Checks that `path` holds a profile in `format` with the target's hot function.
+fn check_file(path: &Path, format: &str) {
+    let data = fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let text = String::from_utf8_lossy(&data);
+    match format {
+        "svg" => {
+            assert!(
+                text.starts_with("<?xml") && text.contains("<svg"),
+                "not SVG"
+            );
+            assert!(text.contains(HOT) && !text.contains(ABSENT));
+        }
+        "folded" => {
+            assert!(text.lines().any(|l| l.contains(HOT)), "{text}");
+            for l in text.lines() {
+                let (stack, n) = l.rsplit_once(' ').expect("no count");
+                assert!(stack.starts_with("profiled-"), "{l}");
+                assert!(n.parse::<u64>().is_ok(), "{l}");
+            }
+        }
+        "speedscope" => {
+            let v: serde_json::Value = serde_json::from_slice(&data).expect("not JSON");
+            assert_eq!(
+                v["$schema"],
+                "https://www.speedscope.app/file-format-schema.json"
+            );
+            assert!(text.contains(HOT));
+        }
+        "pprof" => {
+            let p = pyfleet::output::pprof::decode(&data).expect("not pprof");
+            assert!(p.string_table.iter().any(|s| s == HOT));
+            assert!(p.sample.iter().map(|s| s.value[0]).sum::<i64>() > 0);
+        }
+        other => panic!("unknown format {other}"),
+    }
+    assert!(!text.contains(ABSENT));
+}
+
+fn arg(p: &Path) -> String {
+    p.display().to_string()
+}
+
+#[test]
+fn writes_each_format_by_extension() {
+    let token = unique_token("rec");
+    let t = target(0.0, &token);
+    let pid = t.pid().to_string();
+    let dir = tempdir("pyfleet-record-");
+    let cases: Vec<(PathBuf, Option<&str>, &str)> = vec![
+        (dir.path().join("out.svg"), None, "svg"),
+        (dir.path().join("out.folded"), None, "folded"),
+        (dir.path().join("new/sub/out.txt"), None, "folded"),
+        (dir.path().join("out.speedscope.json"), None, "speedscope"),
+        (dir.path().join("out.json"), None, "speedscope"),
+        (dir.path().join("out.pb.gz"), None, "pprof"),
+        (dir.path().join("out.pprof"), None, "pprof"),
+        (dir.path().join("out.data"), Some("pprof"), "pprof"),
+    ];
+    // All at once, on the same target.
+    let running: Vec<Running> = cases
+        .iter()
+        .map(|(path, format, _)| {
+            let mut args = vec![
+                "record".to_string(),
+                "--pid".into(),
+                pid.clone(),
+                "--duration".into(),
+                "1.5".into(),
+                "-o".into(),
+                arg(path),
+            ];
+            if let Some(f) = format {
+                args.extend(["--format".to_string(), f.to_string()]);
+            }
+            start_pyfleet(&args)
+        })
+        .collect();
+    for (r, (path, _, format)) in running.into_iter().zip(&cases) {
+        let out = r.finish();
+        assert!(out.success(), "{}", out.describe());
+        // Not a terminal: no progress line, only the final one.
+        assert_eq!(
+            out.stderr.trim_end().lines().count(),
+            1,
+            "{}",
+            out.describe()
+        );
+        assert!(!out.stderr.contains('\r'), "{}", out.describe());
+        let (samples, processes) = final_line(&out, path, format);
+        assert!(samples > 0, "{}", out.describe());
+        assert_eq!(processes, 1, "{}", out.describe());
+        check_file(path, format);
+    }
+
+    // An extension that names no format, without --format: one line, before anything.
+    let out = pyfleet(&[
+        "record",
+        "--pid",
+        &pid,
+        "-o",
+        &arg(&dir.path().join("out.bin")),
+    ]);
+    assert_error_contract(&out, Some("--format"));
+}
+
+#[test]
+fn a_target_that_exits_mid_recording() {
+    let token = unique_token("rec");
+    let t = target(2.5, &token);
+    let pid = t.pid();
+    let dir = tempdir("pyfleet-record-");
+    let path = dir.path().join("out.folded");
+    let started = Instant::now();
+    let out = pyfleet(&[
+        "record",
+        "--pid",
+        &pid.to_string(),
+        "--duration",
+        "25",
+        "-o",
+        &arg(&path),
+    ]);
+    assert!(out.success(), "{}", out.describe());
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "record did not end when its target did: {}",
+        out.describe()
+    );
+    let (samples, _) = final_line(&out, &path, "folded");
+    assert!(samples > 0, "{}", out.describe());
+    assert!(
+        out.stderr
+            .trim_end()
+            .ends_with(&format!("process {pid} exited")),
+        "{}",
+        out.describe()
+    );
+    check_file(&path, "folded");
+}
+
+#[test]
+fn ctrl_c_ends_the_recording_and_writes_it() {
+    let token = unique_token("rec");
+    let t = target(0.0, &token);
+    let dir = tempdir("pyfleet-record-");
+    let path = dir.path().join("out.svg");
+    let r = start_pyfleet(&["record", "--pid", &t.pid().to_string(), "-o", &arg(&path)]);
+    // Once pyfleet catches SIGINT (it is sampling by then), give it a moment to take samples.
+    wait_until(
+        Duration::from_secs(20),
+        "pyfleet record to catch SIGINT",
+        || catches(r.pid(), libc::SIGINT),
+        || {
+            format!(
+                "/proc/{}/status: {:?}",
+                r.pid(),
+                fs::read_to_string(format!("/proc/{}/status", r.pid()))
+            )
+        },
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    send_signal(r.pid(), libc::SIGINT);
+    let out = r.finish();
+    assert!(out.success(), "{}", out.describe());
+    let (samples, _) = final_line(&out, &path, "svg");
+    assert!(samples > 0, "{}", out.describe());
+    assert!(
+        out.stderr.contains("stopped by SIGINT"),
+        "{}",
+        out.describe()
+    );
+    check_file(&path, "svg");
+}
+
+/// Whether `pid` has a handler for `sig` (`SigCgt` in /proc/PID/status).
+fn catches(pid: i32, sig: libc::c_int) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            let mask = s.lines().find_map(|l| l.strip_prefix("SigCgt:"))?;
+            u64::from_str_radix(mask.trim(), 16).ok()
+        })
+        .is_some_and(|mask| mask & (1 << (sig - 1)) != 0)
+}
+
+#[test]
+fn match_records_every_process_until_they_exit() {
+    let token = unique_token("recm");
+    let a = target(3.0, &format!("{token}-a"));
+    let b = target(3.0, &format!("{token}-b"));
+    let dir = tempdir("pyfleet-record-");
+    let path = dir.path().join("fleet.pb.gz");
+    let out = run_with_timeout(
+        pyfleet_command(&["record", "--match", &token, "-o", &arg(&path)]),
+        Duration::from_secs(30),
+    );
+    assert!(out.success(), "{}", out.describe());
+    let (samples, processes) = final_line(&out, &path, "pprof");
+    assert!(samples > 0, "{}", out.describe());
+    assert_eq!(processes, 2, "{}", out.describe());
+    assert!(
+        out.stderr.contains("every matching process exited"),
+        "{}",
+        out.describe()
+    );
+    let p = pyfleet::output::pprof::decode(&fs::read(&path).unwrap()).unwrap();
+    let key = p.string_table.iter().position(|s| s == "pid").unwrap() as i64;
+    let mut pids: Vec<i64> = p
+        .sample
+        .iter()
+        .flat_map(|s| s.label.iter().filter(|l| l.key == key).map(|l| l.num))
+        .collect();
+    pids.sort();
+    pids.dedup();
+    assert_eq!(pids, vec![i64::from(a.pid()), i64::from(b.pid())]);
+}
+
+#[test]
+fn unwritable_output_fails_at_once_before_sampling() {
+    let token = unique_token("rec");
+    let t = target(0.0, &token);
+    let dir = tempdir("pyfleet-record-");
+    let file = dir.path().join("a-file");
+    fs::write(&file, "x").unwrap();
+    let bad = file.join("out.svg");
+    let out = pyfleet(&["record", "--pid", &t.pid().to_string(), "-o", &arg(&bad)]);
+    assert_error_contract(&out, Some("cannot write the output"));
+    assert!(out.elapsed < Duration::from_secs(3), "{}", out.describe());
+    // The output is checked before anything else, even before the target: a pid that does
+    // not exist is not what it reports.
+    let out = pyfleet(&["record", "--pid", "999999999", "-o", &arg(&bad)]);
+    assert_error_contract(&out, Some("cannot write the output"));
+    assert!(!bad.exists());
+    // And with a good output, a pid that does not exist is one line too, and nothing is
+    // written.
+    let good = dir.path().join("out.svg");
+    let out = pyfleet(&["record", "--pid", "999999999", "-o", &arg(&good)]);
+    assert_error_contract(&out, Some("999999999"));
+    assert!(!good.exists());
+    assert_eq!(
+        fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "a file was left"
+    );
+}
+
+#[test]
+fn progress_line_on_a_terminal() {
+    let token = unique_token("rec");
+    let t = target(0.0, &token);
+    let dir = tempdir("pyfleet-record-");
+    let path = dir.path().join("out.folded");
+    // util-linux's script(1) runs the command on a pseudo-terminal.
+    let command = format!(
+        "{} record --pid {} --duration 2 -o {}",
+        pyfleet_exe().display(),
+        t.pid(),
+        path.display()
+    );
+    let mut cmd = Command::new("script");
+    cmd.args(["-q", "-e", "-f", "-c", &command, "/dev/null"])
+        .env_remove("RUST_LOG");
+    let out = run_with_timeout(cmd, Duration::from_secs(30));
+    assert!(out.success(), "{}", out.describe());
+    let screen = out.stdout.replace("\r\n", "\n");
+    assert!(
+        screen.contains(&format!("\r\x1b[2Krecording pid {} [", t.pid())),
+        "no progress line: {screen:?}"
+    );
+    assert!(
+        screen.contains("/2 s, ") && screen.contains(" samples, 0 errors, 1 process\r"),
+        "{screen:?}"
+    );
+    let last = screen
+        .trim_end()
+        .rsplit(['\n', '\r'])
+        .next()
+        .unwrap_or_default();
+    let last = last.trim_start_matches("\x1b[2K");
+    assert!(
+        last.starts_with("pyfleet: wrote ")
+            && last.ends_with(&format!("to {} (folded)", path.display())),
+        "{screen:?}"
+    );
+    check_file(&path, "folded");
+}
