@@ -105,6 +105,14 @@ pub fn run(opts: RunOptions) -> Result<()> {
                 .map(|a| format!("on http://{a}/metrics"))
                 .unwrap_or_else(|| "off".into()),
         );
+        for &pid in &settings.pids {
+            if pyfleet::discovery::probe(pid).is_none() {
+                eprintln!(
+                    "pyfleet: warning: pid {pid} is not a Python process that can be read now; \
+                     it is profiled if it becomes one"
+                );
+            }
+        }
         let fleet = Fleet::start(
             config,
             HostDiscovery::new(settings.policy.clone()),
