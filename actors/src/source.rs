@@ -37,6 +37,16 @@ pub struct FrameInfo {
     pub line: Option<i32>,
 }
 
+impl FrameInfo {
+    pub fn new(function: impl Into<String>, file: impl Into<String>, line: Option<i32>) -> Self {
+        FrameInfo {
+            function: function.into(),
+            file: file.into(),
+            line,
+        }
+    }
+}
+
 /// What a thread was doing when sampled; the profiling mode decides from it whether the sample
 /// counts.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

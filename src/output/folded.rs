@@ -90,11 +90,7 @@ mod tests {
     use pyfleet_actors::ThreadStatus;
 
     fn frame(function: &str, file: &str, line: Option<i32>) -> FrameInfo {
-        FrameInfo {
-            function: function.into(),
-            file: file.into(),
-            line,
-        }
+        FrameInfo::new(function, file, line)
     }
 
     #[test]

@@ -338,11 +338,7 @@ mod tests {
     use std::time::Duration;
 
     fn frame(function: &str, file: &str, line: Option<i32>) -> FrameInfo {
-        FrameInfo {
-            function: function.into(),
-            file: file.into(),
-            line,
-        }
+        FrameInfo::new(function, file, line)
     }
 
     #[test]
