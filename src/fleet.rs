@@ -30,7 +30,8 @@ struct Known {
     start: u64,
     exe: PathBuf,
     version: Option<Version>,
-    probed_at: Instant,
+    /// When this process (pid, start time, executable) was first seen.
+    first_seen: Instant,
 }
 
 /// Finds the Python processes that the match policy selects. Reading ELF files is the
@@ -50,14 +51,17 @@ impl HostDiscovery {
     }
 
     fn version(&mut self, pid: i32, start: u64, exe: &PathBuf) -> Option<Version> {
-        if let Some(k) = self.known.get(&pid) {
-            if k.start == start
-                && &k.exe == exe
-                && (k.version.is_some() || k.probed_at.elapsed() > SETTLE)
-            {
+        let same = self
+            .known
+            .get(&pid)
+            .filter(|k| k.start == start && &k.exe == exe);
+        if let Some(k) = same {
+            if k.version.is_some() || k.first_seen.elapsed() > SETTLE {
                 return k.version;
             }
         }
+        // New (or exec'd) process, or one too young to be sure it is not Python yet.
+        let first_seen = same.map_or_else(Instant::now, |k| k.first_seen);
         let version = discovery::probe(pid).map(|p| p.version);
         self.known.insert(
             pid,
@@ -65,7 +69,7 @@ impl HostDiscovery {
                 start,
                 exe: exe.clone(),
                 version,
-                probed_at: Instant::now(),
+                first_seen,
             },
         );
         version
