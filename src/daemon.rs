@@ -105,6 +105,12 @@ pub fn run(opts: RunOptions) -> Result<()> {
                 .map(|a| format!("on http://{a}/metrics"))
                 .unwrap_or_else(|| "off".into()),
         );
+        if pyfleet::process::has_ptrace_capability() == Some(false) {
+            eprintln!(
+                "pyfleet: warning: without root or CAP_SYS_PTRACE only this user's own \
+                 processes can be profiled"
+            );
+        }
         for &pid in &settings.pids {
             if pyfleet::discovery::probe(pid).is_none() {
                 eprintln!(

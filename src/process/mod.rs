@@ -163,6 +163,19 @@ pub fn own_rss_bytes() -> Option<u64> {
     Some(pages * procfs::page_size())
 }
 
+/// Whether this process holds CAP_SYS_PTRACE (root normally does): without it, only processes
+/// of the same user can be read. From `CapEff` in /proc/self/status; `None` if unreadable.
+pub fn has_ptrace_capability() -> Option<bool> {
+    const CAP_SYS_PTRACE: u32 = 19;
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))?
+        .trim();
+    let caps = u64::from_str_radix(hex, 16).ok()?;
+    Some(caps & (1 << CAP_SYS_PTRACE) != 0)
+}
+
 /// CPU time used so far by the calling thread, in nanoseconds (`/proc/thread-self/schedstat`).
 pub fn own_thread_cpu_ns() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
