@@ -164,11 +164,14 @@ fn runtime() -> (MemoryImage, Vec<u64>) {
     let outer = b.code("main", "main", "/app/main.py", 10, 4);
     let inner = b.code("café", "Klass.café", "/app/módulo_名前.py", 100, 8);
     let deep = b.code("𠀀𠀁", "𠀀𠀁", "/app/x.py", 1, 2);
-    let f3 = b.frame(outer, 3, 0, 0);
+    // Every thread's chain ends in the entry shim the interpreter pushes (3.12+).
+    let base = b.frame(outer, 0, 0, 3);
+    let f3 = b.frame(outer, 3, base, 0);
     let shim = b.frame(outer, 0, f3, 3); // FRAME_OWNED_BY_CSTACK: skipped
     let f2 = b.frame(inner, 5, shim, 0);
     let f1 = b.frame(deep, 1, f2, 1);
-    let g = b.frame(outer, 0, 0, 0);
+    let g_base = b.frame(outer, 0, 0, 3);
+    let g = b.frame(outer, 0, g_base, 0);
 
     let interp = b.alloc(0x200);
     let (t1, t2) = (b.alloc(0x100), b.alloc(0x100));
@@ -276,6 +279,22 @@ fn rejects_bad_debug_offsets() {
     raw[0] = b'X';
     assert!(DebugOffsets::parse(FIELDS_313, &raw).is_err());
     assert!(DebugOffsets::parse(FIELDS_313, &raw_offsets(&offsets())[..64]).is_err());
+}
+
+#[test]
+fn a_chain_that_does_not_end_in_an_entry_shim_was_read_torn() {
+    // As if the outermost Python frame's caller link were read while being rewritten: the
+    // chain ends at a Python frame, so the stack would be truncated. An error, not a sample.
+    let (mut img, frames) = runtime();
+    img.poke(frames[3] + 0x08, &0u64.to_le_bytes());
+    let mut u = unwinder(img);
+    let err = u.snapshot().unwrap_err();
+    assert!(
+        matches!(&err, UnwindError::BadObject { addr, .. } if *addr == frames[3]),
+        "{err}"
+    );
+    assert_eq!(err.kind(), "inconsistent");
+    assert_eq!(u.stats().errors, 1);
 }
 
 #[test]

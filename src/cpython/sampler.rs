@@ -922,6 +922,18 @@ impl<M: RemoteMemory> Sampler<M> {
             }
             addr = previous;
         }
+        // From 3.12 every entry into the interpreter pushes a C-stack shim frame, so a thread's
+        // chain always ends in a shim. One that ends in a Python frame was read torn (a
+        // generator's frame suspended, a frame being pushed, between reading the thread state
+        // and the frame): reporting it would count a truncated stack.
+        if tail.is_none() && !f.shim_owners.is_empty() {
+            if let Some(last) = self.raws[walked_from..].last().filter(|r| !r.shim) {
+                return Err(UnwindError::BadObject {
+                    addr: last.addr,
+                    what: "the stack does not end at an entry frame (read while it changed)".into(),
+                });
+            }
+        }
         self.stats.frames_from_memory += (self.raws.len() - walked_from) as u64;
         let tc = self.threads.entry(ts.addr).or_default();
         tc.chain = chain;
