@@ -40,12 +40,7 @@ fn env_dir(var: &str, default: &str) -> PathBuf {
 
 /// A program on PATH; panics saying how to install it.
 fn tool(name: &str) -> PathBuf {
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("{name} is not installed: {SETUP}"))
+    on_path(name).unwrap_or_else(|| panic!("{name} is not installed: {SETUP}"))
 }
 
 fn speedscope_schema() -> PathBuf {

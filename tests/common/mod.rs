@@ -240,6 +240,15 @@ pub fn is_root() -> bool {
 // Signals and /proc
 // ---------------------------------------------------------------------------------------------
 
+/// A program on PATH, if there is one.
+pub fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
 /// Like `send_signal`, for clean-ups: a process that is already gone is not an error.
 pub fn try_signal(pid: i32, sig: libc::c_int) -> bool {
     // SAFETY: kill has no memory-safety preconditions.
