@@ -255,6 +255,7 @@ fn bench(
         "code_cache_misses": st.code_cache_misses,
         "stale_invalidations": st.stale_invalidations,
         "marker_writes": st.marker_writes,
+        "table_resets": st.table_resets,
         "remote_reads": st.remote_reads,
         "remote_read_bytes": st.remote_read_bytes,
         "reads_per_sample": st.remote_reads as f64 / n,

@@ -197,6 +197,10 @@ fn runtime() -> (MemoryImage, Vec<u64>) {
 }
 
 fn unwinder(img: MemoryImage) -> Sampler<MemoryImage> {
+    unwinder_with(img, SamplerOptions::default())
+}
+
+fn unwinder_with(img: MemoryImage, opts: SamplerOptions) -> Sampler<MemoryImage> {
     let loc = RuntimeLocation {
         path: PathBuf::from("/synthetic"),
         bias: 0,
@@ -207,7 +211,39 @@ fn unwinder(img: MemoryImage) -> Sampler<MemoryImage> {
     };
     let layout = debug_offsets::layout(&img, RUNTIME, Version::from_hex(V313)).unwrap();
     assert_eq!(layout, self::layout());
-    Sampler::new(0, img, layout, &loc, SamplerOptions::default())
+    Sampler::new(0, img, layout, &loc, opts)
+}
+
+#[test]
+fn the_interning_table_is_bounded() {
+    let (img, _) = runtime();
+    let opts = SamplerOptions {
+        max_interned_stacks: 1,
+        ..Default::default()
+    };
+    let mut u = unwinder_with(img, opts);
+    let first: Vec<_> = u.sample().unwrap().iter().map(|t| t.stack).collect();
+    let names = |u: &Sampler<MemoryImage>, ids: &[u32]| -> Vec<Vec<String>> {
+        ids.iter()
+            .map(|&id| {
+                u.stacks()
+                    .resolve(id)
+                    .iter()
+                    .map(|(c, l)| format!("{}:{l:?}", c.name))
+                    .collect()
+            })
+            .collect()
+    };
+    let before = names(&u, &first);
+    assert!(before.iter().all(|s| !s.is_empty()));
+    // Two stacks are over the bound of one: the next sample starts a new table.
+    let second: Vec<_> = u.sample().unwrap().iter().map(|t| t.stack).collect();
+    assert_eq!(u.stats().table_resets, 1);
+    assert!(first.iter().all(|id| !second.contains(id)), "ids reused");
+    assert!(first
+        .iter()
+        .all(|&id| u.stacks().stack_frames(id).is_none()));
+    assert_eq!(names(&u, &second), before, "same stacks after the reset");
 }
 
 #[test]

@@ -73,6 +73,9 @@ pub struct SamplerOptions {
     pub cpu_status: bool,
     /// Code objects kept in the cache.
     pub code_cache_capacity: usize,
+    /// Distinct stacks interned before the table starts afresh (and 2.5 times as many
+    /// frames): bounds memory to a few MiB per process however long it runs.
+    pub max_interned_stacks: usize,
 }
 
 impl Default for SamplerOptions {
@@ -82,6 +85,7 @@ impl Default for SamplerOptions {
             read_only: false,
             cpu_status: false,
             code_cache_capacity: 4096,
+            max_interned_stacks: 20_000,
         }
     }
 }
@@ -103,6 +107,8 @@ pub struct SamplerStats {
     pub code_cache_misses: u64,
     pub stale_invalidations: u64,
     pub marker_writes: u64,
+    /// Times the interning table grew past its bounds and started afresh.
+    pub table_resets: u64,
     /// `process_vm_readv`/`writev` calls and bytes moved.
     pub remote_reads: u64,
     pub remote_read_bytes: u64,
@@ -438,6 +444,17 @@ impl<M: RemoteMemory> Sampler<M> {
     /// Takes one sample of every thread of every interpreter.
     pub fn sample(&mut self) -> Result<&[ThreadSample], UnwindError> {
         self.epoch += 1;
+        // Memory stays bounded however many distinct stacks a process shows over days: past
+        // a limit the interning starts afresh (stack ids are not reused, so an id from before
+        // resolves to nothing), with the caches that hold function and frame ids.
+        let (_, frames, stacks) = self.table.len();
+        let max = self.opts.max_interned_stacks.max(1);
+        if stacks > max || frames > max.saturating_mul(5) / 2 {
+            self.table.reset();
+            self.codes.clear();
+            self.threads.clear();
+            self.stats.table_resets += 1;
+        }
         let mut batch = std::mem::take(&mut self.batch);
         let r = self.sample_with(&mut batch);
         self.batch = batch;

@@ -6,8 +6,11 @@
 //! - a *frame* is (function, line) -> [`FrameId`];
 //! - a *stack* is a sequence of frame ids, innermost first -> [`StackId`].
 //!
-//! Ids are dense indices, valid for the life of the table. This module knows nothing about
-//! target memory.
+//! Function and frame ids are dense indices, valid until the table is [reset](StackTable::reset).
+//! Stack ids are never reused across resets (they continue from where the last table ended),
+//! so an id handed out before a reset resolves to nothing rather than to another stack. A
+//! long-running profiler resets a table that grew too large, so its memory stays bounded.
+//! This module knows nothing about target memory.
 
 use crate::cpython::CodeInfo;
 use rustc_hash::FxHashMap as HashMap;
@@ -41,6 +44,8 @@ pub struct StackTable {
     frames: Vec<FrameKey>,
     stack_ids: HashMap<Box<[FrameId]>, StackId>,
     stacks: Vec<Box<[FrameId]>>,
+    /// Stack id of `stacks[0]`: stack ids handed out before the last reset are below it.
+    stack_base: StackId,
 }
 
 impl StackTable {
@@ -81,7 +86,7 @@ impl StackTable {
         if let Some(&id) = self.stack_ids.get(frames) {
             return id;
         }
-        let id = self.stacks.len() as StackId;
+        let id = self.stack_base.wrapping_add(self.stacks.len() as StackId);
         let boxed: Box<[FrameId]> = frames.into();
         self.stacks.push(boxed.clone());
         self.stack_ids.insert(boxed, id);
@@ -98,7 +103,20 @@ impl StackTable {
 
     /// The frames of a stack, innermost first.
     pub fn stack_frames(&self, id: StackId) -> Option<&[FrameId]> {
-        self.stacks.get(id as usize).map(|s| &s[..])
+        let index = id.wrapping_sub(self.stack_base) as usize;
+        self.stacks.get(index).map(|s| &s[..])
+    }
+
+    /// Forgets everything; stack ids go on from where they were. Function and frame ids
+    /// start again, so whoever holds them must forget them too.
+    pub fn reset(&mut self) {
+        self.stack_base = self.stack_base.wrapping_add(self.stacks.len() as StackId);
+        self.function_ids.clear();
+        self.functions.clear();
+        self.frame_ids.clear();
+        self.frames.clear();
+        self.stack_ids.clear();
+        self.stacks.clear();
     }
 
     /// (function info, line) of each frame of a stack, innermost first.
@@ -157,5 +175,30 @@ mod tests {
         assert_eq!(r[0].1, Some(3));
         assert_eq!(r[1].1, None);
         assert_eq!(t.len(), (2, 3, 2));
+    }
+
+    #[test]
+    fn interning_and_reset() {
+        let mut t = StackTable::new();
+        let f = t.function(&code("a", 1));
+        assert_eq!(t.function(&code("a", 1)), f);
+        let (x, y) = (t.frame(f, Some(1)), t.frame(f, Some(2)));
+        let s1 = t.stack(&[x, y]);
+        assert_eq!(t.stack(&[x, y]), s1);
+        let s2 = t.stack(&[y]);
+        assert_ne!(s1, s2);
+        assert_eq!(t.stack_frames(s1), Some(&[x, y][..]));
+
+        t.reset();
+        assert!(t.is_empty());
+        // Old stack ids resolve to nothing, and new ones do not reuse them.
+        assert_eq!(t.stack_frames(s1), None);
+        assert_eq!(t.stack_frames(s2), None);
+        let f = t.function(&code("b", 1));
+        let z = t.frame(f, None);
+        let s3 = t.stack(&[z]);
+        assert!(s3 != s1 && s3 != s2);
+        assert_eq!(t.stack_frames(s3), Some(&[z][..]));
+        assert_eq!(t.resolve(s3)[0].0.name, "b");
     }
 }
