@@ -23,31 +23,7 @@ command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 command -v strace >/dev/null 2>&1 || missing+=(strace)
 command -v setpriv >/dev/null 2>&1 || missing+=(util-linux)
 
-if [ ${#missing[@]} -gt 0 ]; then
-    [ "$(id -u)" = 0 ] || die "need root to install ${missing[*]} with apt-get (or install them yourself)"
-    say "installing ${missing[*]}"
-    # A package the local lists do not know yet: refresh them once.
-    for pkg in "${missing[@]}"; do
-        if ! apt-cache show "$pkg" >/dev/null 2>&1; then
-            say "apt-get update (no $pkg in the package lists)"
-            apt-get update -qq || die "apt-get update failed"
-            break
-        fi
-    done
-    # No service is started during the install: a policy-rc.d that denies starts, unless the
-    # machine already has one (containers usually do).
-    own_policy=
-    if [ ! -e /usr/sbin/policy-rc.d ]; then
-        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
-        chmod 0755 /usr/sbin/policy-rc.d
-        own_policy=1
-    fi
-    rc=0
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" \
-        >/dev/null || rc=$?
-    [ -z "$own_policy" ] || rm -f /usr/sbin/policy-rc.d
-    [ "$rc" = 0 ] || die "apt-get install ${missing[*]} failed (exit $rc)"
-fi
+[ ${#missing[@]} -eq 0 ] || scripts/apt-install.sh "${missing[@]}"
 
 # The packaged Prometheus service must not run (it would hold port 9090 and scrape nothing of
 # ours): disable it, and stop it if something started it anyway.

@@ -26,19 +26,7 @@ command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v go >/dev/null 2>&1 || missing+=(golang-go)
 [ -d /usr/share/fonts/truetype/dejavu ] || missing+=(fonts-dejavu-core)
 
-if [ ${#missing[@]} -gt 0 ]; then
-    [ "$(id -u)" = 0 ] || die "need root to install ${missing[*]} with apt-get (or install them yourself)"
-    say "installing ${missing[*]}"
-    for pkg in "${missing[@]}"; do
-        if ! apt-cache show "$pkg" >/dev/null 2>&1; then
-            say "apt-get update (no $pkg in the package lists)"
-            apt-get update -qq || die "apt-get update failed"
-            break
-        fi
-    done
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" \
-        >/dev/null || die "apt-get install ${missing[*]} failed"
-fi
+[ ${#missing[@]} -eq 0 ] || scripts/apt-install.sh "${missing[@]}"
 command -v chromium >/dev/null 2>&1 || die "chromium is still missing after the install"
 go tool pprof -h >/dev/null 2>&1 || die "go tool pprof does not run"
 
