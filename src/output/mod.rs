@@ -12,6 +12,32 @@ pub mod snapshot_dir;
 pub mod speedscope;
 pub mod svg;
 
+/// Writes `data` to `path` atomically: into `tmp` (same directory), fsynced, renamed over
+/// `path`, and the directory fsynced, so a reader sees the old file or the whole new one. On
+/// failure `tmp` is removed.
+pub fn write_atomically(
+    tmp: &std::path::Path,
+    path: &std::path::Path,
+    data: &[u8],
+) -> std::io::Result<()> {
+    use std::io::Write;
+    let r = (|| {
+        let mut f = std::fs::File::create(tmp)?;
+        f.write_all(data)?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(tmp, path)?;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    })();
+    if r.is_err() {
+        let _ = std::fs::remove_file(tmp);
+    }
+    r
+}
+
 /// Replaces control characters (terminal escapes, newlines) in a target's string with
 /// visible escapes, so that a dump cannot drive the user's terminal or break lines.
 pub fn for_terminal(s: &str) -> std::borrow::Cow<'_, str> {

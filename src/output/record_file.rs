@@ -14,7 +14,6 @@ use super::format::{render, Format, RenderContext};
 use pyfleet_actors::{ProcessProfile, Snapshot, SnapshotWriter, ThreadStatus};
 use std::collections::HashMap;
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Instant, SystemTime};
@@ -133,22 +132,7 @@ impl RecordFile {
     }
 
     fn write_atomically(&self, data: &[u8]) -> std::io::Result<()> {
-        let Inner { tmp, path, .. } = &*self.inner;
-        let r = (|| {
-            let mut f = fs::File::create(tmp)?;
-            f.write_all(data)?;
-            f.sync_all()?;
-            drop(f);
-            fs::rename(tmp, path)?;
-            if let Some(dir) = tmp.parent() {
-                fs::File::open(dir)?.sync_all()?;
-            }
-            Ok(())
-        })();
-        if r.is_err() {
-            let _ = fs::remove_file(tmp);
-        }
-        r
+        super::write_atomically(&self.inner.tmp, &self.inner.path, data)
     }
 }
 

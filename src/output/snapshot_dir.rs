@@ -15,7 +15,6 @@ use super::format::{self, Format, RenderContext};
 use pyfleet_actors::{Snapshot, SnapshotWriter};
 use pyfleet_policies::{RetentionPolicy, SnapshotEntry};
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -182,14 +181,10 @@ impl SnapshotWriter for SnapshotDir {
     }
 }
 
-/// Writes `data` to `path` through a temporary name, fsynced, then renamed.
-pub fn write_synced(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    let mut f = fs::File::create(&tmp)?;
-    f.write_all(data)?;
-    f.sync_all()?;
-    drop(f);
-    fs::rename(&tmp, path)
+/// Writes `data` to `path` through `path` with the extension `tmp` (see
+/// [`write_atomically`](super::write_atomically)).
+fn write_synced(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    super::write_atomically(&path.with_extension("tmp"), path, data)
 }
 
 /// `2026-11-23T02-55-07Z`: UTC, sortable, no colons (awkward in file names).
