@@ -32,12 +32,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
     };
     config.validate().map_err(|e| anyhow!("{e}"))?;
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("pyfleet-async")
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let runtime = runtime()?;
     runtime.block_on(async move {
         if let Some(addr) = settings.metrics_addr {
             // Bind first, so that a port in use is a startup error, not a log line later.
@@ -105,12 +100,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
                 .map(|a| format!("on http://{a}/metrics"))
                 .unwrap_or_else(|| "off".into()),
         );
-        if pyfleet::process::has_ptrace_capability() == Some(false) {
-            eprintln!(
-                "pyfleet: warning: without root or CAP_SYS_PTRACE only this user's own \
-                 processes can be profiled"
-            );
-        }
+        warn_without_ptrace("profiled");
         for &pid in &settings.pids {
             if pyfleet::discovery::probe(pid).is_none() {
                 eprintln!(
@@ -136,6 +126,28 @@ pub fn run(opts: RunOptions) -> Result<()> {
         eprintln!("pyfleet: {why}; last snapshot {}", last.display());
         Ok(())
     })
+}
+
+/// The async runtime of the fleet's actors (the daemon's and `record`'s): two workers,
+/// since sampling itself runs on its own thread.
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("pyfleet-async")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// Says so when pyfleet runs without root or CAP_SYS_PTRACE: only the user's own processes
+/// can then be read, and the others would silently be missing.
+pub fn warn_without_ptrace(what: &str) {
+    if pyfleet::process::has_ptrace_capability() == Some(false) {
+        eprintln!(
+            "pyfleet: warning: without root or CAP_SYS_PTRACE only this user's own processes \
+             can be {what}"
+        );
+    }
 }
 
 /// Waits for SIGINT, SIGTERM or the end of the duration; says which.

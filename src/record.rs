@@ -193,18 +193,8 @@ pub fn run(opts: RecordOptions) -> Result<()> {
     };
     config.validate().map_err(|e| anyhow!("{e}"))?;
     let counters = Arc::new(SampleCounters::default());
-    if pyfleet::process::has_ptrace_capability() == Some(false) {
-        eprintln!(
-            "pyfleet: warning: without root or CAP_SYS_PTRACE only this user's own processes \
-             can be recorded"
-        );
-    }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("pyfleet-async")
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    crate::daemon::warn_without_ptrace("recorded");
+    let runtime = crate::daemon::runtime()?;
     let started = Instant::now();
     let progress = std::io::stderr().is_terminal();
     let why = runtime.block_on(async {
