@@ -8,9 +8,7 @@ mod common;
 use common::*;
 use std::collections::BTreeSet;
 use std::fs;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 fn venvs_dir() -> PathBuf {
@@ -31,13 +29,6 @@ fn venv_python(name: &str) -> PathBuf {
     py
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free port")
-}
-
 /// Children of `pid` (gunicorn's workers).
 fn children(pid: i32) -> BTreeSet<i32> {
     fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
@@ -45,15 +36,6 @@ fn children(pid: i32) -> BTreeSet<i32> {
         .split_whitespace()
         .filter_map(|s| s.parse().ok())
         .collect()
-}
-
-fn http_get(port: u16, path: &str) -> Option<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    Some(body)
 }
 
 /// A gunicorn master whose workers die with it (SIGKILL to all on drop), so that no worker
@@ -102,15 +84,6 @@ fn gunicorn(label: &str, venv: &str, port: u16, workers: u32) -> Gunicorn {
         std::thread::sleep(Duration::from_millis(100));
     }
     Gunicorn(p)
-}
-
-fn snapshot_dirs(out: &Path) -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = fs::read_dir(out)
-        .map(|rd| rd.flatten().map(|e| e.path()).collect())
-        .unwrap_or_default();
-    dirs.retain(|d| d.is_dir() && !d.file_name().unwrap().to_string_lossy().starts_with('.'));
-    dirs.sort();
-    dirs
 }
 
 fn well_formed_xml(svg: &[u8]) -> Result<(), String> {
@@ -197,7 +170,9 @@ fn gunicorn_fleet_under_load_with_a_killed_worker() {
     let appeared = Instant::now();
     let series = format!("pid=\"{replacement}\"");
     loop {
-        let page = http_get(metrics_port, "/metrics").unwrap_or_default();
+        let page = http_get(metrics_port, "/metrics")
+            .map(|(_, body)| body)
+            .unwrap_or_default();
         if page
             .lines()
             .any(|l| l.starts_with("pyfleet_samples_total") && l.contains(&series))
@@ -213,7 +188,7 @@ fn gunicorn_fleet_under_load_with_a_killed_worker() {
 
     // Mid-run scrape: per-pid cache and sampling-time series of a live worker.
     std::thread::sleep(Duration::from_secs(2));
-    let page = http_get(metrics_port, "/metrics").expect("no /metrics");
+    let (_, page) = http_get(metrics_port, "/metrics").expect("no /metrics");
     let live = *workers15.iter().find(|&&w| w != victim).unwrap();
     for metric in [
         "pyfleet_frame_cache_hits_total",
