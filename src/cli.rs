@@ -62,6 +62,9 @@ pub enum Command {
         /// Never write to the target (implies no frame-cache marker).
         #[arg(long)]
         read_only: bool,
+        /// Read every thread every sample, even one the kernel says has not run since.
+        #[arg(long)]
+        no_skip_idle: bool,
         /// Measure the floor instead: one bare 8-byte process_vm_readv per iteration.
         #[arg(long)]
         floor: bool,
@@ -93,12 +96,21 @@ pub fn run(cli: Cli) -> Result<()> {
             duration,
             no_frame_cache,
             read_only,
+            no_skip_idle,
             floor,
             json,
         } => match (pid.as_slice(), rate) {
             (pids, Some(rate)) if floor => fleet_floor(pids, rate, duration, json),
             (_, Some(_)) => anyhow::bail!("--rate goes with --floor"),
-            ([pid], None) => bench(*pid, duration, !no_frame_cache, read_only, floor, json),
+            ([pid], None) => {
+                let opts = cpython::SamplerOptions {
+                    frame_cache: !no_frame_cache,
+                    read_only,
+                    skip_idle: !no_skip_idle,
+                    ..Default::default()
+                };
+                bench(*pid, duration, opts, floor, json)
+            }
             _ => anyhow::bail!("several --pid go with --floor --rate"),
         },
     }
@@ -184,8 +196,7 @@ fn positive_seconds(s: &str) -> Result<f64, String> {
 fn bench(
     pid: i32,
     duration: f64,
-    frame_cache: bool,
-    read_only: bool,
+    opts: cpython::SamplerOptions,
     floor: bool,
     json: bool,
 ) -> Result<()> {
@@ -193,11 +204,6 @@ fn bench(
     use pyfleet::process::own_thread_cpu_ns;
     use std::time::{Duration, Instant};
 
-    let opts = cpython::SamplerOptions {
-        frame_cache,
-        read_only,
-        ..Default::default()
-    };
     let mut sampler = cpython::attach(pid, opts)?;
     let version = sampler.layout().version;
     let limit = Duration::from_secs_f64(duration);
@@ -238,8 +244,9 @@ fn bench(
     let doc = serde_json::json!({
         "pid": pid,
         "python_version": version.to_string(),
-        "mode": if floor { "floor" } else if read_only { "read-only" }
-                else if frame_cache { "frame-cache" } else { "no-frame-cache" },
+        "mode": if floor { "floor" } else if opts.read_only { "read-only" }
+                else if opts.frame_cache { "frame-cache" } else { "no-frame-cache" },
+        "skip_idle": opts.skip_idle && !floor,
         "duration_s": wall.as_secs_f64(),
         "samples": if floor { iterations } else { st.samples },
         "errors": st.errors,
@@ -256,6 +263,8 @@ fn bench(
         "stale_invalidations": st.stale_invalidations,
         "marker_writes": st.marker_writes,
         "table_resets": st.table_resets,
+        "threads_unchanged": st.threads_unchanged,
+        "samples_unchanged": st.samples_unchanged,
         "remote_reads": st.remote_reads,
         "remote_read_bytes": st.remote_read_bytes,
         "reads_per_sample": st.remote_reads as f64 / n,

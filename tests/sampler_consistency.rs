@@ -64,7 +64,16 @@ fn frame_cache_and_read_only_give_the_same_frames() {
         let mut seed = 0x2545_f491_4f6c_dd1du64;
         for round in 0..ROUNDS {
             let stopped = Stopped::new(pid);
-            let mut fresh = attach(false, true);
+            let mut fresh = cpython::attach(
+                pid,
+                SamplerOptions {
+                    frame_cache: false,
+                    read_only: true,
+                    skip_idle: false,
+                    ..Default::default()
+                },
+            )
+            .unwrap_or_else(|e| panic!("[{}] attach: {e}", interp.label));
             let results = [
                 ("frame cache", cached.snapshot()),
                 ("no frame cache", uncached.snapshot()),
@@ -182,4 +191,80 @@ fn a_target_killed_while_sampled_ends_with_counted_errors() {
         assert!(sampler.sample().is_err_and(|e| e.is_process_gone()));
         target.reap();
     }
+}
+
+/// Steps of tests/targets/steps.py walked through.
+const STEPS: usize = 5;
+
+/// A thread that has not run keeps its last stack without being read (`skip_idle`, the
+/// default), and the first sample after it ran shows where it went: on a target whose only
+/// changes are steps the test makes, every sample of a skipping sampler equals a fresh
+/// full read, and the skipping really happened.
+#[test]
+fn idle_threads_keep_their_stacks_exactly_until_they_run() {
+    let can_tell = pyfleet::process::runstate::available();
+    let mut failures = Vec::new();
+    for interp in interpreters() {
+        let mut target = Proc::python(&interp.label, &interp.path, "steps.py", &[""; 0]);
+        let pid = target.pid();
+        target.wait_for_file("step-0", Duration::from_secs(30));
+        let mut skipping = cpython::attach(pid, SamplerOptions::default())
+            .unwrap_or_else(|e| panic!("[{}] attach: {e}", interp.label));
+        for n in 0..STEPS {
+            target.wait_for_file(&format!("step-{n}"), Duration::from_secs(30));
+            wait_until(
+                Duration::from_secs(10),
+                "every thread of the target to block",
+                || thread_states(pid).iter().all(|(_, s)| *s == Some('S')),
+                || format!("{:?}", thread_states(pid)),
+            );
+            let mut full = cpython::attach(
+                pid,
+                SamplerOptions {
+                    skip_idle: false,
+                    frame_cache: false,
+                    read_only: true,
+                    ..Default::default()
+                },
+            )
+            .unwrap_or_else(|e| panic!("[{}] attach: {e}", interp.label));
+            let truth = match full.snapshot() {
+                Ok(s) => flatten(&s),
+                Err(e) => panic!("[{}] step {n}: full read: {e}", interp.label),
+            };
+            let steps = truth
+                .values()
+                .map(|f| f.iter().filter(|(name, ..)| name == "step").count())
+                .max();
+            assert_eq!(steps, Some(n + 1), "[{}] step {n}: {truth:?}", interp.label);
+            for round in 0..8 {
+                match skipping.snapshot() {
+                    Ok(s) if flatten(&s) == truth => {}
+                    Ok(s) => failures.push(format!(
+                        "[{}] step {n}, sample {round}: got {:?}\n  want {truth:?}",
+                        interp.label,
+                        flatten(&s)
+                    )),
+                    Err(e) => failures.push(format!("[{}] step {n}: {e}", interp.label)),
+                }
+                // Past two scheduler ticks, so that the kernel's counts can tell.
+                std::thread::sleep(Duration::from_millis(12));
+            }
+            std::fs::write(target.dir().join("go"), b"x").expect("write to the FIFO");
+        }
+        let st = skipping.stats();
+        eprintln!("[{}] {st:?}", interp.label);
+        if can_tell && (st.samples_unchanged == 0 || st.threads_unchanged == 0) {
+            failures.push(format!(
+                "[{}] nothing was kept though the target was idle: {st:?}",
+                interp.label
+            ));
+        }
+        target.kill();
+    }
+    assert!(
+        can_tell,
+        "this kernel cannot tell idle threads (schedstat, nohz_full)"
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -31,6 +31,7 @@ use super::unwind::{Frame, InterpreterStacks, ThreadStack, MAX_DEPTH};
 use super::UnwindError;
 use crate::binary::RuntimeLocation;
 use crate::memory::{Bytes, ReadRequest, RemoteMemory};
+use crate::process::runstate::{RunWatch, Still};
 use crate::stacks::{FrameId, FunctionId, StackId, StackTable};
 use lru::LruCache;
 use rustc_hash::{FxBuildHasher, FxHashMap};
@@ -61,6 +62,10 @@ const MAX_REGION: u64 = 1 << 20;
 const MAX_CHUNK_SIZE: u64 = 1 << 24;
 /// Most bytes of older chunks read per thread (a 2^16-frame stack fits).
 const MAX_OLDER_BYTES: u64 = 1 << 25;
+/// Most samples in a row that keep a thread's stack (or a whole sample) without reading it:
+/// a full read at least this often bounds what anything the kernel's counts do not see
+/// (another process writing the target's memory) could leave unnoticed.
+pub const MAX_KEPT: u32 = 100;
 
 /// How a sampler behaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,8 +74,13 @@ pub struct SamplerOptions {
     pub frame_cache: bool,
     /// Never write to the target.
     pub read_only: bool,
-    /// Fill `on_cpu` from /proc (one extra file read per thread).
+    /// Fill `on_cpu` from /proc (one extra file read per thread that ran).
     pub cpu_status: bool,
+    /// Keep the last stack of a thread that the kernel says has not run since it was read,
+    /// and the whole last sample when no thread of the process ran (see
+    /// [`runstate`](crate::process::runstate)); a full read at least every
+    /// [`MAX_KEPT`] samples all the same.
+    pub skip_idle: bool,
     /// Code objects kept in the cache.
     pub code_cache_capacity: usize,
     /// Distinct stacks interned before the table starts afresh (and 2.5 times as many
@@ -84,6 +94,7 @@ impl Default for SamplerOptions {
             frame_cache: true,
             read_only: false,
             cpu_status: false,
+            skip_idle: true,
             code_cache_capacity: 4096,
             max_interned_stacks: 20_000,
         }
@@ -109,6 +120,11 @@ pub struct SamplerStats {
     pub marker_writes: u64,
     /// Times the interning table grew past its bounds and started afresh.
     pub table_resets: u64,
+    /// Threads whose last stack was kept because they had not run (also counted as full
+    /// frame-cache hits).
+    pub threads_unchanged: u64,
+    /// Samples kept whole because no thread of the process had run.
+    pub samples_unchanged: u64,
     /// `process_vm_readv`/`writev` calls and bytes moved.
     pub remote_reads: u64,
     pub remote_read_bytes: u64,
@@ -166,6 +182,11 @@ struct ThreadCache {
     last_walked: Vec<FrameId>,
     last_stack: Option<StackId>,
     last_tail_len: usize,
+    /// The thread's native id and the epoch its stack was last read (for `skip_idle`), and
+    /// how many samples in a row kept it since.
+    tid: i32,
+    read_at: u64,
+    kept: u32,
 }
 
 /// What was prefetched, by what it is.
@@ -306,6 +327,9 @@ impl Batch {
 /// A thread state as read this sample.
 struct Tstate {
     addr: u64,
+    /// The thread has not run since its stack was read, and its state agrees: the stack is
+    /// kept, nothing of it is read.
+    keep: bool,
     interp_id: i64,
     thread_id: u64,
     native_thread_id: u64,
@@ -365,6 +389,12 @@ pub struct Sampler<M: RemoteMemory> {
     /// The distinct code objects of the last sample: their validation fields are prefetched
     /// with the next sample's batch (before 3.14), so validating costs no syscall of its own.
     prev_codes: Vec<u64>,
+    /// Which threads ran since they were read (`skip_idle`), the epoch of the last sample
+    /// read in full that succeeded (`out` holds it), and how many samples in a row were
+    /// kept whole since.
+    watch: Option<RunWatch>,
+    last_full: Option<u64>,
+    whole_kept: u32,
 }
 
 impl<M: RemoteMemory> Sampler<M> {
@@ -403,6 +433,13 @@ impl<M: RemoteMemory> Sampler<M> {
             chain_new: Vec::new(),
             codes_changed: false,
             prev_codes: Vec::new(),
+            watch: if opts.skip_idle {
+                RunWatch::new(pid)
+            } else {
+                None
+            },
+            last_full: None,
+            whole_kept: 0,
         }
     }
 
@@ -454,17 +491,53 @@ impl<M: RemoteMemory> Sampler<M> {
             self.codes.clear();
             self.threads.clear();
             self.stats.table_resets += 1;
+            self.last_full = None;
         }
+        let mut still = Still::No;
+        if let Some(w) = self.watch.as_mut() {
+            still = w.check(self.epoch);
+            // No thread ran since the last full sample read them: it is still the truth.
+            if still == Still::All
+                && self.whole_kept < MAX_KEPT
+                && self.last_full.is_some_and(|f| f >= w.newest_reference())
+            {
+                self.whole_kept += 1;
+                let n = self.out.len() as u64;
+                self.stats.samples += 1;
+                self.stats.samples_unchanged += 1;
+                self.stats.threads_unchanged += n;
+                self.stats.frame_cache_hits += n;
+                if self.opts.cpu_status {
+                    for s in &mut self.out {
+                        s.on_cpu = Some(false);
+                    }
+                }
+                return Ok(&self.out);
+            }
+        }
+        self.whole_kept = 0;
         let mut batch = std::mem::take(&mut self.batch);
         let r = self.sample_with(&mut batch);
         self.batch = batch;
         match r {
             Ok(()) => {
                 self.stats.samples += 1;
+                self.last_full = Some(self.epoch);
+                if let Some(w) = self.watch.as_mut() {
+                    for s in &self.out {
+                        w.watch(s.native_thread_id as i32);
+                    }
+                    // Every watched thread held still: list the process's threads, so that
+                    // the next check can tell that none of them ran.
+                    if still == Still::Watched {
+                        w.list();
+                    }
+                }
                 Ok(&self.out)
             }
             Err(e) => {
                 self.stats.errors += 1;
+                self.last_full = None;
                 self.out.clear();
                 // The interpreter list is read afresh next time; a thread whose walk failed
                 // has already lost its cache (`collect`).
@@ -555,6 +628,9 @@ impl<M: RemoteMemory> Sampler<M> {
         let fsize = l.frame.size as usize;
         for (&ta, tc) in &self.threads {
             b.push(Key::Tstate(ta), ta, tsize);
+            if self.keeps(tc) {
+                continue;
+            }
             if let CurrentFrame::ViaCFrame { current_frame, .. } = l.tstate.current_frame {
                 if tc.cframe != 0 {
                     b.push(
@@ -577,6 +653,18 @@ impl<M: RemoteMemory> Sampler<M> {
                 b.push(Key::Code(a), a.wrapping_add(fp_lo), fp_len);
             }
         }
+    }
+
+    /// Whether a thread's last stack is still its stack, unless its thread state says
+    /// otherwise: it has not run since that stack was read (`skip_idle`).
+    fn keeps(&self, tc: &ThreadCache) -> bool {
+        tc.last_stack.is_some()
+            && tc.kept < MAX_KEPT
+            && self
+                .watch
+                .as_ref()
+                .and_then(|w| w.quiet_since(tc.tid))
+                .is_some_and(|since| tc.read_at >= since)
     }
 
     /// Where a code object's validation fields lie: (offset, length) covering its name,
@@ -703,6 +791,12 @@ impl<M: RemoteMemory> Sampler<M> {
                 }
                 let tb = self.bytes(b, Key::Tstate(ta), ta, l.tstate.size as usize)?;
                 let t = Bytes(&tb);
+                // A thread that has not run keeps its stack if its state agrees.
+                let kept = self
+                    .threads
+                    .get(&ta)
+                    .filter(|tc| self.keeps(tc))
+                    .map(|tc| (tc.cframe, tc.last_top, tc.tid));
                 let current_frame = match l.tstate.current_frame {
                     CurrentFrame::Direct(off) => t.u64(off)?,
                     CurrentFrame::ViaCFrame {
@@ -710,20 +804,30 @@ impl<M: RemoteMemory> Sampler<M> {
                         current_frame,
                     } => {
                         let cf = t.u64(cframe)?;
-                        let tc = self.threads.entry(ta).or_default();
-                        tc.cframe = cf;
-                        if cf == 0 {
-                            0
-                        } else {
-                            self.word(b, cf.wrapping_add(current_frame))?
+                        match kept {
+                            // The C frame holding the pointer is the idle thread's own.
+                            Some((c, top, _)) if c == cf && cf != 0 => top,
+                            _ => {
+                                let tc = self.threads.entry(ta).or_default();
+                                tc.cframe = cf;
+                                if cf == 0 {
+                                    0
+                                } else {
+                                    self.word(b, cf.wrapping_add(current_frame))?
+                                }
+                            }
                         }
                     }
                 };
+                let native_thread_id = t.u64(l.tstate.native_thread_id)?;
                 tstates.push(Tstate {
                     addr: ta,
                     interp_id,
                     thread_id: t.u64(l.tstate.thread_id)?,
-                    native_thread_id: t.u64(l.tstate.native_thread_id)?,
+                    native_thread_id,
+                    keep: kept.is_some_and(|(_, top, tid)| {
+                        top == current_frame && u64::try_from(tid).ok() == Some(native_thread_id)
+                    }),
                     current_frame,
                     chunk: match l.tstate.datastack_chunk {
                         Some(off) => t.u64(off)?,
@@ -751,6 +855,17 @@ impl<M: RemoteMemory> Sampler<M> {
         tstates.sort_by_key(|t| t.interp_id);
         for ts in tstates {
             let start = self.raws.len();
+            let holds_gil = ts.holds_gil.unwrap_or_else(|| holders.contains(&ts.addr));
+            if ts.keep {
+                self.threads.entry(ts.addr).or_default().seen = self.epoch;
+                work.push(Work {
+                    raw: start..start,
+                    tail: None,
+                    holds_gil,
+                    ts,
+                });
+                continue;
+            }
             let tail = match self.walk(b, &ts) {
                 Ok(tail) => tail,
                 Err(e) => {
@@ -762,7 +877,6 @@ impl<M: RemoteMemory> Sampler<M> {
                     return Err(e);
                 }
             };
-            let holds_gil = ts.holds_gil.unwrap_or_else(|| holders.contains(&ts.addr));
             work.push(Work {
                 raw: start..self.raws.len(),
                 tail,
@@ -1070,6 +1184,25 @@ impl<M: RemoteMemory> Sampler<M> {
         let adaptive = self.layout.code.code_adaptive;
         let fsize = self.layout.frame.size;
         for w in work.iter() {
+            if w.ts.keep {
+                let tc = self.threads.entry(w.ts.addr).or_default();
+                if let Some(stack) = tc.last_stack {
+                    tc.kept += 1;
+                    self.stats.threads_unchanged += 1;
+                    self.stats.frame_cache_hits += 1;
+                    self.stats.frames_from_cache += tc.chain.len() as u64;
+                    self.out.push(ThreadSample {
+                        interpreter_id: w.ts.interp_id,
+                        thread_id: w.ts.thread_id,
+                        native_thread_id: w.ts.native_thread_id,
+                        holds_gil: w.holds_gil,
+                        // It has not run since the last check.
+                        on_cpu: self.opts.cpu_status.then_some(false),
+                        stack,
+                    });
+                    continue;
+                }
+            }
             let mut chain_new = std::mem::take(&mut self.chain_new);
             chain_new.clear();
             self.ids.clear();
@@ -1169,6 +1302,9 @@ impl<M: RemoteMemory> Sampler<M> {
             tc.last_walked.clear();
             tc.last_walked.extend_from_slice(&self.ids[..walked_ids]);
             tc.last_stack = Some(stack);
+            tc.tid = i32::try_from(w.ts.native_thread_id).unwrap_or(0);
+            tc.read_at = self.epoch;
+            tc.kept = 0;
 
             // The marker and next sample's regions.
             let chunk_lo = w.ts.chunk.saturating_add(CHUNK_DATA);

@@ -3,6 +3,8 @@
 //!
 //! Reads only /proc; never touches target memory (that is `memory`'s job).
 
+pub mod runstate;
+
 use std::fs::File;
 use std::path::{Path, PathBuf};
 

@@ -1,0 +1,329 @@
+//! Whether a target's threads have run since the sampler last read them, from the kernel's
+//! per-thread scheduler statistics (`/proc/PID/task/TID/schedstat`: the thread's CPU time and
+//! how many times it was switched in). A thread that has not run has not changed its own
+//! stack, so the sampler keeps what it read last time instead of reading it again; a process
+//! none of whose threads ran has not changed at all, and its whole sample is kept.
+//!
+//! Why it holds. The kernel counts a switch-in when a thread starts to run and adds its CPU
+//! time when it stops running and at every scheduler tick while it runs. So if, between two
+//! readings at least two ticks apart, neither figure moved, the thread was not switched in
+//! and was not running through a tick: it did not run at all, and whatever the sampler read
+//! after the first reading is still what the thread's memory holds. (One caveat, on a VM
+//! whose host stalls a virtual CPU: a thread that ran less than one tick and then stalled with
+//! its CPU shows no change until the CPU is back; the kept stack is then the thread's stack
+//! of at most one tick of its running earlier.) Not used when the kernel does not keep the
+//! counts (`CONFIG_SCHED_INFO` off) or may stop the tick under a running thread (`nohz_full`
+//! CPUs).
+//!
+//! Whole process: threads are only made by threads that run. With every thread of the
+//! process watched, by a listing of `/proc/PID/task` taken after each watched thread's
+//! reference reading, a check that finds them all still proves that nothing of the process
+//! changed. Processes with more than [`MAX_WATCHED`] threads only get the per-thread check.
+//!
+//! Costs: one `pread` of a small procfs file per watched thread per check (about half a bare
+//! `process_vm_readv` here), one file descriptor per watched thread, and a directory listing
+//! when a process turns quiet. Reads only /proc.
+
+use rustc_hash::FxHashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Most threads of one process watched (each holds a file descriptor).
+pub const MAX_WATCHED: usize = 64;
+
+/// What a [`RunWatch::check`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Still {
+    /// Every thread of the process held still (the watch is complete).
+    All,
+    /// Every watched thread held still, but the process may have others: list them.
+    Watched,
+    /// Some thread ran, or could not be told.
+    No,
+}
+
+/// Watches the threads of one process; see the module documentation.
+pub struct RunWatch {
+    pid: i32,
+    /// Two scheduler ticks: readings closer than this tell nothing.
+    min_interval: Duration,
+    threads: FxHashMap<i32, Watched>,
+    /// Every thread of the process is watched, by a listing taken after every reference.
+    complete: bool,
+}
+
+struct Watched {
+    file: File,
+    reference: Option<Reading>,
+    quiet: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Reading {
+    run_ns: u64,
+    switches: u64,
+    /// Taken after the reading (so an interval measured from it is never too long).
+    at: Instant,
+    /// The caller's counter (the sampler's epoch) when the reading was taken.
+    epoch: u64,
+}
+
+impl RunWatch {
+    /// `None` when the kernel cannot tell whether a thread ran (see the module documentation).
+    pub fn new(pid: i32) -> Option<RunWatch> {
+        let tick = (*kernel_tick())?;
+        Some(RunWatch {
+            pid,
+            min_interval: tick * 2,
+            threads: FxHashMap::default(),
+            complete: false,
+        })
+    }
+
+    /// Reads every watched thread whose reference is at least two ticks old; a thread whose
+    /// figures moved gets this reading as its new reference (tagged `epoch`: take it before
+    /// reading the thread's memory). Says whether every thread (of the process, or watched)
+    /// is known to have been still since its reference.
+    pub fn check(&mut self, epoch: u64) -> Still {
+        let now = Instant::now();
+        let min = self.min_interval;
+        let mut all = !self.threads.is_empty();
+        let mut changed = false;
+        self.threads.retain(|_, w| {
+            w.quiet = false;
+            if w.reference
+                .is_some_and(|r| now.saturating_duration_since(r.at) < min)
+            {
+                all = false;
+                return true;
+            }
+            let Some((run_ns, switches)) = read(&w.file) else {
+                // Gone (it exited, which it ran to do).
+                all = false;
+                changed = true;
+                return false;
+            };
+            match w.reference {
+                Some(r) if r.run_ns == run_ns && r.switches == switches => w.quiet = true,
+                _ => {
+                    w.reference = Some(Reading {
+                        run_ns,
+                        switches,
+                        at: Instant::now(),
+                        epoch,
+                    });
+                    all = false;
+                    changed = true;
+                }
+            }
+            true
+        });
+        if changed {
+            self.complete = false;
+        }
+        match (all, self.complete) {
+            (true, true) => Still::All,
+            (true, false) => Still::Watched,
+            _ => Still::No,
+        }
+    }
+
+    /// When the last [`check`](Self::check) found thread `tid` still: the epoch of its
+    /// reference (what was read of it after that is still valid).
+    pub fn quiet_since(&self, tid: i32) -> Option<u64> {
+        let w = self.threads.get(&tid)?;
+        w.quiet.then_some(w.reference?.epoch)
+    }
+
+    /// The newest reference's epoch (`u64::MAX` while a watched thread has none yet).
+    pub fn newest_reference(&self) -> u64 {
+        self.threads
+            .values()
+            .map(|w| w.reference.map_or(u64::MAX, |r| r.epoch))
+            .max()
+            .unwrap_or(u64::MAX)
+    }
+
+    /// Starts watching thread `tid` (its first reading is taken at the next check). False
+    /// when it cannot be watched.
+    pub fn watch(&mut self, tid: i32) -> bool {
+        if self.threads.contains_key(&tid) {
+            return true;
+        }
+        if tid <= 0 || self.threads.len() >= MAX_WATCHED {
+            return false;
+        }
+        let Ok(file) = File::open(format!("/proc/{}/task/{tid}/schedstat", self.pid)) else {
+            return false;
+        };
+        self.threads.insert(
+            tid,
+            Watched {
+                file,
+                reference: None,
+                quiet: false,
+            },
+        );
+        self.complete = false;
+        true
+    }
+
+    /// Lists the process's threads: watches the new ones, forgets the gone ones. Call after
+    /// [`check`](Self::check) (the listing must be newer than every reference): when the
+    /// listing holds no thread that was not already watched with a reference, the watch is
+    /// complete, and a later check that finds every thread still proves the process unchanged.
+    pub fn list(&mut self) {
+        self.complete = false;
+        let Ok(dir) = std::fs::read_dir(format!("/proc/{}/task", self.pid)) else {
+            return;
+        };
+        let mut tids: Vec<i32> = Vec::new();
+        for entry in dir.flatten() {
+            let Some(tid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
+                continue;
+            };
+            tids.push(tid);
+            if tids.len() > MAX_WATCHED {
+                return;
+            }
+        }
+        let before = self.threads.len();
+        self.threads.retain(|tid, _| tids.contains(tid));
+        let mut complete = self.threads.len() == before;
+        for &tid in &tids {
+            if !self.threads.contains_key(&tid) {
+                self.watch(tid);
+                complete = false;
+            }
+        }
+        self.complete = complete
+            && self.threads.len() == tids.len()
+            && self.threads.values().all(|w| w.reference.is_some());
+    }
+
+    /// Threads watched.
+    pub fn len(&self) -> usize {
+        self.threads.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.threads.is_empty()
+    }
+}
+
+/// Whether this kernel lets [`RunWatch`] tell (see the module documentation).
+pub fn available() -> bool {
+    kernel_tick().is_some()
+}
+
+/// CPU time (ns) and switch-in count of a thread.
+fn read(file: &File) -> Option<(u64, u64)> {
+    let mut buf = [0u8; 96];
+    let n = file.read_at(&mut buf, 0).ok()?;
+    parse(buf.get(..n)?)
+}
+
+fn parse(text: &[u8]) -> Option<(u64, u64)> {
+    let text = std::str::from_utf8(text).ok()?;
+    let mut f = text.split_ascii_whitespace();
+    let run_ns = f.next()?.parse().ok()?;
+    let _wait = f.next()?;
+    let switches = f.next()?.parse().ok()?;
+    Some((run_ns, switches))
+}
+
+/// The scheduler tick, when the kernel's counts can be trusted (see the module
+/// documentation); checked once per process.
+fn kernel_tick() -> &'static Option<Duration> {
+    static TICK: OnceLock<Option<Duration>> = OnceLock::new();
+    TICK.get_or_init(|| {
+        // CPUs that may run a thread without a tick.
+        if let Ok(s) = std::fs::read_to_string("/sys/devices/system/cpu/nohz_full") {
+            let s = s.trim();
+            if !s.is_empty() && s != "(null)" {
+                return None;
+            }
+        }
+        // Without CONFIG_SCHED_INFO every thread reads "0 0 0"; this one has run.
+        let own = std::fs::read("/proc/thread-self/schedstat").ok()?;
+        if parse(&own)?.1 == 0 {
+            return None;
+        }
+        // The coarse clock advances once per tick.
+        let res = nix::time::clock_getres(nix::time::ClockId::CLOCK_MONOTONIC_COARSE).ok()?;
+        let tick = Duration::from(res);
+        (!tick.is_zero() && tick <= Duration::from_millis(100)).then_some(tick)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn own_tid() -> i32 {
+        let link = std::fs::read_link("/proc/thread-self").unwrap();
+        link.file_name().unwrap().to_str().unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn parses_schedstat() {
+        assert_eq!(parse(b"282385 0 3\n"), Some((282385, 3)));
+        assert_eq!(parse(b"1 2\n"), None);
+        assert_eq!(parse(b"x 0 3\n"), None);
+        assert_eq!(parse(b""), None);
+    }
+
+    /// Real threads of this process: a sleeping one is found still once two ticks have
+    /// passed, a spinning one never; the listing makes the watch complete only while
+    /// every thread is still.
+    #[test]
+    fn tells_a_sleeping_thread_from_a_running_one() {
+        let Some(mut w) = RunWatch::new(std::process::id() as i32) else {
+            eprintln!("this kernel cannot tell (no schedstat counts or nohz_full CPUs)");
+            return;
+        };
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sleeper = std::thread::spawn(move || {
+            tx.send(own_tid()).ok();
+            std::thread::sleep(Duration::from_secs(3));
+        });
+        let s2 = stop.clone();
+        let (tx2, rx2) = std::sync::mpsc::channel();
+        let spinner = std::thread::spawn(move || {
+            tx2.send(own_tid()).ok();
+            let mut x = 0u64;
+            while !s2.load(std::sync::atomic::Ordering::Relaxed) {
+                x = x.wrapping_add(1);
+                std::hint::black_box(x);
+            }
+        });
+        let (sleeping, spinning) = (rx.recv().unwrap(), rx2.recv().unwrap());
+        assert!(w.watch(sleeping) && w.watch(spinning));
+        let mut still = 0;
+        for epoch in 1..=20 {
+            w.check(epoch);
+            if w.quiet_since(sleeping).is_some() {
+                still += 1;
+            }
+            assert_eq!(
+                w.quiet_since(spinning),
+                None,
+                "a spinning thread found still"
+            );
+            std::thread::sleep(w.min_interval + Duration::from_millis(1));
+        }
+        assert!(
+            still >= 15,
+            "the sleeping thread was found still {still}/20 times"
+        );
+        // This thread runs, so the process is never still.
+        w.list();
+        assert_eq!(w.check(21), Still::No);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        spinner.join().unwrap();
+        sleeper.join().unwrap();
+    }
+}
