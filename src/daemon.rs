@@ -101,6 +101,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
                 .unwrap_or_else(|| "off".into()),
         );
         warn_without_ptrace("profiled");
+        pyfleet::process::runstate::raise_open_file_limit();
         for &pid in &settings.pids {
             if pyfleet::discovery::probe(pid).is_none() {
                 eprintln!(

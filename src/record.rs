@@ -194,6 +194,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
     config.validate().map_err(|e| anyhow!("{e}"))?;
     let counters = Arc::new(SampleCounters::default());
     crate::daemon::warn_without_ptrace("recorded");
+    pyfleet::process::runstate::raise_open_file_limit();
     let runtime = crate::daemon::runtime()?;
     let started = Instant::now();
     let progress = std::io::stderr().is_terminal();

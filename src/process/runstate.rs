@@ -27,6 +27,7 @@
 use rustc_hash::FxHashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -58,6 +59,11 @@ struct Watched {
     file: File,
     reference: Option<Reading>,
     quiet: bool,
+    /// Checks in a row that found the thread running, and checks still to skip: a thread
+    /// that runs between most samples is read less often (1, 3, 7, then 15 checks skipped),
+    /// since its reading would only say what its memory read will anyway.
+    moving: u8,
+    rest: u8,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -93,6 +99,11 @@ impl RunWatch {
         let mut changed = false;
         self.threads.retain(|_, w| {
             w.quiet = false;
+            if w.rest > 0 {
+                w.rest -= 1;
+                all = false;
+                return true;
+            }
             if w.reference
                 .is_some_and(|r| now.saturating_duration_since(r.at) < min)
             {
@@ -106,8 +117,15 @@ impl RunWatch {
                 return false;
             };
             match w.reference {
-                Some(r) if r.run_ns == run_ns && r.switches == switches => w.quiet = true,
+                Some(r) if r.run_ns == run_ns && r.switches == switches => {
+                    w.quiet = true;
+                    w.moving = 0;
+                }
                 _ => {
+                    if w.reference.is_some() {
+                        w.moving = w.moving.saturating_add(1);
+                        w.rest = (1u8 << w.moving.min(4)) - 1;
+                    }
                     w.reference = Some(Reading {
                         run_ns,
                         switches,
@@ -155,7 +173,13 @@ impl RunWatch {
         if tid <= 0 || self.threads.len() >= MAX_WATCHED {
             return false;
         }
+        // Every watch of this process shares a budget of file descriptors.
+        if OPEN.fetch_add(1, Ordering::Relaxed) >= fd_budget() {
+            OPEN.fetch_sub(1, Ordering::Relaxed);
+            return false;
+        }
         let Ok(file) = File::open(format!("/proc/{}/task/{tid}/schedstat", self.pid)) else {
+            OPEN.fetch_sub(1, Ordering::Relaxed);
             return false;
         };
         self.threads.insert(
@@ -164,6 +188,8 @@ impl RunWatch {
                 file,
                 reference: None,
                 quiet: false,
+                moving: 0,
+                rest: 0,
             },
         );
         self.complete = false;
@@ -216,6 +242,39 @@ impl RunWatch {
 /// Whether this kernel lets [`RunWatch`] tell (see the module documentation).
 pub fn available() -> bool {
     kernel_tick().is_some()
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        OPEN.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// File descriptors held by every watch of this process.
+static OPEN: AtomicUsize = AtomicUsize::new(0);
+
+/// The most file descriptors the watches of this process may hold: half the soft limit on
+/// open files as first seen (sockets, snapshots and target files keep the other half).
+fn fd_budget() -> usize {
+    static BUDGET: OnceLock<usize> = OnceLock::new();
+    *BUDGET.get_or_init(|| {
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+            .map_or(512, |(soft, _)| {
+                usize::try_from(soft / 2).unwrap_or(usize::MAX)
+            })
+    })
+}
+
+/// Raises this process's soft limit on open files to its hard limit (a daemon watching many
+/// processes holds a descriptor per watched thread). Call before any watch exists. Returns
+/// the soft limit now in force.
+pub fn raise_open_file_limit() -> Option<u64> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        return Some(hard);
+    }
+    Some(soft)
 }
 
 /// CPU time (ns) and switch-in count of a thread.
