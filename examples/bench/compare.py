@@ -7,6 +7,8 @@ Run with CPython 3.15 (it needs `_remote_debugging`), as root, after `cargo buil
 For each workload (mixed.py, deep.py, threads.py in this folder) it starts the target under
 3.15, then alternates, round after round: `pyfleet bench --json` for N seconds, and a loop over
 `RemoteUnwinder(pid, all_threads=True, cache_frames=True).get_stack_trace()` for N seconds.
+Each round also runs `pyfleet bench --no-skip-idle` (every thread read every sample, even one
+the kernel says has not run: the memory path alone).
 It reports the median of the rounds, the ratio, and the floor: one bare 8-byte
 process_vm_readv on the same target (`pyfleet bench --floor`). With --all-versions it also
 runs pyfleet alone on the same workloads under 3.11-3.14 (no reference unwinder there) and
@@ -98,18 +100,22 @@ def main():
     for name, script, goal in WORKLOADS:
         target = start(sys.executable, script)
         try:
-            ours, theirs = [], []
+            ours, reading, theirs = [], [], []
             for r in range(args.rounds):
-                # Alternate which goes first, so neither always sees a warmer target.
-                runs = [("ours", None), ("theirs", None)]
+                # Alternate which goes first, so none always sees a warmer target.
+                runs = ["ours", "reading", "theirs"]
                 if r % 2:
                     runs.reverse()
-                for who, _ in runs:
+                for who in runs:
                     if who == "ours":
                         ours.append(pyfleet_bench(args.pyfleet, target.pid, args.seconds))
+                    elif who == "reading":
+                        reading.append(pyfleet_bench(args.pyfleet, target.pid, args.seconds,
+                                                     "--no-skip-idle"))
                     else:
                         theirs.append(remote_unwinder(target.pid, args.seconds))
-                print(f"  {script} round {r + 1}: pyfleet {ours[-1]['mean_us']:.2f} us, "
+                print(f"  {script} round {r + 1}: pyfleet {ours[-1]['mean_us']:.2f} us "
+                      f"(--no-skip-idle {reading[-1]['mean_us']:.2f} us), "
                       f"RemoteUnwinder {theirs[-1]['mean_us']:.2f} us", file=sys.stderr)
             floor = pyfleet_bench(args.pyfleet, target.pid, 1.0, "--floor")
         finally:
@@ -121,6 +127,10 @@ def main():
         o_ok = statistics.median(x["mean_us"] * max(1, x["samples"] + x["errors"]) / max(1, x["samples"])
                                  for x in ours)
         t_ok = statistics.median(x["per_success_us"] for x in theirs)
+        o_read = statistics.median(x["mean_us"] for x in reading)
+        o_read_ok = statistics.median(
+            x["mean_us"] * max(1, x["samples"] + x["errors"]) / max(1, x["samples"])
+            for x in reading)
         kinds = {}
         for x in theirs:
             for k, n in x["error_kinds"].items():
@@ -130,6 +140,9 @@ def main():
             "pyfleet_us": o, "remote_unwinder_us": t, "ratio": o / t,
             "pyfleet_per_success_us": o_ok, "remote_unwinder_per_success_us": t_ok,
             "ratio_per_success": o_ok / t_ok, "remote_unwinder_error_kinds": kinds,
+            "pyfleet_no_skip_idle_us": o_read, "ratio_no_skip_idle": o_read / t,
+            "ratio_per_success_no_skip_idle": o_read_ok / t_ok,
+            "pyfleet_kept_samples": sum(x["samples_unchanged"] for x in ours),
             "pyfleet_cpu_us": statistics.median(x["cpu_us"] for x in ours),
             "pyfleet_syscalls": statistics.median(x["reads_per_sample"] for x in ours),
             "pyfleet_errors": sum(x["errors"] for x in ours),
@@ -149,23 +162,27 @@ def main():
                 target = start(python, script)
                 try:
                     d = pyfleet_bench(args.pyfleet, target.pid, args.seconds)
+                    n = pyfleet_bench(args.pyfleet, target.pid, args.seconds, "--no-skip-idle")
                 finally:
                     target.kill()
                     target.wait()
                 others.append({"python": minor, "script": script, "mean_us": d["mean_us"],
                                "syscalls": d["reads_per_sample"], "errors": d["errors"],
-                               "samples": d["samples"]})
+                               "samples": d["samples"], "no_skip_idle_us": n["mean_us"],
+                               "no_skip_idle_syscalls": n["reads_per_sample"]})
 
     if args.json:
         print(json.dumps({"comparison": results, "other_versions": others}, indent=2))
         return
     print("| workload (CPython 3.15) | pyfleet µs/call | RemoteUnwinder µs/call | ratio per call "
-          "| ratio per successful sample (goal) | pyfleet syscalls/sample | floor µs (1 syscall) "
-          "| failed calls pyfleet / CPython |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| ratio per successful sample (goal) | --no-skip-idle: µs, ratio per call, per success "
+          "| pyfleet syscalls/sample | floor µs (1 syscall) | failed calls pyfleet / CPython |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['workload']} | {r['pyfleet_us']:.2f} | {r['remote_unwinder_us']:.2f} | "
               f"{r['ratio']:.2f} | {r['ratio_per_success']:.2f} (≤ {r['goal']}) | "
+              f"{r['pyfleet_no_skip_idle_us']:.2f}, {r['ratio_no_skip_idle']:.2f}, "
+              f"{r['ratio_per_success_no_skip_idle']:.2f} | "
               f"{r['pyfleet_syscalls']:.2f} | {r['floor_us']:.2f} | "
               f"{100 * r['pyfleet_errors'] / max(1, r['pyfleet_samples']):.2f}% / "
               f"{100 * r['remote_unwinder_errors'] / max(1, r['remote_unwinder_calls']):.1f}% |")
@@ -177,7 +194,9 @@ def main():
             cells = []
             for _, script, _ in WORKLOADS:
                 o = next(x for x in others if x["python"] == minor and x["script"] == script)
-                cells.append(f"{o['mean_us']:.2f} µs, {o['syscalls']:.2f} syscalls")
+                cells.append(f"{o['mean_us']:.2f} µs, {o['syscalls']:.2f} syscalls "
+                             f"(--no-skip-idle {o['no_skip_idle_us']:.2f} µs, "
+                             f"{o['no_skip_idle_syscalls']:.2f})")
             print(f"| {minor} | " + " | ".join(cells) + " |")
 
 
