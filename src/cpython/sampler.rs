@@ -434,7 +434,10 @@ impl<M: RemoteMemory> Sampler<M> {
             codes_changed: false,
             prev_codes: Vec::new(),
             watch: if opts.skip_idle {
-                RunWatch::new(pid)
+                RunWatch::new(pid).map(|mut w| {
+                    w.idle_only(use_marker);
+                    w
+                })
             } else {
                 None
             },

@@ -53,6 +53,11 @@ pub struct RunWatch {
     threads: FxHashMap<i32, Watched>,
     /// Every thread of the process is watched, by a listing taken after every reference.
     complete: bool,
+    /// Checks in a row that found some thread running, and checks still to skip, when the
+    /// caller asked for [`idle_only`](Self::idle_only).
+    moving: u8,
+    rest: u8,
+    idle_only: bool,
 }
 
 struct Watched {
@@ -85,6 +90,9 @@ impl RunWatch {
             min_interval: tick * 2,
             threads: FxHashMap::default(),
             complete: false,
+            moving: 0,
+            rest: 0,
+            idle_only: false,
         })
     }
 
@@ -93,6 +101,34 @@ impl RunWatch {
     /// reading the thread's memory). Says whether every thread (of the process, or watched)
     /// is known to have been still since its reference.
     pub fn check(&mut self, epoch: u64) -> Still {
+        if self.rest > 0 {
+            self.rest -= 1;
+            for w in self.threads.values_mut() {
+                w.quiet = false;
+            }
+            return Still::No;
+        }
+        let still = self.check_threads(epoch);
+        if self.idle_only {
+            if still == Still::No {
+                self.moving = self.moving.saturating_add(1);
+                self.rest = (1u8 << self.moving.min(6)) - 1;
+            } else {
+                self.moving = 0;
+            }
+        }
+        still
+    }
+
+    /// For a caller to whom one still thread among running ones is worth little (the 3.15
+    /// frame cache already makes its sample cheap) but a still process is worth a lot: a
+    /// check that finds some thread running makes the next 1, 3, 7, ... up to 63 checks
+    /// skipped (they find nothing still).
+    pub fn idle_only(&mut self, on: bool) {
+        self.idle_only = on;
+    }
+
+    fn check_threads(&mut self, epoch: u64) -> Still {
         let now = Instant::now();
         let min = self.min_interval;
         let mut all = !self.threads.is_empty();
