@@ -20,6 +20,11 @@
 //! the interpreter's `code_object_generation`; older versions compare the object's name,
 //! file and line-table pointers every sample.
 //!
+//! Idle threads (`skip_idle`, the default): a thread the kernel says has not run since it was
+//! read keeps its last stack and nothing of it is read (only its thread state, for the
+//! thread list); when no thread of the process ran, the whole last sample is kept. See
+//! [`runstate`](crate::process::runstate) for why that is exact.
+//!
 //! The only write to the target is the 3.15 marker, at the offset the target's own
 //! `_Py_DebugOffsets` gives (validated), and never in `read_only` mode.
 
