@@ -50,21 +50,5 @@ done
 promtool --version >/dev/null 2>&1 || die "promtool does not run"
 
 # --- kubernetes-validate ----------------------------------------------------------------------
-ready() { [ -f "$VENV/.ready" ] && "$VENV/bin/kubernetes-validate" --version >/dev/null 2>&1; }
-if ready; then
-    say "$VENV ready"
-else
-    py=$(ls -d "$HOME"/.pyenv/versions/3.11.*/bin/python3.11 2>/dev/null | sort -V | tail -n 1 || true)
-    [ -n "$py" ] || die "no pyenv 3.11 under ~/.pyenv/versions (needed for the kubernetes-validate venv)"
-    mkdir -p "$VENVS"
-    rm -rf "$VENV"
-    "$py" -m venv "$VENV" || die "$py could not make a venv in $VENV"
-    say "installing $KV_SPEC into $VENV"
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$KV_SPEC" \
-        || die "pip could not install $KV_SPEC into $VENV"
-    "$VENV/bin/kubernetes-validate" --version >/dev/null 2>&1 \
-        || die "kubernetes-validate does not run from $VENV"
-    touch "$VENV/.ready"
-    say "$VENV ready (kubernetes-validate $("$VENV/bin/kubernetes-validate" --version 2>&1))"
-fi
+scripts/pip-venv.sh "$VENV" "$KV_SPEC" bin/kubernetes-validate --version
 say "prometheus $(prometheus --version 2>&1 | head -n 1 | awk '{print $3}'), systemd-analyze $(systemd-analyze --version | head -n 1 | awk '{print $2}')"

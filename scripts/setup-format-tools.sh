@@ -51,19 +51,5 @@ else
 fi
 
 # --- jsonschema -------------------------------------------------------------------------------
-ready() { [ -f "$VENV/.ready" ] && "$VENV/bin/python" -c 'import jsonschema' >/dev/null 2>&1; }
-if ready; then
-    say "$VENV ready"
-else
-    py=$(ls -d "$HOME"/.pyenv/versions/3.11.*/bin/python3.11 2>/dev/null | sort -V | tail -n 1 || true)
-    [ -n "$py" ] || die "no pyenv 3.11 under ~/.pyenv/versions (needed for the jsonschema venv)"
-    mkdir -p "$VENVS"
-    rm -rf "$VENV"
-    "$py" -m venv "$VENV" || die "$py could not make a venv in $VENV"
-    say "installing $JSONSCHEMA_SPEC into $VENV"
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$JSONSCHEMA_SPEC" \
-        || die "pip could not install $JSONSCHEMA_SPEC into $VENV"
-    "$VENV/bin/python" -c 'import jsonschema' || die "jsonschema does not import from $VENV"
-    touch "$VENV/.ready"
-fi
+scripts/pip-venv.sh "$VENV" "$JSONSCHEMA_SPEC" bin/python -c 'import jsonschema'
 say "$(chromium --version 2>/dev/null | head -n 1), $(go version | awk '{print $3}'), jsonschema $("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("jsonschema"))')"
