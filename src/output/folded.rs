@@ -89,10 +89,6 @@ mod tests {
     use super::*;
     use pyfleet_actors::ThreadStatus;
 
-    fn frame(function: &str, file: &str, line: Option<i32>) -> FrameInfo {
-        FrameInfo::new(function, file, line)
-    }
-
     #[test]
     fn root_first_merged_and_defanged() {
         let busy = ThreadStatus {
@@ -106,21 +102,25 @@ mod tests {
                 (
                     busy,
                     vec![
-                        frame("leaf", "/a.py", Some(3)),
-                        frame("main", "/a.py", None),
+                        FrameInfo::new("leaf", "/a.py", Some(3)),
+                        FrameInfo::new("main", "/a.py", None),
                     ],
                     2,
                 ),
                 (
                     ThreadStatus::default(),
                     vec![
-                        frame("leaf", "/a.py", Some(3)),
-                        frame("main", "/a.py", None),
+                        FrameInfo::new("leaf", "/a.py", Some(3)),
+                        FrameInfo::new("main", "/a.py", None),
                     ],
                     3,
                 ),
                 (busy, vec![], 9),
-                (busy, vec![frame("evil;x\n1 2", "/b;c.py", Some(1))], 1),
+                (
+                    busy,
+                    vec![FrameInfo::new("evil;x\n1 2", "/b;c.py", Some(1))],
+                    1,
+                ),
             ],
         };
         let lines = process_lines(&p, None);

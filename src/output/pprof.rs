@@ -337,18 +337,14 @@ mod tests {
     use pyfleet_policies::Mode;
     use std::time::Duration;
 
-    fn frame(function: &str, file: &str, line: Option<i32>) -> FrameInfo {
-        FrameInfo::new(function, file, line)
-    }
-
     #[test]
     fn round_trip_with_labels_and_time() {
         let gil = ThreadStatus {
             on_cpu: true,
             holds_gil: true,
         };
-        let leaf = frame("leaf\u{0}\n", "/ü.py", Some(3));
-        let main = frame("main", "/a.py", None);
+        let leaf = FrameInfo::new("leaf\u{0}\n", "/ü.py", Some(3));
+        let main = FrameInfo::new("main", "/a.py", None);
         let snap = Snapshot {
             taken_at: UNIX_EPOCH + Duration::from_secs(100),
             processes: vec![

@@ -121,18 +121,14 @@ mod tests {
     use pyfleet_actors::{ProcessProfile, ThreadStatus};
     use std::time::UNIX_EPOCH;
 
-    fn frame(function: &str, file: &str, line: Option<i32>) -> FrameInfo {
-        FrameInfo::new(function, file, line)
-    }
-
     #[test]
     fn one_profile_per_process_with_shared_frames() {
         let gil = ThreadStatus {
             on_cpu: false,
             holds_gil: true,
         };
-        let leaf = frame("leaf\"</script>\n", "/a.py", Some(3));
-        let main = frame("main", "/a.py", None);
+        let leaf = FrameInfo::new("leaf\"</script>\n", "/a.py", Some(3));
+        let main = FrameInfo::new("main", "/a.py", None);
         let snap = Snapshot {
             taken_at: UNIX_EPOCH,
             processes: vec![
