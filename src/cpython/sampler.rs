@@ -22,7 +22,9 @@
 //!
 //! Idle threads (`skip_idle`, the default): a thread the kernel says has not run since it was
 //! read keeps its last stack and nothing of it is read (only its thread state, for the
-//! thread list); when no thread of the process ran, the whole last sample is kept. See
+//! thread list); when no thread of the process ran, the whole last sample is kept. While
+//! some thread of the process runs, only the threads that cost more to read than to check
+//! (deep stacks, frames spread over several pages) are checked; the light ones are read. See
 //! [`runstate`](crate::process::runstate) for why that is exact.
 //!
 //! The only write to the target is the 3.15 marker, at the offset the target's own
@@ -54,11 +56,17 @@ const MAX_CHUNKS: usize = 64;
 /// so that calls and returns near the top do not move it.
 const MARKER_SPAN: u64 = 2048;
 /// Room prefetched above a moving top frame for calls made before the next sample (none
-/// above a top frame that held still).
+/// above a top frame that held still): the rest of its page, at least [`MIN_GROWTH`] and at
+/// most [`GROWTH`] bytes. A page more costs the kernel about as much as an iovec more.
 const GROWTH: u64 = 2048;
+const MIN_GROWTH: u64 = 512;
+/// Granularity of the kernel's work in `process_vm_readv` (pinning and copying a page).
+const PAGE: u64 = 4096;
 /// Most frames outside the data stack (generators, coroutines) prefetched per thread.
 const MAX_OUTSIDE: usize = 64;
-/// Ranges of a batch closer than this are read as one iovec.
+/// Ranges of a batch closer than this, or that start in the page where the one before ends,
+/// are read as one iovec: on a cold target each iovec costs the kernel about 0.5-0.75 µs
+/// (pinning its pages), a few KiB more of a page it pins anyway cost less.
 const MERGE_GAP: u64 = 1024;
 /// Longest single region read (bytes); deeper stacks are read in several regions.
 const MAX_REGION: u64 = 1 << 20;
@@ -192,6 +200,8 @@ struct ThreadCache {
     tid: i32,
     read_at: u64,
     kept: u32,
+    /// Reading this thread costs more than checking whether it ran (see [`RunWatch::weigh`]).
+    heavy: bool,
 }
 
 /// What was prefetched, by what it is.
@@ -240,9 +250,9 @@ impl Batch {
             self.ranges.push((addr, len));
         }
     }
-    /// Sorts the ranges by address, coalesces those less than [`MERGE_GAP`] apart into one
-    /// iovec (each iovec costs the kernel a lookup, a few hundred bytes more cost nothing)
-    /// and indexes where every key's bytes will land.
+    /// Sorts the ranges by address, coalesces those less than [`MERGE_GAP`] apart or in one
+    /// page into one iovec (each iovec costs the kernel a lookup and a pin, a few hundred
+    /// bytes more cost nothing) and indexes where every key's bytes will land.
     fn plan(&mut self) {
         self.order.clear();
         self.order.extend(0..self.ranges.len());
@@ -255,7 +265,11 @@ impl Batch {
             let (addr, len) = self.ranges[i];
             let end = addr.saturating_add(len as u64);
             match self.phys.last_mut() {
-                Some((s, e)) if addr >= *s && addr <= e.saturating_add(MERGE_GAP) => {
+                Some((s, e))
+                    if addr >= *s
+                        && (addr <= e.saturating_add(MERGE_GAP)
+                            || addr <= (e.saturating_add(PAGE - 1) & !(PAGE - 1))) =>
+                {
                     *e = (*e).max(end);
                 }
                 _ => self.phys.push((addr, end)),
@@ -439,10 +453,7 @@ impl<M: RemoteMemory> Sampler<M> {
             codes_changed: false,
             prev_codes: Vec::new(),
             watch: if opts.skip_idle {
-                RunWatch::new(pid).map(|mut w| {
-                    w.idle_only(use_marker);
-                    w
-                })
+                RunWatch::new(pid)
             } else {
                 None
             },
@@ -532,8 +543,9 @@ impl<M: RemoteMemory> Sampler<M> {
                 self.stats.samples += 1;
                 self.last_full = Some(self.epoch);
                 if let Some(w) = self.watch.as_mut() {
-                    for s in &self.out {
-                        w.watch(s.native_thread_id as i32);
+                    for tc in self.threads.values() {
+                        w.watch(tc.tid);
+                        w.weigh(tc.tid, tc.heavy);
                     }
                     // Every watched thread held still: list the process's threads, so that
                     // the next check can tell that none of them ran.
@@ -1328,7 +1340,15 @@ impl<M: RemoteMemory> Sampler<M> {
             if let Some(a) = anchor {
                 let base = tc.chain[a].addr;
                 let still = tc.last_top == top;
-                let growth = if still { 0 } else { GROWTH };
+                let growth = if still {
+                    0
+                } else {
+                    // To the end of the top frame's page, within [MIN_GROWTH, GROWTH].
+                    let e = base + fsize;
+                    (e.saturating_add(PAGE - 1) & !(PAGE - 1))
+                        .saturating_sub(e)
+                        .clamp(MIN_GROWTH, GROWTH)
+                };
                 // `base` is in the chunk, so `base + fsize` is at most `chunk_hi`.
                 let end = (base + fsize).saturating_add(growth).min(chunk_hi);
                 if self.use_marker {
@@ -1382,6 +1402,7 @@ impl<M: RemoteMemory> Sampler<M> {
             } else {
                 tc.marker = None;
             }
+            tc.heavy = heavy(&tc.regions, &tc.outside, w.raw.len());
             tc.last_top = top;
             let on_cpu = self.opts.cpu_status.then(|| {
                 crate::process::thread_on_cpu(self.pid, w.ts.native_thread_id as i32)
@@ -1401,6 +1422,22 @@ impl<M: RemoteMemory> Sampler<M> {
         self.threads.retain(|_, t| t.seen == epoch);
         Ok(())
     }
+}
+
+/// Whether a thread whose next read is `regions` and frames at `outside`, after walking
+/// `walked` frames, costs more to read than a schedstat check (about 2 µs, two to three cold
+/// iovecs): it spans more than two pages, or a page or more of bytes, or many frames to walk.
+fn heavy(regions: &[(u64, u64)], outside: &[u64], walked: usize) -> bool {
+    let bytes: u64 = regions.iter().map(|(s, e)| e.saturating_sub(*s)).sum();
+    let mut pages = regions.len();
+    let mut last = None;
+    for page in outside.iter().map(|a| a / PAGE) {
+        if last != Some(page) {
+            pages += 1;
+            last = Some(page);
+        }
+    }
+    bytes >= PAGE || pages > 2 || walked >= 32
 }
 
 /// A cheap digest of a code object's name, qualname, file and line-table pointers.

@@ -20,9 +20,14 @@
 //! reference reading, a check that finds them all still proves that nothing of the process
 //! changed. Processes with more than [`MAX_WATCHED`] threads only get the per-thread check.
 //!
-//! Costs: one `pread` of a small procfs file per watched thread per check (about half a bare
-//! `process_vm_readv` here), one file descriptor per watched thread, and a directory listing
-//! when a process turns quiet. Reads only /proc.
+//! Costs: one `pread` of a small procfs file per watched thread per check (about 2 µs on a
+//! cold target here, as much as two to three iovecs of a `process_vm_readv`), one file
+//! descriptor per watched thread, and a directory listing when a process turns quiet. So the
+//! checks are spent where they pay: a thread that keeps running is checked less and less
+//! often, and while any thread of the process runs only the threads whose stacks cost more
+//! to read than a check (the caller [weighs](RunWatch::weigh) them) are checked, with a full
+//! check after 1, 3, 7, ... up to [`MAX_REST`] samples to find the process still again.
+//! Reads only /proc.
 
 use rustc_hash::FxHashMap;
 use std::fs::File;
@@ -33,6 +38,8 @@ use std::time::{Duration, Instant};
 
 /// Most threads of one process watched (each holds a file descriptor).
 pub const MAX_WATCHED: usize = 64;
+/// Most checks in a row that read only heavy threads while the process runs.
+pub const MAX_REST: u8 = 31;
 
 /// What a [`RunWatch::check`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,17 +60,18 @@ pub struct RunWatch {
     threads: FxHashMap<i32, Watched>,
     /// Every thread of the process is watched, by a listing taken after every reference.
     complete: bool,
-    /// Checks in a row that found some thread running, and checks still to skip, when the
-    /// caller asked for [`idle_only`](Self::idle_only).
+    /// Checks in a row that found some thread running, and checks still to make on heavy
+    /// threads only.
     moving: u8,
     rest: u8,
-    idle_only: bool,
 }
 
 struct Watched {
     file: File,
     reference: Option<Reading>,
     quiet: bool,
+    /// Worth a check while the process runs (see [`RunWatch::weigh`]).
+    heavy: bool,
     /// Checks in a row that found the thread running, and checks still to skip: a thread
     /// that runs between most samples is read less often (1, 3, 7, then 15 checks skipped),
     /// since its reading would only say what its memory read will anyway.
@@ -92,7 +100,6 @@ impl RunWatch {
             complete: false,
             moving: 0,
             rest: 0,
-            idle_only: false,
         })
     }
 
@@ -100,19 +107,21 @@ impl RunWatch {
     /// figures moved gets this reading as its new reference (tagged `epoch`: take it before
     /// reading the thread's memory). Says whether every thread (of the process, or watched)
     /// is known to have been still since its reference.
+    ///
+    /// A check that finds some thread running makes the next 1, 3, 7, ... up to
+    /// [`MAX_REST`] checks read only the [heavy](Self::weigh) threads: while the process runs,
+    /// the whole-process answer is "no" anyway, and keeping a light thread's stack saves
+    /// less than its reading costs.
     pub fn check(&mut self, epoch: u64) -> Still {
-        if self.rest > 0 {
+        let resting = self.rest > 0;
+        if resting {
             self.rest -= 1;
-            for w in self.threads.values_mut() {
-                w.quiet = false;
-            }
-            return Still::No;
         }
-        let still = self.check_threads(epoch);
-        if self.idle_only {
+        let still = self.check_threads(epoch, resting);
+        if !resting {
             if still == Still::No {
                 self.moving = self.moving.saturating_add(1);
-                self.rest = (1u8 << self.moving.min(6)) - 1;
+                self.rest = ((1u16 << self.moving.min(8)) - 1).min(u16::from(MAX_REST)) as u8;
             } else {
                 self.moving = 0;
             }
@@ -120,21 +129,26 @@ impl RunWatch {
         still
     }
 
-    /// For a caller to whom one still thread among running ones is worth little (the 3.15
-    /// frame cache already makes its sample cheap) but a still process is worth a lot: a
-    /// check that finds some thread running makes the next 1, 3, 7, ... up to 63 checks
-    /// skipped (they find nothing still).
-    pub fn idle_only(&mut self, on: bool) {
-        self.idle_only = on;
+    /// Says whether keeping thread `tid`'s stack saves more than reading its schedstat costs
+    /// (about two to three iovecs of a cold `process_vm_readv`): a deep stack, or one whose
+    /// frames lie in several places. Light threads are not read while the process runs (see
+    /// [`check`](Self::check)); threads start light.
+    pub fn weigh(&mut self, tid: i32, heavy: bool) {
+        if let Some(w) = self.threads.get_mut(&tid) {
+            w.heavy = heavy;
+        }
     }
 
-    fn check_threads(&mut self, epoch: u64) -> Still {
+    fn check_threads(&mut self, epoch: u64, heavy_only: bool) -> Still {
         let now = Instant::now();
         let min = self.min_interval;
-        let mut all = !self.threads.is_empty();
+        let mut all = !self.threads.is_empty() && !heavy_only;
         let mut changed = false;
         self.threads.retain(|_, w| {
             w.quiet = false;
+            if heavy_only && !w.heavy {
+                return true;
+            }
             if w.rest > 0 {
                 w.rest -= 1;
                 all = false;
@@ -224,6 +238,7 @@ impl RunWatch {
                 file,
                 reference: None,
                 quiet: false,
+                heavy: false,
                 moving: 0,
                 rest: 0,
             },
@@ -397,6 +412,8 @@ mod tests {
         });
         let (sleeping, spinning) = (rx.recv().unwrap(), rx2.recv().unwrap());
         assert!(w.watch(sleeping) && w.watch(spinning));
+        // A heavy thread is checked even while another runs.
+        w.weigh(sleeping, true);
         let mut still = 0;
         for epoch in 1..=20 {
             w.check(epoch);
@@ -414,9 +431,24 @@ mod tests {
             still >= 15,
             "the sleeping thread was found still {still}/20 times"
         );
+        // A light one is not, while the process runs: only the full checks, after 1, 3,
+        // 7, ... checks, read it.
+        w.weigh(sleeping, false);
+        let mut light_still = 0;
+        for epoch in 21..=40 {
+            w.check(epoch);
+            if w.quiet_since(sleeping).is_some() {
+                light_still += 1;
+            }
+            std::thread::sleep(w.min_interval + Duration::from_millis(1));
+        }
+        assert!(
+            light_still <= 2,
+            "a light thread was read {light_still}/20 times while another ran"
+        );
         // This thread runs, so the process is never still.
         w.list();
-        assert_eq!(w.check(21), Still::No);
+        assert_eq!(w.check(41), Still::No);
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         spinner.join().unwrap();
         sleeper.join().unwrap();
