@@ -37,7 +37,7 @@ use super::objects::{read_chunks, read_codes, CodeInfo};
 use super::unwind::{Frame, InterpreterStacks, ThreadStack, MAX_DEPTH};
 use super::UnwindError;
 use crate::binary::RuntimeLocation;
-use crate::memory::{Bytes, ReadRequest, RemoteMemory};
+use crate::memory::{Bytes, ReadRequest, RemoteMemory, STACK_IOVECS};
 use crate::process::runstate::{RunWatch, Still};
 use crate::stacks::{FrameId, FunctionId, StackId, StackTable};
 use lru::LruCache;
@@ -303,14 +303,30 @@ impl Batch {
         let mut failed: Vec<usize> = Vec::new();
         let mut from = 0;
         while from < self.phys.len() {
-            let mut reqs: Vec<ReadRequest<'_>> = Vec::with_capacity(self.phys.len() - from);
+            let n = self.phys.len() - from;
             let mut rest = &mut self.buf[self.offsets[from]..];
-            for &(s, e) in &self.phys[from..] {
-                let (head, tail) = std::mem::take(&mut rest).split_at_mut((e - s) as usize);
-                reqs.push(ReadRequest::new(s, head));
-                rest = tail;
-            }
-            match mem.read_many(&mut reqs) {
+            // Up to STACK_IOVECS ranges (any steady-state sample but of a process with very
+            // many threads) without allocating.
+            let mut on_stack: [ReadRequest<'_>; STACK_IOVECS];
+            let mut on_heap: Vec<ReadRequest<'_>>;
+            let reqs: &mut [ReadRequest<'_>] = if n <= STACK_IOVECS {
+                on_stack = std::array::from_fn(|_| ReadRequest::new(0, &mut []));
+                for (slot, &(s, e)) in on_stack.iter_mut().zip(&self.phys[from..]) {
+                    let (head, tail) = std::mem::take(&mut rest).split_at_mut((e - s) as usize);
+                    *slot = ReadRequest::new(s, head);
+                    rest = tail;
+                }
+                &mut on_stack[..n]
+            } else {
+                on_heap = Vec::with_capacity(n);
+                for &(s, e) in &self.phys[from..] {
+                    let (head, tail) = std::mem::take(&mut rest).split_at_mut((e - s) as usize);
+                    on_heap.push(ReadRequest::new(s, head));
+                    rest = tail;
+                }
+                &mut on_heap
+            };
+            match mem.read_many(reqs) {
                 Ok(()) => break,
                 Err((i, e)) if !e.is_process_gone() => {
                     failed.push(from + i);
@@ -334,18 +350,21 @@ impl Batch {
     }
 
     fn get(&self, key: Key) -> Option<&[u8]> {
-        let &(pos, len) = self.index.get(&key)?;
-        self.buf.get(pos..pos.checked_add(len)?)
+        let (pos, len) = self.locate(key)?;
+        self.buf.get(pos..pos + len)
     }
-    /// The prefetched region starting at `addr`, if any.
-    fn region(&self, addr: u64) -> Option<(u64, &[u8])> {
-        Some((addr, self.get(Key::Region(addr))?))
+    /// Where `key`'s bytes are in `buf` (position, length), if they were read.
+    fn locate(&self, key: Key) -> Option<(usize, usize)> {
+        let &(pos, len) = self.index.get(&key)?;
+        (pos.checked_add(len)? <= self.buf.len()).then_some((pos, len))
     }
 }
 
 /// A thread state as read this sample.
 struct Tstate {
     addr: u64,
+    /// Position in the interpreters' thread lists as walked (newest thread first).
+    order: usize,
     /// The thread has not run since its stack was read, and its state agrees: the stack is
     /// kept, nothing of it is read.
     keep: bool,
@@ -414,6 +433,24 @@ pub struct Sampler<M: RemoteMemory> {
     watch: Option<RunWatch>,
     last_full: Option<u64>,
     whole_kept: u32,
+    /// Buffers a sample fills and the next one reuses, so that a steady-state sample
+    /// allocates nothing.
+    spare: Spare,
+}
+
+#[derive(Default)]
+struct Spare {
+    interps: Vec<u64>,
+    gils: Vec<u64>,
+    interp_ids: Vec<i64>,
+    holders: Vec<u64>,
+    tstates: Vec<Tstate>,
+    /// A thread's prefetched regions: (address, position and length in the batch buffer).
+    held: Vec<(u64, usize, usize)>,
+    codes: Vec<u64>,
+    check: Vec<u64>,
+    load: Vec<u64>,
+    fingerprints: Vec<u8>,
 }
 
 impl<M: RemoteMemory> Sampler<M> {
@@ -459,6 +496,7 @@ impl<M: RemoteMemory> Sampler<M> {
             },
             last_full: None,
             whole_kept: 0,
+            spare: Spare::default(),
         }
     }
 
@@ -751,12 +789,17 @@ impl<M: RemoteMemory> Sampler<M> {
                 .u64(0)?;
         let (span_lo, span_len) = self.interp_span();
         let gil_struct = self.gil_from_struct();
-        let mut interps = Vec::new();
-        let mut holders: Vec<u64> = Vec::new();
-        let mut gils = Vec::new();
+        let mut interps = std::mem::take(&mut self.spare.interps);
+        let mut holders = std::mem::take(&mut self.spare.holders);
+        let mut gils = std::mem::take(&mut self.spare.gils);
         let mut generation = 0u64;
-        let mut tstates: Vec<Tstate> = Vec::new();
-        let mut interp_ids = Vec::new();
+        let mut tstates = std::mem::take(&mut self.spare.tstates);
+        let mut interp_ids = std::mem::take(&mut self.spare.interp_ids);
+        interps.clear();
+        holders.clear();
+        gils.clear();
+        tstates.clear();
+        interp_ids.clear();
 
         if let (GilLayout::Runtime { locked, holder }, true) = (l.gil, gil_struct) {
             let lo = locked.min(holder);
@@ -842,6 +885,7 @@ impl<M: RemoteMemory> Sampler<M> {
                 let native_thread_id = t.u64(l.tstate.native_thread_id)?;
                 tstates.push(Tstate {
                     addr: ta,
+                    order: tstates.len(),
                     interp_id,
                     thread_id: t.u64(l.tstate.thread_id)?,
                     native_thread_id,
@@ -866,14 +910,13 @@ impl<M: RemoteMemory> Sampler<M> {
             }
             ia = ib.u64(at(l.interp.next))?;
         }
-        self.interps = interps;
-        self.gils = gils;
-        self.interp_ids = interp_ids;
+        self.spare.interps = std::mem::replace(&mut self.interps, interps);
+        self.spare.gils = std::mem::replace(&mut self.gils, gils);
+        self.spare.interp_ids = std::mem::replace(&mut self.interp_ids, interp_ids);
 
         // Threads, oldest first within each interpreter (the lists are newest first).
-        tstates.reverse();
-        tstates.sort_by_key(|t| t.interp_id);
-        for ts in tstates {
+        tstates.sort_unstable_by_key(|t| (t.interp_id, std::cmp::Reverse(t.order)));
+        for ts in tstates.drain(..) {
             let start = self.raws.len();
             let holds_gil = ts.holds_gil.unwrap_or_else(|| holders.contains(&ts.addr));
             if ts.keep {
@@ -904,6 +947,8 @@ impl<M: RemoteMemory> Sampler<M> {
                 ts,
             });
         }
+        self.spare.tstates = tstates;
+        self.spare.holders = holders;
         Ok(generation)
     }
 
@@ -979,30 +1024,34 @@ impl<M: RemoteMemory> Sampler<M> {
         let older = std::mem::take(&mut tc.older);
 
         // The bytes we hold: the prefetched regions; more is read at the first miss.
-        let mut held: Vec<(u64, &[u8])> = tc
-            .regions
-            .iter()
-            .filter_map(|&(s, _)| b.region(s))
-            .collect();
+        let mut held = std::mem::take(&mut self.spare.held);
+        held.clear();
+        held.extend(tc.regions.iter().filter_map(|&(s, _)| {
+            let (pos, len) = b.locate(Key::Region(s))?;
+            Some((s, pos, len))
+        }));
         let mut extra: Vec<(u64, Vec<u8>)> = Vec::new();
         let (mut caught_up, mut older_loaded) = (false, false);
         let mut frame_buf = [0u8; 256];
-        let find = |held: &[(u64, &[u8])], extra: &[(u64, Vec<u8>)], a: u64, out: &mut [u8]| {
-            held.iter()
-                .map(|(s, v)| (*s, *v))
-                .chain(extra.iter().map(|(s, v)| (*s, v.as_slice())))
-                .find_map(|(s, v)| {
-                    let off = a.checked_sub(s)? as usize;
-                    v.get(off..off.checked_add(out.len())?)
-                })
-                .map(|v| out.copy_from_slice(v))
-                .is_some()
-        };
+        let batch_buf = &b.buf;
+        let find =
+            |held: &[(u64, usize, usize)], extra: &[(u64, Vec<u8>)], a: u64, out: &mut [u8]| {
+                held.iter()
+                    .filter_map(|&(s, pos, len)| Some((s, batch_buf.get(pos..pos + len)?)))
+                    .chain(extra.iter().map(|(s, v)| (*s, v.as_slice())))
+                    .find_map(|(s, v)| {
+                        let off = a.checked_sub(s)? as usize;
+                        v.get(off..off.checked_add(out.len())?)
+                    })
+                    .map(|v| out.copy_from_slice(v))
+                    .is_some()
+            };
 
         let mut addr = ts.current_frame;
         let mut tail = None;
         let mut depth = 0usize;
-        let mut outside = Vec::new();
+        let mut outside = std::mem::take(&mut tc.outside);
+        outside.clear();
         let walked_from = self.raws.len();
         while addr != 0 {
             depth += 1;
@@ -1029,9 +1078,9 @@ impl<M: RemoteMemory> Sampler<M> {
                 // A deep stack continues in older chunks: read their used parts at once.
                 older_loaded = true;
                 for &(s, e) in &older {
-                    if let Some((_, v)) = b.region(s) {
-                        if v.len() as u64 == e - s {
-                            held.push((s, v));
+                    if let Some((pos, len)) = b.locate(Key::Region(s)) {
+                        if len as u64 == e - s {
+                            held.push((s, pos, len));
                             continue;
                         }
                     }
@@ -1090,6 +1139,7 @@ impl<M: RemoteMemory> Sampler<M> {
         tc.chain = chain;
         tc.older = older;
         tc.outside = outside;
+        self.spare.held = held;
         Ok(tail)
     }
 
@@ -1106,16 +1156,20 @@ impl<M: RemoteMemory> Sampler<M> {
         let (fp_lo, fp_len) = self.fingerprint_span();
 
         // Distinct code objects of this sample, each counted once as a hit or a miss.
-        let mut distinct: Vec<u64> = self
-            .raws
-            .iter()
-            .filter(|r| !r.shim && r.code != 0)
-            .map(|r| r.code)
-            .collect();
+        let mut distinct = std::mem::take(&mut self.spare.codes);
+        distinct.clear();
+        distinct.extend(
+            self.raws
+                .iter()
+                .filter(|r| !r.shim && r.code != 0)
+                .map(|r| r.code),
+        );
         distinct.sort_unstable();
         distinct.dedup();
-        let mut check = Vec::new();
-        let mut load = Vec::new();
+        let mut check = std::mem::take(&mut self.spare.check);
+        let mut load = std::mem::take(&mut self.spare.load);
+        check.clear();
+        load.clear();
         for &a in &distinct {
             match self.codes.peek(&a) {
                 Some(e) if e.valid_at == stamp => self.stats.code_cache_hits += 1,
@@ -1125,7 +1179,9 @@ impl<M: RemoteMemory> Sampler<M> {
         }
         if !check.is_empty() {
             // Prefetched with the batch when the code object was in the last sample too.
-            let mut buf = vec![0u8; fp_len * check.len()];
+            let mut buf = std::mem::take(&mut self.spare.fingerprints);
+            buf.clear();
+            buf.resize(fp_len * check.len(), 0);
             let mut unread = Vec::new();
             for (i, (&a, slot)) in check.iter().zip(buf.chunks_exact_mut(fp_len)).enumerate() {
                 match b.get(Key::Code(a)) {
@@ -1164,6 +1220,7 @@ impl<M: RemoteMemory> Sampler<M> {
                     load.push(a);
                 }
             }
+            self.spare.fingerprints = buf;
         }
         self.stats.code_cache_misses += load.len() as u64;
         if !load.is_empty() {
@@ -1195,7 +1252,9 @@ impl<M: RemoteMemory> Sampler<M> {
                 }
             }
         }
-        self.prev_codes = distinct;
+        self.spare.codes = std::mem::replace(&mut self.prev_codes, distinct);
+        self.spare.check = check;
+        self.spare.load = load;
         Ok(())
     }
 
@@ -1396,8 +1455,9 @@ impl<M: RemoteMemory> Sampler<M> {
                 } else {
                     tc.regions
                         .push((chunk_lo.max(end.saturating_sub(MAX_REGION)), end));
-                    let older = tc.older.clone();
-                    tc.regions.extend(older.into_iter().filter(|(s, e)| e > s));
+                    let older = std::mem::take(&mut tc.older);
+                    tc.regions.extend(older.iter().filter(|(s, e)| e > s));
+                    tc.older = older;
                 }
             } else {
                 tc.marker = None;

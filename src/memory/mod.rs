@@ -12,7 +12,7 @@ mod image;
 mod process_vm;
 
 pub use image::MemoryImage;
-pub use process_vm::ProcessMemory;
+pub use process_vm::{ProcessMemory, STACK_IOVECS};
 
 use std::cell::Cell;
 
