@@ -78,13 +78,25 @@ impl HostDiscovery {
 
 impl Discovery for HostDiscovery {
     fn scan(&mut self) -> Vec<ProcessInfo> {
-        let pids = process::all_pids();
+        let pids = match self.policy.only_pids() {
+            // Only the processes named by pid can match: the others need no look.
+            Some(named) => {
+                let mut pids = named.to_vec();
+                pids.sort_unstable();
+                pids.dedup();
+                pids
+            }
+            None => process::all_pids(),
+        };
         let mut found = Vec::new();
         for &pid in &pids {
-            let (Some(start), Ok(p)) = (process::start_time(pid), Process::new(pid)) else {
+            let Ok(p) = Process::new(pid) else { continue };
+            // Kernel threads (often most pids) have no executable: ruled out before reading
+            // their stat.
+            let Ok(exe) = p.exe() else { continue };
+            let Some(start) = process::start_time(pid) else {
                 continue;
             };
-            let Ok(exe) = p.exe() else { continue }; // kernel threads, or gone
             let Some(version) = self.version(pid, start, &exe) else {
                 continue;
             };

@@ -81,6 +81,12 @@ impl MatchPolicy {
         self.include.is_empty() && self.pids.is_empty()
     }
 
+    /// When only the processes named by pid can match (no include pattern): those pids, so
+    /// that a scan need not look at any other process.
+    pub fn only_pids(&self) -> Option<&[i32]> {
+        (self.include.is_empty() && !self.pids.is_empty()).then_some(&self.pids[..])
+    }
+
     /// Whether to profile this process (the caller has established it runs Python).
     pub fn matches(&self, p: &ProcessFacts<'_>) -> bool {
         if Some(p.pid) == self.self_pid {
@@ -112,6 +118,17 @@ mod tests {
         assert!(p.matches_everything());
         assert!(p.matches(&facts(1, "python x.py", "python3")));
         assert!(!p.matches(&facts(7, "pyfleet", "pyfleet")));
+    }
+
+    #[test]
+    fn only_named_pids_limit_the_scan() {
+        let none: [&str; 0] = [];
+        let p = MatchPolicy::new(none, ["x"], &[4, 2], None).unwrap();
+        assert_eq!(p.only_pids(), Some(&[4, 2][..]));
+        let q = MatchPolicy::new(["gunicorn"], none, &[4], None).unwrap();
+        assert_eq!(q.only_pids(), None, "a pattern can match any process");
+        let r = MatchPolicy::new(none, none, &[], None).unwrap();
+        assert_eq!(r.only_pids(), None, "no rule matches every process");
     }
 
     #[test]
