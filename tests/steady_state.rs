@@ -27,6 +27,21 @@ fn a_steady_state_sample_allocates_nothing() {
             &[out.path().to_string_lossy().into_owned()],
         );
         target.wait_for_path(&out.path().join("expected.json"), Duration::from_secs(60));
+        // The reporter thread parks itself after writing expected.json: wait until every
+        // thread has been asleep for a while (a thread still running makes new reads).
+        let pid = target.pid();
+        let mut asleep = 0;
+        wait_until(
+            Duration::from_secs(30),
+            "every thread of the target asleep",
+            || {
+                let all = thread_states(pid).iter().all(|(_, s)| *s == Some('S'));
+                asleep = if all { asleep + 1 } else { 0 };
+                std::thread::sleep(Duration::from_millis(50));
+                asleep >= 6
+            },
+            || format!("{:?}", thread_states(pid)),
+        );
         for (mode, frame_cache) in [("frame cache", true), ("no frame cache", false)] {
             let mut sampler = cpython::attach(
                 target.pid(),

@@ -1,8 +1,9 @@
 """Fleet benchmark: pyfleet profiling many Python processes at once, as a daemon would.
 
 Starts N Python processes (default 32) of mixed workloads (worker.py: busy, idle, deep,
-threads) spread over every interpreter found (3.11-3.15), runs `pyfleet run` on exactly those
-pids at --rate Hz for --duration seconds, and reports pyfleet's CPU (percent of one core, from
+threads) spread over every interpreter found (3.11-3.15), runs `pyfleet run --match TOKEN`
+(a token in those workers' command lines: every scan looks at every process of the host, as
+a deployment's does) at --rate Hz for --duration seconds, and reports pyfleet's CPU (percent of one core, from
 its rusage), its peak RSS, and samples taken, missed ticks and errors (from its /metrics just
 before the end). Run as root after `cargo build --release`:
 
@@ -84,10 +85,12 @@ def run_pyspy(args, pids):
 
 def run(args, pythons):
     procs = []
+    # In every worker's command line, for `--match` to find exactly this run's workers.
+    token = f"fleet-bench-{os.getpid()}"
     try:
         for i in range(args.processes):
             py, kind = pythons[i % len(pythons)], args.kinds[i % len(args.kinds)]
-            p = subprocess.Popen([str(py), str(HERE / "worker.py"), kind],
+            p = subprocess.Popen([str(py), str(HERE / "worker.py"), kind, token],
                                  stdout=subprocess.PIPE, text=True)
             procs.append(p)
         for p in procs:
@@ -110,8 +113,9 @@ def run(args, pythons):
         cmd = [args.pyfleet, "run", "--rate", str(args.rate), "--duration", str(args.duration),
                "--snapshot-interval", "10", "--out", out, "--metrics-addr", f"127.0.0.1:{port}",
                "--max-cpu", str(args.max_cpu)]
-        for p in procs:
-            cmd += ["--pid", str(p.pid)]
+        # Matched by a pattern, as a deployment matches: every scan looks at every process
+        # of the host.
+        cmd += ["--match", token]
         t0 = time.monotonic()
         daemon = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
         # Steady state, without attaching at the start and the final snapshot at the end:

@@ -1,6 +1,6 @@
 """A fleet member for examples/fleet/bench.py: one of several workload shapes, until killed.
 
-    worker.py busy|idle|deep|threads
+    worker.py busy|idle|deep|threads [TOKEN]
 busy: one thread computing 3% of the time in short bursts; idle: blocked like a web worker
 between requests; deep: a 300-frame stack that sleeps; threads: 6 threads, half of them busy like `busy`."""
 import math

@@ -64,12 +64,16 @@ pub struct RunWatch {
     /// threads only.
     moving: u8,
     rest: u8,
+    /// Checks made so far, and whether a watched thread was heavy at the last full one.
+    checks: u64,
+    any_heavy: bool,
 }
 
 struct Watched {
     file: File,
     reference: Option<Reading>,
-    quiet: bool,
+    /// The check (of [`RunWatch::checks`]) that last found it still.
+    quiet_at: u64,
     /// Worth a check while the process runs (see [`RunWatch::weigh`]).
     heavy: bool,
     /// Checks in a row that found the thread running, and checks still to skip: a thread
@@ -100,6 +104,8 @@ impl RunWatch {
             complete: false,
             moving: 0,
             rest: 0,
+            checks: 0,
+            any_heavy: false,
         })
     }
 
@@ -113,9 +119,13 @@ impl RunWatch {
     /// the whole-process answer is "no" anyway, and keeping a light thread's stack saves
     /// less than its reading costs.
     pub fn check(&mut self, epoch: u64) -> Still {
+        self.checks += 1;
         let resting = self.rest > 0;
         if resting {
             self.rest -= 1;
+            if !self.any_heavy {
+                return Still::No;
+            }
         }
         let still = self.check_threads(epoch, resting);
         if !resting {
@@ -144,8 +154,11 @@ impl RunWatch {
         let min = self.min_interval;
         let mut all = !self.threads.is_empty() && !heavy_only;
         let mut changed = false;
+        let checks = self.checks;
+        if !heavy_only {
+            self.any_heavy = self.threads.values().any(|w| w.heavy);
+        }
         self.threads.retain(|_, w| {
-            w.quiet = false;
             if heavy_only && !w.heavy {
                 return true;
             }
@@ -168,7 +181,7 @@ impl RunWatch {
             };
             match w.reference {
                 Some(r) if r.run_ns == run_ns && r.switches == switches => {
-                    w.quiet = true;
+                    w.quiet_at = checks;
                     w.moving = 0;
                 }
                 _ => {
@@ -202,7 +215,7 @@ impl RunWatch {
     /// reference (what was read of it after that is still valid).
     pub fn quiet_since(&self, tid: i32) -> Option<u64> {
         let w = self.threads.get(&tid)?;
-        w.quiet.then_some(w.reference?.epoch)
+        (w.quiet_at == self.checks).then_some(w.reference?.epoch)
     }
 
     /// The newest reference's epoch (`u64::MAX` while a watched thread has none yet).
@@ -237,7 +250,7 @@ impl RunWatch {
             Watched {
                 file,
                 reference: None,
-                quiet: false,
+                quiet_at: 0,
                 heavy: false,
                 moving: 0,
                 rest: 0,
