@@ -425,21 +425,24 @@ mod tests {
         });
         let (sleeping, spinning) = (rx.recv().unwrap(), rx2.recv().unwrap());
         assert!(w.watch(sleeping) && w.watch(spinning));
+        // Checks over `epochs`: how many found the sleeping thread still (never the spinner).
+        let count_still = |w: &mut RunWatch, epochs: std::ops::RangeInclusive<u64>| {
+            let mut still = 0;
+            for epoch in epochs {
+                w.check(epoch);
+                still += usize::from(w.quiet_since(sleeping).is_some());
+                assert_eq!(
+                    w.quiet_since(spinning),
+                    None,
+                    "a spinning thread found still"
+                );
+                std::thread::sleep(w.min_interval + Duration::from_millis(1));
+            }
+            still
+        };
         // A heavy thread is checked even while another runs.
         w.weigh(sleeping, true);
-        let mut still = 0;
-        for epoch in 1..=20 {
-            w.check(epoch);
-            if w.quiet_since(sleeping).is_some() {
-                still += 1;
-            }
-            assert_eq!(
-                w.quiet_since(spinning),
-                None,
-                "a spinning thread found still"
-            );
-            std::thread::sleep(w.min_interval + Duration::from_millis(1));
-        }
+        let still = count_still(&mut w, 1..=20);
         assert!(
             still >= 15,
             "the sleeping thread was found still {still}/20 times"
@@ -447,14 +450,7 @@ mod tests {
         // A light one is not, while the process runs: only the full checks, after 1, 3,
         // 7, ... checks, read it.
         w.weigh(sleeping, false);
-        let mut light_still = 0;
-        for epoch in 21..=40 {
-            w.check(epoch);
-            if w.quiet_since(sleeping).is_some() {
-                light_still += 1;
-            }
-            std::thread::sleep(w.min_interval + Duration::from_millis(1));
-        }
+        let light_still = count_still(&mut w, 21..=40);
         assert!(
             light_still <= 2,
             "a light thread was read {light_still}/20 times while another ran"
