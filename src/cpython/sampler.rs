@@ -200,7 +200,7 @@ struct ThreadCache {
     tid: i32,
     read_at: u64,
     kept: u32,
-    /// Reading this thread costs more than checking whether it ran (see [`RunWatch::weigh`]).
+    /// Reading this thread costs more than checking whether it ran (see [`RunWatch::watch`]).
     heavy: bool,
 }
 
@@ -305,25 +305,24 @@ impl Batch {
         while from < self.phys.len() {
             let n = self.phys.len() - from;
             let mut rest = &mut self.buf[self.offsets[from]..];
+            let mut requests = self.phys[from..].iter().map(|&(s, e)| {
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut((e - s) as usize);
+                rest = tail;
+                ReadRequest::new(s, head)
+            });
             // Up to STACK_IOVECS ranges (any steady-state sample but of a process with very
             // many threads) without allocating.
             let mut on_stack: [ReadRequest<'_>; STACK_IOVECS];
             let mut on_heap: Vec<ReadRequest<'_>>;
             let reqs: &mut [ReadRequest<'_>] = if n <= STACK_IOVECS {
-                on_stack = std::array::from_fn(|_| ReadRequest::new(0, &mut []));
-                for (slot, &(s, e)) in on_stack.iter_mut().zip(&self.phys[from..]) {
-                    let (head, tail) = std::mem::take(&mut rest).split_at_mut((e - s) as usize);
-                    *slot = ReadRequest::new(s, head);
-                    rest = tail;
-                }
+                on_stack = std::array::from_fn(|_| {
+                    requests
+                        .next()
+                        .unwrap_or_else(|| ReadRequest::new(0, &mut []))
+                });
                 &mut on_stack[..n]
             } else {
-                on_heap = Vec::with_capacity(n);
-                for &(s, e) in &self.phys[from..] {
-                    let (head, tail) = std::mem::take(&mut rest).split_at_mut((e - s) as usize);
-                    on_heap.push(ReadRequest::new(s, head));
-                    rest = tail;
-                }
+                on_heap = requests.collect();
                 &mut on_heap
             };
             match mem.read_many(reqs) {
@@ -582,8 +581,7 @@ impl<M: RemoteMemory> Sampler<M> {
                 self.last_full = Some(self.epoch);
                 if let Some(w) = self.watch.as_mut() {
                     for tc in self.threads.values() {
-                        w.watch(tc.tid);
-                        w.weigh(tc.tid, tc.heavy);
+                        w.watch(tc.tid, tc.heavy);
                     }
                     // Every watched thread held still: list the process's threads, so that
                     // the next check can tell that none of them ran.

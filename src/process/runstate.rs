@@ -25,9 +25,9 @@
 //! descriptor per watched thread, and a directory listing when a process turns quiet. So the
 //! checks are spent where they pay: a thread that keeps running is checked less and less
 //! often, and while any thread of the process runs only the threads whose stacks cost more
-//! to read than a check (the caller [weighs](RunWatch::weigh) them) are checked, with a full
-//! check after 1, 3, 7, ... up to [`MAX_REST`] samples to find the process still again.
-//! Reads only /proc.
+//! to read than a check (the caller weighs them when it [watches](RunWatch::watch) them)
+//! are checked, with a full check after 1, 3, 7, ... up to [`MAX_REST`] samples to find the
+//! process still again. Reads only /proc.
 
 use rustc_hash::FxHashMap;
 use std::fs::File;
@@ -74,7 +74,7 @@ struct Watched {
     reference: Option<Reading>,
     /// The check (of [`RunWatch::checks`]) that last found it still.
     quiet_at: u64,
-    /// Worth a check while the process runs (see [`RunWatch::weigh`]).
+    /// Worth a check while the process runs (see [`RunWatch::watch`]).
     heavy: bool,
     /// Checks in a row that found the thread running, and checks still to skip: a thread
     /// that runs between most samples is read less often (1, 3, 7, then 15 checks skipped),
@@ -115,7 +115,7 @@ impl RunWatch {
     /// is known to have been still since its reference.
     ///
     /// A check that finds some thread running makes the next 1, 3, 7, ... up to
-    /// [`MAX_REST`] checks read only the [heavy](Self::weigh) threads: while the process runs,
+    /// [`MAX_REST`] checks read only the [heavy](Self::watch) threads: while the process runs,
     /// the whole-process answer is "no" anyway, and keeping a light thread's stack saves
     /// less than its reading costs.
     pub fn check(&mut self, epoch: u64) -> Still {
@@ -139,26 +139,15 @@ impl RunWatch {
         still
     }
 
-    /// Says whether keeping thread `tid`'s stack saves more than reading its schedstat costs
-    /// (about two to three iovecs of a cold `process_vm_readv`): a deep stack, or one whose
-    /// frames lie in several places. Light threads are not read while the process runs (see
-    /// [`check`](Self::check)); threads start light.
-    pub fn weigh(&mut self, tid: i32, heavy: bool) {
-        if let Some(w) = self.threads.get_mut(&tid) {
-            w.heavy = heavy;
-        }
-    }
-
     fn check_threads(&mut self, epoch: u64, heavy_only: bool) -> Still {
         let now = Instant::now();
         let min = self.min_interval;
         let mut all = !self.threads.is_empty() && !heavy_only;
         let mut changed = false;
         let checks = self.checks;
-        if !heavy_only {
-            self.any_heavy = self.threads.values().any(|w| w.heavy);
-        }
+        let mut any_heavy = false;
         self.threads.retain(|_, w| {
+            any_heavy |= w.heavy;
             if heavy_only && !w.heavy {
                 return true;
             }
@@ -201,6 +190,9 @@ impl RunWatch {
             }
             true
         });
+        if !heavy_only {
+            self.any_heavy = any_heavy;
+        }
         if changed {
             self.complete = false;
         }
@@ -229,8 +221,14 @@ impl RunWatch {
 
     /// Starts watching thread `tid` (its first reading is taken at the next check). False
     /// when it cannot be watched.
-    pub fn watch(&mut self, tid: i32) -> bool {
-        if self.threads.contains_key(&tid) {
+    ///
+    /// `heavy`: keeping this thread's stack saves more than reading its schedstat costs
+    /// (about two to three iovecs of a cold `process_vm_readv`): a deep stack, or one whose
+    /// frames lie in several places. Light threads are not read while the process runs (see
+    /// [`check`](Self::check)); the caller says again at every full sample.
+    pub fn watch(&mut self, tid: i32, heavy: bool) -> bool {
+        if let Some(w) = self.threads.get_mut(&tid) {
+            w.heavy = heavy;
             return true;
         }
         if tid <= 0 || self.threads.len() >= MAX_WATCHED {
@@ -251,7 +249,7 @@ impl RunWatch {
                 file,
                 reference: None,
                 quiet_at: 0,
-                heavy: false,
+                heavy,
                 moving: 0,
                 rest: 0,
             },
@@ -284,7 +282,7 @@ impl RunWatch {
         let mut complete = self.threads.len() == before;
         for &tid in &tids {
             if !self.threads.contains_key(&tid) {
-                self.watch(tid);
+                self.watch(tid, false);
                 complete = false;
             }
         }
@@ -424,7 +422,7 @@ mod tests {
             }
         });
         let (sleeping, spinning) = (rx.recv().unwrap(), rx2.recv().unwrap());
-        assert!(w.watch(sleeping) && w.watch(spinning));
+        assert!(w.watch(sleeping, true) && w.watch(spinning, false));
         // Checks over `epochs`: how many found the sleeping thread still (never the spinner).
         let count_still = |w: &mut RunWatch, epochs: std::ops::RangeInclusive<u64>| {
             let mut still = 0;
@@ -441,7 +439,6 @@ mod tests {
             still
         };
         // A heavy thread is checked even while another runs.
-        w.weigh(sleeping, true);
         let still = count_still(&mut w, 1..=20);
         assert!(
             still >= 15,
@@ -449,7 +446,7 @@ mod tests {
         );
         // A light one is not, while the process runs: only the full checks, after 1, 3,
         // 7, ... checks, read it.
-        w.weigh(sleeping, false);
+        w.watch(sleeping, false);
         let light_still = count_still(&mut w, 21..=40);
         assert!(
             light_still <= 2,
