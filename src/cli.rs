@@ -42,6 +42,10 @@ pub enum Command {
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
+        /// Read without pausing the target (by default a dump pauses every thread for the
+        /// read, so that the stacks are one instant's).
+        #[arg(long)]
+        nonblocking: bool,
     },
     /// Sample one process back to back and report the cost per sample and the caches' work.
     Bench {
@@ -65,6 +69,9 @@ pub enum Command {
         /// Read every thread every sample, even one the kernel says has not run since.
         #[arg(long)]
         no_skip_idle: bool,
+        /// Pause the target for each sample (ptrace), as `record --blocking` does.
+        #[arg(long)]
+        blocking: bool,
         /// Measure the floor instead: one bare 8-byte process_vm_readv per iteration.
         #[arg(long)]
         floor: bool,
@@ -88,7 +95,11 @@ pub fn run(cli: Cli) -> Result<()> {
     match command {
         Command::Run(opts) => daemon::run(*opts),
         Command::Record(opts) => record::run(*opts),
-        Command::Dump { pid, json } => dump(pid, json),
+        Command::Dump {
+            pid,
+            json,
+            nonblocking,
+        } => dump(pid, json, !nonblocking),
         Command::List { matches } => list(&matches),
         Command::Bench {
             pid,
@@ -97,6 +108,7 @@ pub fn run(cli: Cli) -> Result<()> {
             no_frame_cache,
             read_only,
             no_skip_idle,
+            blocking,
             floor,
             json,
         } => match (pid.as_slice(), rate) {
@@ -107,6 +119,7 @@ pub fn run(cli: Cli) -> Result<()> {
                     frame_cache: !no_frame_cache,
                     read_only,
                     skip_idle: !no_skip_idle,
+                    blocking,
                     ..Default::default()
                 };
                 bench(*pid, duration, opts, floor, json)
@@ -119,12 +132,13 @@ pub fn run(cli: Cli) -> Result<()> {
 /// Reads of a running process tried before `dump` reports the failure.
 const DUMP_ATTEMPTS: u32 = 10;
 
-fn dump(pid: i32, json: bool) -> Result<()> {
+fn dump(pid: i32, json: bool, blocking: bool) -> Result<()> {
     // A dump is one sample: it needs no frame cache, and must not write to the target.
     let opts = cpython::SamplerOptions {
         frame_cache: false,
         read_only: true,
         cpu_status: true,
+        blocking,
         ..Default::default()
     };
     let mut unwinder = cpython::attach(pid, opts)?;

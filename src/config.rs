@@ -69,6 +69,10 @@ pub struct RunOptions {
     /// Never write to target processes (no 3.15 frame-cache marker; results stay exact).
     #[arg(long)]
     pub read_only: bool,
+    /// Pause the target's threads for each sample (ptrace), so that every stack is one
+    /// instant's; costs the target a short stop per sample (see the README).
+    #[arg(long)]
+    pub blocking: bool,
     /// Read settings from this TOML file (command-line options win).
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
@@ -93,6 +97,7 @@ pub struct RunSettings {
     pub metrics_addr: Option<SocketAddr>,
     pub duration: Option<Duration>,
     pub read_only: bool,
+    pub blocking: bool,
 }
 
 fn seconds(name: &str, v: Option<f64>, default: f64) -> Result<Duration, String> {
@@ -151,6 +156,7 @@ impl RunOptions {
             metrics_addr: self.metrics_addr.or(file.metrics_addr),
             duration: self.duration.or(file.duration),
             read_only: self.read_only || file.read_only,
+            blocking: self.blocking || file.blocking,
             config: self.config,
         }
     }
@@ -220,6 +226,7 @@ impl RunOptions {
                 None => None,
             },
             read_only: o.read_only,
+            blocking: o.blocking,
         })
     }
 }

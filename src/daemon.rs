@@ -83,10 +83,11 @@ pub fn run(opts: RunOptions) -> Result<()> {
             parts.join(", ")
         };
         eprintln!(
-            "pyfleet: profiling {what} at {} Hz ({} mode{}); snapshots ({}) every {} s in {}; metrics {}",
+            "pyfleet: profiling {what} at {} Hz ({} mode{}{}); snapshots ({}) every {} s in {}; metrics {}",
             settings.rate.base_hz(),
             settings.mode,
             if settings.read_only { ", read-only" } else { "" },
+            if settings.blocking { ", blocking" } else { "" },
             settings
                 .snapshot_formats
                 .iter()
@@ -115,6 +116,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
             HostDiscovery::new(settings.policy.clone()),
             UnwinderFactory {
                 read_only: settings.read_only,
+                blocking: settings.blocking,
             },
             writer,
         )

@@ -129,6 +129,8 @@ impl Discovery for HostDiscovery {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct UnwinderFactory {
     pub read_only: bool,
+    /// Pause each target for its samples (`--blocking`).
+    pub blocking: bool,
 }
 
 impl SourceFactory for UnwinderFactory {
@@ -139,6 +141,7 @@ impl SourceFactory for UnwinderFactory {
             frame_cache: true,
             read_only: self.read_only,
             cpu_status: needs_cpu_status,
+            blocking: self.blocking,
             ..Default::default()
         };
         let sampler = cpython::attach(p.pid, opts).map_err(|e| e.to_string())?;

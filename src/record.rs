@@ -69,6 +69,10 @@ pub struct RecordOptions {
     /// Never write to target processes (no 3.15 frame-cache marker; results stay exact).
     #[arg(long)]
     pub read_only: bool,
+    /// Pause the target's threads for each sample (ptrace), so that every stack is one
+    /// instant's; costs the target a short stop per sample (see the README).
+    #[arg(long)]
+    pub blocking: bool,
 }
 
 /// Validated settings.
@@ -82,6 +86,7 @@ struct Plan {
     output: PathBuf,
     format: Format,
     read_only: bool,
+    blocking: bool,
 }
 
 fn plan(o: RecordOptions) -> Result<Plan> {
@@ -129,6 +134,7 @@ fn plan(o: RecordOptions) -> Result<Plan> {
         output,
         format,
         read_only: o.read_only,
+        blocking: o.blocking,
     })
 }
 
@@ -208,6 +214,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
             Counted {
                 inner: UnwinderFactory {
                     read_only: plan.read_only,
+                    blocking: plan.blocking,
                 },
                 counters: counters.clone(),
             },

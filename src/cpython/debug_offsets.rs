@@ -442,6 +442,12 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
         co("linetable")?,
         co("firstlineno")?,
     ];
+    // `_co_firsttraceable` is not in the table: in every default (GIL) build it is the `int`
+    // before `co_extra`, the pointer right before `co_code_adaptive` (Include/cpython/code.h).
+    let code_adaptive = co("co_code_adaptive")?;
+    let first_traceable = code_adaptive
+        .checked_sub(16)
+        .ok_or("code_object.co_code_adaptive is too small")?;
     let unicode_state = d.offset("unicode_object", "state")?;
     let ascii_size = d.get("unicode_object.asciiobject_size")?;
     // 3.15+ says sizeof(PyCompactUnicodeObject); before, it is a known distance further.
@@ -486,13 +492,14 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
             shim_owners: extras.shim_owners,
         },
         code: CodeLayout {
-            size: span(&code_fields),
+            size: span(&code_fields).max(first_traceable + 4),
             name: co("name")?,
             qualname: co("qualname")?,
             filename: co("filename")?,
             firstlineno: co("firstlineno")?,
             linetable: co("linetable")?,
-            code_adaptive: co("co_code_adaptive")?,
+            code_adaptive,
+            first_traceable,
         },
         unicode: UnicodeLayout {
             length: d.offset("unicode_object", "length")?,

@@ -107,6 +107,10 @@ pub struct FrameLayout {
     pub shim_owners: &'static [u8],
 }
 
+/// `FRAME_OWNED_BY_GENERATOR`, the same on every supported version: a generator's or
+/// coroutine's frame, which lives in the generator object.
+pub const OWNED_BY_GENERATOR: u8 = 1;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CodeLayout {
     /// Bytes to read to get every field below.
@@ -118,6 +122,9 @@ pub struct CodeLayout {
     pub linetable: u64,
     /// Offset of the bytecode (`co_code_adaptive`) from the start of the code object.
     pub code_adaptive: u64,
+    /// Offset of `_co_firsttraceable` (an `int`): the index of the first instruction at
+    /// which a frame of this code counts as started (see `FrameLayout`'s incomplete frames).
+    pub first_traceable: u64,
 }
 
 /// `PyASCIIObject` / `PyCompactUnicodeObject` / `PyUnicodeObject`.

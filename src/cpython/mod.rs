@@ -57,6 +57,11 @@ impl UnwindError {
         match self {
             UnwindError::Memory(MemoryError::ProcessGone(_)) => "process_gone",
             UnwindError::Memory(MemoryError::PermissionDenied(_)) => "permission",
+            UnwindError::Memory(
+                MemoryError::AlreadyTraced(_)
+                | MemoryError::PauseTimeout { .. }
+                | MemoryError::TooManyThreads { .. },
+            ) => "pause",
             UnwindError::Memory(_) => "read",
             UnwindError::Field(_) | UnwindError::BadObject { .. } | UnwindError::NotCode(_) => {
                 "inconsistent"

@@ -11,6 +11,9 @@ use super::linetable::{self, LineRange, MAX_LINETABLE_LEN};
 use super::UnwindError;
 use crate::memory::{Bytes, ReadRequest, RemoteMemory};
 
+/// Largest `_co_firsttraceable` believed (code units before `RESUME`: cell set-up, at most
+/// one per local).
+const MAX_FIRST_TRACEABLE: u32 = 1 << 16;
 /// Longest string believed (characters).
 const MAX_STR_CHARS: u64 = 1 << 20;
 
@@ -22,6 +25,10 @@ pub struct CodeInfo {
     pub filename: String,
     pub first_line: i32,
     pub lines: Vec<LineRange>,
+    /// Index (in code units) of the first instruction at which a frame of this code has
+    /// started: a frame whose instruction pointer is before it is incomplete, and hidden
+    /// (as `frame.f_back` and `sys._current_frames()` hide it).
+    pub first_traceable: u32,
 }
 
 impl CodeInfo {
@@ -30,6 +37,18 @@ impl CodeInfo {
         let start = code_addr.wrapping_add(code_adaptive);
         let offset = (instr as i64).wrapping_sub(start as i64);
         linetable::line_for_offset(&self.lines, self.first_line, offset)
+    }
+
+    /// Whether a frame of this code at `instr` has started (reached its first traceable
+    /// instruction). One that has not is pushed but not yet running: CPython hides it from
+    /// `f_back`, `sys._current_frames()` and tracebacks (`_PyFrame_IsIncomplete`), and so do
+    /// we. Its own shims are such frames: the 3.13+ `__init__` clean-up frame of a class call,
+    /// the 3.12 interpreter trampoline. Generator frames are always complete.
+    pub fn started(&self, code_addr: u64, code_adaptive: u64, instr: u64) -> bool {
+        let first = code_addr
+            .wrapping_add(code_adaptive)
+            .wrapping_add(2 * u64::from(self.first_traceable));
+        instr >= first
     }
 }
 
@@ -121,6 +140,7 @@ struct CodeParts {
     strs: [u64; 3],
     table: u64,
     first_line: i32,
+    first_traceable: u32,
 }
 
 /// Reads many code objects in three syscalls whatever their number: all headers; then every
@@ -149,6 +169,11 @@ pub fn read_codes<M: RemoteMemory>(
                 strs: [h.u64(c.name)?, h.u64(c.qualname)?, h.u64(c.filename)?],
                 table: h.u64(c.linetable)?,
                 first_line: h.i32(c.firstlineno)?,
+                // A negative or huge index is garbage: no frame is hidden by it.
+                first_traceable: u32::try_from(h.i32(c.first_traceable)?)
+                    .ok()
+                    .filter(|&i| i <= MAX_FIRST_TRACEABLE)
+                    .unwrap_or(0),
             })
         })
         .collect();
@@ -230,6 +255,7 @@ pub fn read_codes<M: RemoteMemory>(
                 filename,
                 first_line: p.first_line,
                 lines: linetable::decode(take(table_len), p.first_line),
+                first_traceable: p.first_traceable,
             })
         })
         .collect())

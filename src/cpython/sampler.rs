@@ -32,12 +32,14 @@
 
 use super::layout::{
     CurrentFrame, GilLayout, Layout, CHUNK_DATA, CHUNK_PREVIOUS, CHUNK_SIZE, CHUNK_TOP,
+    OWNED_BY_GENERATOR,
 };
 use super::objects::{read_chunks, read_codes, CodeInfo};
 use super::unwind::{Frame, InterpreterStacks, ThreadStack, MAX_DEPTH};
 use super::UnwindError;
 use crate::binary::RuntimeLocation;
-use crate::memory::{Bytes, ReadRequest, RemoteMemory, STACK_IOVECS};
+use crate::memory::{Bytes, Pauser, ReadRequest, RemoteMemory, STACK_IOVECS};
+use crate::process::namespace::ThreadIds;
 use crate::process::runstate::{RunWatch, Still};
 use crate::stacks::{FrameId, FunctionId, StackId, StackTable};
 use lru::LruCache;
@@ -94,6 +96,10 @@ pub struct SamplerOptions {
     /// [`runstate`](crate::process::runstate)); a full read at least every
     /// [`MAX_KEPT`] samples all the same.
     pub skip_idle: bool,
+    /// Pause every thread of the target for each read (`--blocking`, see
+    /// [`Pauser`](crate::memory::Pauser)): the stack is one instant's by construction. Pausing
+    /// wakes sleeping threads, so it implies reading every thread (no `skip_idle`).
+    pub blocking: bool,
     /// Code objects kept in the cache.
     pub code_cache_capacity: usize,
     /// Distinct stacks interned before the table starts afresh (and 2.5 times as many
@@ -108,6 +114,7 @@ impl Default for SamplerOptions {
             read_only: false,
             cpu_status: false,
             skip_idle: true,
+            blocking: false,
             code_cache_capacity: 4096,
             max_interned_stacks: 20_000,
         }
@@ -148,7 +155,11 @@ pub struct SamplerStats {
 pub struct ThreadSample {
     pub interpreter_id: i64,
     pub thread_id: u64,
+    /// The kernel's thread id as pyfleet sees it (mapped from the target's pid namespace;
+    /// the target's own value when it cannot be mapped).
     pub native_thread_id: u64,
+    /// The target's own value, when the target lives in another pid namespace.
+    pub namespace_thread_id: Option<u64>,
     pub holds_gil: bool,
     /// `None` unless [`SamplerOptions::cpu_status`].
     pub on_cpu: Option<bool>,
@@ -369,11 +380,23 @@ struct Tstate {
     keep: bool,
     interp_id: i64,
     thread_id: u64,
+    /// As the target's namespace sees it, and as we do (0: not found).
     native_thread_id: u64,
+    host_tid: i32,
     current_frame: u64,
     chunk: u64,
     marker: Option<(u64, u64)>,
     holds_gil: Option<bool>,
+}
+
+impl Tstate {
+    /// The thread's id as pyfleet sees it, else as the target does.
+    fn native(&self) -> u64 {
+        match self.host_tid {
+            0 => self.native_thread_id,
+            t => t as u64,
+        }
+    }
 }
 
 /// A frame walked (read from the target) this sample.
@@ -384,6 +407,7 @@ struct RawFrame {
     previous: u64,
     instr: u64,
     shim: bool,
+    generator: bool,
 }
 
 /// Per-thread work of one sample.
@@ -432,6 +456,11 @@ pub struct Sampler<M: RemoteMemory> {
     watch: Option<RunWatch>,
     last_full: Option<u64>,
     whole_kept: u32,
+    /// `blocking`: pauses the target around each read; which threads ran just before.
+    pauser: Option<Pauser>,
+    running: Vec<i32>,
+    /// The target's thread ids mapped to ours (containers).
+    tids: ThreadIds,
     /// Buffers a sample fills and the next one reuses, so that a steady-state sample
     /// allocates nothing.
     spare: Spare,
@@ -488,13 +517,16 @@ impl<M: RemoteMemory> Sampler<M> {
             chain_new: Vec::new(),
             codes_changed: false,
             prev_codes: Vec::new(),
-            watch: if opts.skip_idle {
+            watch: if opts.skip_idle && !opts.blocking {
                 RunWatch::new(pid)
             } else {
                 None
             },
             last_full: None,
             whole_kept: 0,
+            pauser: opts.blocking.then(|| Pauser::new(pid)),
+            running: Vec::new(),
+            tids: ThreadIds::new(pid),
             spare: Spare::default(),
         }
     }
@@ -573,7 +605,17 @@ impl<M: RemoteMemory> Sampler<M> {
         }
         self.whole_kept = 0;
         let mut batch = std::mem::take(&mut self.batch);
-        let r = self.sample_with(&mut batch);
+        // Blocking: every thread stays stopped until the sample is read in full (the guard
+        // resumes them when dropped, on every path).
+        self.tids.begin();
+        if self.pauser.is_some() && self.opts.cpu_status {
+            // Stopped threads are not running: ask the kernel before stopping them.
+            crate::process::running_threads(self.pid, MAX_THREADS, &mut self.running);
+        }
+        let r = match self.pauser.as_ref().map(Pauser::pause).transpose() {
+            Ok(_paused) => self.sample_with(&mut batch),
+            Err(e) => Err(e.into()),
+        };
         self.batch = batch;
         match r {
             Ok(()) => {
@@ -638,6 +680,7 @@ impl<M: RemoteMemory> Sampler<M> {
                 i.threads.push(ThreadStack {
                     thread_id: s.thread_id,
                     native_thread_id: s.native_thread_id,
+                    namespace_thread_id: s.namespace_thread_id,
                     holds_gil: s.holds_gil,
                     on_cpu: s.on_cpu.unwrap_or(false),
                     frames,
@@ -881,15 +924,15 @@ impl<M: RemoteMemory> Sampler<M> {
                     }
                 };
                 let native_thread_id = t.u64(l.tstate.native_thread_id)?;
+                let host_tid = self.tids.host(native_thread_id).unwrap_or(0);
                 tstates.push(Tstate {
                     addr: ta,
                     order: tstates.len(),
                     interp_id,
                     thread_id: t.u64(l.tstate.thread_id)?,
                     native_thread_id,
-                    keep: kept.is_some_and(|(_, top, tid)| {
-                        top == current_frame && u64::try_from(tid).ok() == Some(native_thread_id)
-                    }),
+                    host_tid,
+                    keep: kept.is_some_and(|(_, top, tid)| top == current_frame && tid == host_tid),
                     current_frame,
                     chunk: match l.tstate.datastack_chunk {
                         Some(off) => t.u64(off)?,
@@ -1104,6 +1147,7 @@ impl<M: RemoteMemory> Sampler<M> {
                 previous,
                 instr: fb.u64(f.instr)?,
                 shim: f.shim_owners.contains(&owner),
+                generator: owner == OWNED_BY_GENERATOR,
             };
             if previous == addr {
                 return Err(UnwindError::Cycle("frame chain"));
@@ -1271,7 +1315,11 @@ impl<M: RemoteMemory> Sampler<M> {
                     self.out.push(ThreadSample {
                         interpreter_id: w.ts.interp_id,
                         thread_id: w.ts.thread_id,
-                        native_thread_id: w.ts.native_thread_id,
+                        native_thread_id: w.ts.native(),
+                        namespace_thread_id: self
+                            .tids
+                            .namespaced()
+                            .then_some(w.ts.native_thread_id),
                         holds_gil: w.holds_gil,
                         // It has not run since the last check.
                         on_cpu: self.opts.cpu_status.then_some(false),
@@ -1308,9 +1356,14 @@ impl<M: RemoteMemory> Sampler<M> {
                 let id = if r.shim || r.code == 0 {
                     None
                 } else if let Some(e) = self.codes.get(&r.code) {
-                    let line = e.info.line_at(r.code, adaptive, r.instr);
-                    let function = e.function;
-                    Some(self.table.frame(function, line))
+                    if !r.generator && !e.info.started(r.code, adaptive, r.instr) {
+                        // Pushed but not started, or one of the interpreter's own shims.
+                        None
+                    } else {
+                        let line = e.info.line_at(r.code, adaptive, r.instr);
+                        let function = e.function;
+                        Some(self.table.frame(function, line))
+                    }
                 } else {
                     None // not a code object: not a Python function's frame
                 };
@@ -1379,7 +1432,7 @@ impl<M: RemoteMemory> Sampler<M> {
             tc.last_walked.clear();
             tc.last_walked.extend_from_slice(&self.ids[..walked_ids]);
             tc.last_stack = Some(stack);
-            tc.tid = i32::try_from(w.ts.native_thread_id).unwrap_or(0);
+            tc.tid = w.ts.host_tid;
             tc.read_at = self.epoch;
             tc.kept = 0;
 
@@ -1462,14 +1515,15 @@ impl<M: RemoteMemory> Sampler<M> {
             }
             tc.heavy = heavy(&tc.regions, &tc.outside, w.raw.len());
             tc.last_top = top;
-            let on_cpu = self.opts.cpu_status.then(|| {
-                crate::process::thread_on_cpu(self.pid, w.ts.native_thread_id as i32)
-                    .unwrap_or(false)
+            let on_cpu = self.opts.cpu_status.then(|| match self.pauser {
+                Some(_) => self.running.contains(&w.ts.host_tid),
+                None => crate::process::thread_on_cpu(self.pid, w.ts.host_tid).unwrap_or(false),
             });
             self.out.push(ThreadSample {
                 interpreter_id: w.ts.interp_id,
                 thread_id: w.ts.thread_id,
-                native_thread_id: w.ts.native_thread_id,
+                native_thread_id: w.ts.native(),
+                namespace_thread_id: self.tids.namespaced().then_some(w.ts.native_thread_id),
                 holds_gil: w.holds_gil,
                 on_cpu,
                 stack,

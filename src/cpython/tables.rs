@@ -115,13 +115,14 @@ fn layout_311(version: Version) -> Layout {
             shim_owners: &[], // 3.11 has no shim frames (entry frames carry is_entry)
         },
         code: CodeLayout {
-            size: 144,
-            name: 120,          // code.co_name
-            qualname: 128,      // code.co_qualname
-            filename: 112,      // code.co_filename
-            firstlineno: 72,    // code.co_firstlineno
-            linetable: 136,     // code.co_linetable
-            code_adaptive: 184, // code.co_code_adaptive
+            size: 172,
+            name: 120,            // code.co_name
+            qualname: 128,        // code.co_qualname
+            filename: 112,        // code.co_filename
+            firstlineno: 72,      // code.co_firstlineno
+            linetable: 136,       // code.co_linetable
+            code_adaptive: 184,   // code.co_code_adaptive
+            first_traceable: 168, // code._co_firsttraceable
         },
         unicode: UnicodeLayout {
             length: 16,
@@ -181,13 +182,14 @@ fn layout_312(version: Version) -> Layout {
             shim_owners: &[3], // FRAME_OWNED_BY_CSTACK
         },
         code: CodeLayout {
-            size: 144,
-            name: 120,          // code.co_name
-            qualname: 128,      // code.co_qualname
-            filename: 112,      // code.co_filename
-            firstlineno: 68,    // code.co_firstlineno
-            linetable: 136,     // code.co_linetable
-            code_adaptive: 192, // code.co_code_adaptive
+            size: 180,
+            name: 120,            // code.co_name
+            qualname: 128,        // code.co_qualname
+            filename: 112,        // code.co_filename
+            firstlineno: 68,      // code.co_firstlineno
+            linetable: 136,       // code.co_linetable
+            code_adaptive: 192,   // code.co_code_adaptive
+            first_traceable: 176, // code._co_firsttraceable
         },
         unicode: UnicodeLayout {
             length: 16,

@@ -20,8 +20,11 @@ pub struct Frame {
 pub struct ThreadStack {
     /// `threading.get_ident()` of the thread (its `pthread_t`).
     pub thread_id: u64,
-    /// The kernel's thread id.
+    /// The kernel's thread id, as pyfleet sees it (the host's, for a target in a container).
     pub native_thread_id: u64,
+    /// The id the target's own pid namespace gives the thread, when that is another
+    /// namespace than pyfleet's.
+    pub namespace_thread_id: Option<u64>,
     pub holds_gil: bool,
     pub on_cpu: bool,
     pub frames: Vec<Frame>,

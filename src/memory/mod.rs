@@ -4,14 +4,18 @@
 //! [`ProcessMemory`] (`process_vm_readv`/`process_vm_writev`, many ranges per syscall) and
 //! [`MemoryImage`] (an in-memory address space for unit tests and fuzzing).
 //!
+//! [`Pauser`] stops a target's threads for a read that must see one instant (`--blocking`).
+//!
 //! It is the only home of `unsafe` in pyfleet. It knows nothing about CPython: callers ask for
 //! byte ranges and get bytes or a [`MemoryError`]. Every syscall is counted in [`ReadStats`],
 //! because syscalls, not bytes, are what a sample costs.
 
 mod image;
+pub mod pause;
 mod process_vm;
 
 pub use image::MemoryImage;
+pub use pause::{Paused, Pauser};
 pub use process_vm::{ProcessMemory, STACK_IOVECS};
 
 use std::cell::Cell;
@@ -28,6 +32,16 @@ pub enum MemoryError {
     /// The range is not (or no longer) mapped in the target.
     #[error("unreadable target memory at {addr:#x} ({len} bytes)")]
     BadAddress { addr: u64, len: usize },
+    /// `--blocking`: the target is traced by another process (a debugger, or another
+    /// profiler's blocking mode), so it cannot be paused.
+    #[error("cannot pause pid {0}: it is traced by another process (a debugger?)")]
+    AlreadyTraced(i32),
+    /// `--blocking`: a thread of the target did not stop in time (an uninterruptible sleep).
+    #[error("cannot pause pid {pid}: a thread did not stop within {ms} ms")]
+    PauseTimeout { pid: i32, ms: u64 },
+    /// `--blocking`: more threads than pyfleet pauses at once.
+    #[error("cannot pause pid {pid}: more than {max} threads")]
+    TooManyThreads { pid: i32, max: usize },
     /// Any other errno from the kernel.
     #[error("remote memory access failed: {}", std::io::Error::from_raw_os_error(*.0))]
     Os(i32),

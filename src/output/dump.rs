@@ -30,6 +30,8 @@ struct JsonInterpreter<'a> {
 struct JsonThread<'a> {
     thread_id: u64,
     native_thread_id: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    namespace_thread_id: Option<u64>,
     holds_gil: bool,
     on_cpu: bool,
     frames: Vec<JsonFrame<'a>>,
@@ -58,6 +60,7 @@ pub fn to_json(h: &DumpHeader<'_>, interps: &[InterpreterStacks]) -> String {
                     .map(|t| JsonThread {
                         thread_id: t.thread_id,
                         native_thread_id: t.native_thread_id,
+                        namespace_thread_id: t.namespace_thread_id,
                         holds_gil: t.holds_gil,
                         on_cpu: t.on_cpu,
                         frames: t
@@ -105,9 +108,13 @@ pub fn to_text(h: &DumpHeader<'_>, interps: &[InterpreterStacks]) -> String {
             if status.is_empty() {
                 status.push("idle");
             }
+            let ns = t
+                .namespace_thread_id
+                .map(|n| format!(", {n} in its namespace"))
+                .unwrap_or_default();
             let _ = writeln!(
                 s,
-                "  Thread {} (native {}) [{}]",
+                "  Thread {} (native {}{ns}) [{}]",
                 t.thread_id,
                 t.native_thread_id,
                 status.join(", ")

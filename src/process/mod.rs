@@ -3,6 +3,7 @@
 //!
 //! Reads only /proc; never touches target memory (that is `memory`'s job).
 
+pub mod namespace;
 pub mod runstate;
 
 use std::fs::File;
@@ -146,6 +147,22 @@ pub fn thread_on_cpu(pid: i32, tid: i32) -> Option<bool> {
     let close = stat.iter().rposition(|&b| b == b')')?;
     let state = *stat.get(close + 2)?;
     Some(state == b'R')
+}
+
+/// The threads of `pid` that are running or runnable right now (state `R`), at most `max`
+/// of them looked at. For `--blocking`, which must ask before it stops them.
+pub fn running_threads(pid: i32, max: usize, out: &mut Vec<i32>) {
+    out.clear();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return;
+    };
+    for entry in dir.flatten().take(max) {
+        if let Some(tid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) {
+            if thread_on_cpu(pid, tid) == Some(true) {
+                out.push(tid);
+            }
+        }
+    }
 }
 
 /// When the process started, in clock ticks after boot (`/proc/PID/stat` field 22): with the

@@ -152,6 +152,7 @@ mod tests {
             filename: "/f.py".into(),
             first_line,
             lines: Vec::new(),
+            first_traceable: 0,
         })
     }
 
