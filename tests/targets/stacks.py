@@ -214,6 +214,66 @@ def run_recursion():
     recurse(RECURSION_DEPTH)
 
 
+# --- class instantiation ------------------------------------------------------------
+# A warmed-up class call is specialized (3.13+: CALL_ALLOC_AND_ENTER_INIT), which runs
+# __init__ under the interpreter's own clean-up shim frame; a class with its own __new__
+# runs __new__ and __init__ from C, under entry frames in the middle of the chain. The
+# interpreter's own view (f_back) shows none of them, and neither may a dump.
+
+SPECIALIZE_CALLS = 64
+
+
+class Plain:
+    pass
+
+
+class WithInit:
+    def __init__(self, now):
+        if now:
+            park()
+
+
+class WithNew:
+    def __new__(cls, now):
+        if now:
+            park()
+        return super().__new__(cls)
+
+
+class WithBoth:
+    def __new__(cls, now):
+        return super().__new__(cls)
+
+    def __init__(self, now):
+        if now:
+            park()
+
+
+class Derived(WithInit):
+    pass
+
+
+def run_class_init():
+    for i in range(SPECIALIZE_CALLS + 1):
+        Plain()
+        WithInit(i == SPECIALIZE_CALLS)
+
+
+def run_class_new():
+    for i in range(SPECIALIZE_CALLS + 1):
+        WithNew(i == SPECIALIZE_CALLS)
+
+
+def run_class_both():
+    for i in range(SPECIALIZE_CALLS + 1):
+        WithBoth(i == SPECIALIZE_CALLS)
+
+
+def run_class_inherited_init():
+    for i in range(SPECIALIZE_CALLS + 1):
+        Derived(i == SPECIALIZE_CALLS)
+
+
 WORKERS = [
     ("methods", run_methods),
     ("unicode", run_unicode),
@@ -227,6 +287,10 @@ WORKERS = [
     ("dictcomp", run_dictcomp),
     ("setcomp", run_setcomp),
     ("recursion", run_recursion),
+    ("class-init", run_class_init),
+    ("class-new", run_class_new),
+    ("class-both", run_class_both),
+    ("class-inherited-init", run_class_inherited_init),
 ]
 
 
