@@ -277,17 +277,33 @@ pub fn run(opts: RecordOptions) -> Result<()> {
         writer.path().display(),
         writer.format()
     );
-    let errors = counters.errors();
-    if errors > 0 {
-        let s = if errors == 1 { "" } else { "s" };
-        line.push_str(&format!("; {errors} failed sample{s}"));
-    }
+    line.push_str(&failed_note(
+        counters.errors(),
+        counters.samples(),
+        plan.blocking,
+    ));
     if let Some(why) = why {
         line.push_str("; ");
         line.push_str(&why);
     }
     eprintln!("{}", pyfleet::output::for_terminal(&line));
     Ok(())
+}
+
+/// The end line's word on failed samples: how many, what share of those attempted, and when
+/// above 1% without `--blocking`, the way to get them all.
+fn failed_note(errors: u64, samples: u64, blocking: bool) -> String {
+    if errors == 0 {
+        return String::new();
+    }
+    let share = 100.0 * errors as f64 / (errors + samples) as f64;
+    let s = if errors == 1 { "" } else { "s" };
+    let mut note = format!("; {errors} failed sample{s} ({share:.1}% of those attempted");
+    if share > 1.0 && !blocking {
+        note.push_str(": stacks that moved while read; --blocking pauses the target for each");
+    }
+    note.push(')');
+    note
 }
 
 /// Why the recording ends now that every target has exited, or `None`. With `--pid` only,
@@ -369,4 +385,22 @@ fn draw(
         if sampling == 1 { "" } else { "es" },
     );
     let _ = err.flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_samples_are_told_with_their_share() {
+        assert_eq!(failed_note(0, 100, false), "");
+        assert_eq!(
+            failed_note(1, 199, false),
+            "; 1 failed sample (0.5% of those attempted)"
+        );
+        let note = failed_note(10, 90, false);
+        assert!(note.starts_with("; 10 failed samples (10.0% of those attempted: "));
+        assert!(note.contains("--blocking"));
+        assert!(!failed_note(10, 90, true).contains("--blocking"));
+    }
 }

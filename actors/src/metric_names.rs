@@ -12,6 +12,9 @@
 pub const SAMPLES: &str = "pyfleet_samples_total";
 /// Failed `sample()` calls, `{process,pid,kind}`.
 pub const SAMPLE_ERRORS: &str = "pyfleet_sample_errors_total";
+/// Share of failed `sample()` calls (0 to 1) since the process's sampler started (gauge),
+/// `{process,pid}`; for a recent window, divide the rates of the two counters above.
+pub const SAMPLE_FAILURE_RATIO: &str = "pyfleet_sample_failure_ratio";
 /// Time of one `sample()` call, successful or not, `{process,pid}`.
 pub const SAMPLE_DURATION: &str = "pyfleet_sample_duration_seconds";
 /// Sampling ticks skipped because the previous tick (the samples of every process on the same
@@ -43,6 +46,11 @@ pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(SAMPLES, Unit::Count, "Successful samples of a process");
     describe_counter!(SAMPLE_ERRORS, Unit::Count, "Failed samples, by kind");
+    describe_gauge!(
+        SAMPLE_FAILURE_RATIO,
+        Unit::Count,
+        "Share of failed samples since the sampler started"
+    );
     describe_histogram!(SAMPLE_DURATION, Unit::Seconds, "Time of one sample");
     describe_counter!(
         MISSED_TICKS,

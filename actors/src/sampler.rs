@@ -51,7 +51,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use metrics::{Counter, Histogram};
+use metrics::{Counter, Gauge, Histogram};
 use pyfleet_policies::Mode;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::oneshot;
@@ -359,6 +359,7 @@ impl Slot {
             Ok(Ok(())) => {
                 w.consecutive_errors = 0;
                 w.metrics.samples.increment(1);
+                w.metrics.attempt(true);
                 for thread in out.iter() {
                     let s = thread.status;
                     if w.mode.counts(s.on_cpu, s.holds_gil) {
@@ -372,6 +373,7 @@ impl Slot {
                 if e.process_gone {
                     return Some(End::ProcessGone(e.message));
                 }
+                w.metrics.attempt(false);
                 w.consecutive_errors = w.consecutive_errors.saturating_add(1);
                 if w.consecutive_errors >= w.max_consecutive_errors {
                     return Some(End::Failed(format!(
@@ -579,6 +581,10 @@ struct ProcessMetrics {
     duration: Histogram,
     missed: Counter,
     errors: Vec<(&'static str, Counter)>,
+    /// Samples that succeeded and failed, and their ratio as a gauge.
+    succeeded: u64,
+    failed: u64,
+    failure_ratio: Gauge,
     frame_cache_hits: Counter,
     frame_cache_partial_hits: Counter,
     frame_cache_misses: Counter,
@@ -601,6 +607,11 @@ impl ProcessMetrics {
             ),
             missed: counter(m::MISSED_TICKS),
             errors: Vec::new(),
+            succeeded: 0,
+            failed: 0,
+            failure_ratio: metrics::gauge!(
+                m::SAMPLE_FAILURE_RATIO, "process" => process.clone(), "pid" => pid.clone()
+            ),
             frame_cache_hits: counter(m::FRAME_CACHE_HITS),
             frame_cache_partial_hits: counter(m::FRAME_CACHE_PARTIAL_HITS),
             frame_cache_misses: counter(m::FRAME_CACHE_MISSES),
@@ -612,6 +623,17 @@ impl ProcessMetrics {
             process,
             pid,
         }
+    }
+
+    /// Counts one sample, successful or not, in the failure ratio.
+    fn attempt(&mut self, ok: bool) {
+        if ok {
+            self.succeeded += 1;
+        } else {
+            self.failed += 1;
+        }
+        self.failure_ratio
+            .set(self.failed as f64 / (self.failed + self.succeeded) as f64);
     }
 
     fn error(&mut self, kind: &'static str) {
@@ -690,5 +712,6 @@ impl ProcessMetrics {
         for (_, c) in &self.errors {
             c.increment(0);
         }
+        self.failure_ratio.increment(0.0);
     }
 }

@@ -20,7 +20,8 @@ Both outputs are folded stacks (pyfleet: `<process>-<pid>;root;...;leaf N`; py-s
 `root;...;leaf N`; frames `function (file:line)`, the function being the code object's
 qualified name in both). Frames are reduced to (function, file) without line numbers; files to
 the part py-spy shows (after `site-packages/`, after `lib/python3.X/`, else the base name of a
-script). For each function: self share (% of samples where it is the leaf) and total share (%
+script); CPython's `__init__` shim frame (3.13+), which py-spy shows and pyfleet does not, is
+dropped. For each function: self share (% of samples where it is the leaf) and total share (%
 of samples where it is anywhere on the stack, once per sample). The table gives, per version
 and workload: samples written and failed by pyfleet (its last stderr line), py-spy's samples,
 the function with the largest |self share difference| and the one with the largest |total share
@@ -82,6 +83,10 @@ def venvs_dir():
 FRAME_WITH_LINE = re.compile(r"^(?P<func>.*) \((?P<file>.*):(?P<line>\d+)\)$")
 FRAME_NO_LINE = re.compile(r"^(?P<func>.*) \((?P<file>.*)\)$")
 STDLIB = re.compile(r"/lib/python3\.\d+t?/(?P<rest>.*)$")
+# CPython's own shim frames, which py-spy shows and pyfleet (like tracebacks) leaves out: the
+# `__init__` cleanup frame (code object `__init__` in file `__init__`) that 3.13+ pushes under a
+# specialised call of a class whose __init__ is Python.
+SHIMS = {("__init__", "__init__")}
 
 
 def short_file(path):
@@ -126,7 +131,9 @@ def read_folded(path, strip_process=None):
                 parts = parts[1:]
             if not parts:
                 continue
-            stacks.append(([parse_frame(p) for p in parts], n))
+            frames = [fr for fr in map(parse_frame, parts) if fr not in SHIMS]
+            if frames:
+                stacks.append((frames, n))
     return stacks
 
 
