@@ -225,6 +225,8 @@ fn bench(
     let mut iterations = 0u64;
     let mut threads = 0usize;
     let mut last_error = None;
+    // Failed samples by reason (the message without its addresses), at most 32 reasons.
+    let mut reasons: std::collections::BTreeMap<String, u64> = Default::default();
     if floor {
         let addr = sampler.runtime_address();
         let mem = sampler.memory();
@@ -242,7 +244,18 @@ fn bench(
                 Err(e) if e.is_process_gone() => {
                     anyhow::bail!("process {pid} exited during the benchmark")
                 }
-                Err(e) => last_error = Some(e.to_string()),
+                Err(e) => {
+                    let msg = e.to_string();
+                    let reason: String = msg
+                        .split(' ')
+                        .filter(|w| !w.starts_with("0x"))
+                        .collect::<Vec<_>>()
+                        .join(" ");
+                    if reasons.len() < 32 || reasons.contains_key(&reason) {
+                        *reasons.entry(reason).or_default() += 1;
+                    }
+                    last_error = Some(msg);
+                }
             }
             iterations += 1;
         }
@@ -264,6 +277,7 @@ fn bench(
         "duration_s": wall.as_secs_f64(),
         "samples": if floor { iterations } else { st.samples },
         "errors": st.errors,
+        "errors_by_reason": reasons,
         "mean_us": wall.as_secs_f64() * 1e6 / n,
         "cpu_us": cpu_ns as f64 / 1e3 / n,
         "threads": threads,
