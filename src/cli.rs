@@ -289,6 +289,8 @@ fn bench(
         "code_cache_hits": st.code_cache_hits,
         "code_cache_misses": st.code_cache_misses,
         "stale_invalidations": st.stale_invalidations,
+        "rereads": st.rereads,
+        "resamples": st.resamples,
         "marker_writes": st.marker_writes,
         "table_resets": st.table_resets,
         "threads_unchanged": st.threads_unchanged,

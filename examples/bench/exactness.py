@@ -204,6 +204,7 @@ def sigma(p_percent, n):
 PYFLEET_WROTE = re.compile(r"wrote (\d+) thread samples?")
 PYFLEET_FAILED = re.compile(r"(\d+) failed samples?")
 PY_SPY_SAMPLES = re.compile(r"Samples: (\d+) Errors: (\d+)")
+PY_SPY_BEHIND = re.compile(r"([\d.]+)s behind in sampling")
 
 
 def start_target(python, script, seed, log):
@@ -270,8 +271,12 @@ def finish(p, timeout):
     return p.returncode, o, e
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+LOG_TIME = re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+Z\s*")
+
+
 def parse_pyfleet_stderr(text):
-    lines = [l for l in text.splitlines() if l.strip()]
+    lines = [LOG_TIME.sub("", ANSI.sub("", l)) for l in text.splitlines() if l.strip()]
     wrote = failed = None
     for l in lines:
         m = PYFLEET_WROTE.search(l)
@@ -320,6 +325,11 @@ def run_pair(args, version, workload, outdir):
             m = PY_SPY_SAMPLES.search(o + e)
             res["py_spy_reported"] = int(m.group(1)) if m else None
             res["py_spy_errors"] = int(m.group(2)) if m else None
+            behind = [float(x) for x in PY_SPY_BEHIND.findall(o + e)]
+            if behind:
+                # py-spy fell behind (the machine stalled it) and caught up with back-to-back
+                # samples of a target it keeps stopping: one stack counted many times.
+                res["py_spy_behind"] = max(behind)
             if rc != 0 or not spy_out.exists():
                 res["py_spy_error"] = ((o + e).strip().splitlines() or ["exit %s" % rc])[-1]
                 spy_stacks = []
@@ -419,8 +429,13 @@ def table(results, alone):
             spy = str(r["py_spy_n"])
             if r.get("py_spy_errors"):
                 spy += " (%d errors)" % r["py_spy_errors"]
-            cells += [spy, diff_cell(r["self"], r.get("null_max_self")), diff_cell(r["total"]),
-                      "%.1f pts (%.1f)" % (r["self_tvd"], r.get("null_tvd", float("nan")))]
+            if r.get("py_spy_behind"):
+                spy += " ⚠ %.1f s behind" % r["py_spy_behind"]
+            if "self" in r:
+                cells += [spy, diff_cell(r["self"], r.get("null_max_self")), diff_cell(r["total"]),
+                          "%.1f pts (%.1f)" % (r["self_tvd"], r.get("null_tvd", float("nan")))]
+            else:
+                cells += [spy, "no pyfleet samples to compare", "", ""]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -460,6 +475,13 @@ def main():
     if os.geteuid() != 0:
         print("exactness.py: not root: both profilers need CAP_SYS_PTRACE over the targets", file=sys.stderr)
 
+    def binary_stamp():
+        st = os.stat(args.pyfleet)
+        return "%s, built %s UTC" % (
+            subprocess.run([args.pyfleet, "--version"], capture_output=True, text=True).stdout.strip(),
+            time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(st.st_mtime)))
+
+    stamp_before = binary_stamp()
     outdir = pathlib.Path(args.keep) if args.keep else pathlib.Path(tempfile.mkdtemp(prefix="pyfleet-exactness-"))
     outdir.mkdir(parents=True, exist_ok=True)
     results = []
@@ -492,6 +514,9 @@ def main():
           % (args.duration, args.rate, " ".join(["record"] + args.pyfleet_arg),
              "" if "--blocking" in args.pyfleet_arg else " (non-blocking)",
              "one after the other on the same target" if args.sequential else "at the same time"))
+    stamp_after = binary_stamp()
+    print("pyfleet binary: %s%s" % (stamp_before, "" if stamp_after == stamp_before else
+                                   " (rebuilt during the run: now %s)" % stamp_after))
     print()
     print(table(results, args.alone))
     print()
@@ -508,6 +533,14 @@ def main():
         for l, c in other.most_common():
             print("- %d × %s" % (c, l))
     for r in results:
+        if r.get("py_spy_behind"):
+            notes.append("%s %s: py-spy fell %.1f s behind and caught up with back-to-back samples of a "
+                         "target it kept stopping (one stack counted many times): rerun this pair"
+                         % (r["version"], r["workload"], r["py_spy_behind"]))
+        attempted = (r.get("pyfleet_wrote") or 0) + (r.get("pyfleet_failed") or 0)
+        if "pyfleet_wrote" in r and attempted < 0.95 * args.duration * args.rate:
+            notes.append("%s %s: pyfleet attempted %d samples of %d (missed ticks: the machine stalled?)"
+                         % (r["version"], r["workload"], attempted, args.duration * args.rate))
         if "target_died" in r:
             notes.append("%s %s: the target exited (%s) during the recording" % (r["version"], r["workload"], r["target_died"]))
     for n in notes:

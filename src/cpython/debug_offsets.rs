@@ -490,6 +490,7 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
             owner: fr("owner")?,
             code_tag_mask: extras.code_tag_mask,
             shim_owners: extras.shim_owners,
+            is_entry: None,
         },
         code: CodeLayout {
             size: span(&code_fields).max(first_traceable + 4),

@@ -102,6 +102,9 @@ pub struct FrameLayout {
     pub owner: u64,
     /// Mask of tag bits to clear from `code` (3.14+: `_PyStackRef`), 0 before.
     pub code_tag_mask: u64,
+    /// 3.11: `is_entry` (a bool), set on the first frame an eval loop runs; a thread's
+    /// outermost frame is one. Later versions push shim frames instead.
+    pub is_entry: Option<u64>,
     /// `owner` values of frames that are not Python functions (C-stack and interpreter
     /// shims); skipped.
     pub shim_owners: &'static [u8],

@@ -44,12 +44,26 @@ pub enum UnwindError {
     NotCode(u64),
     #[error("bad object at {addr:#x}: {what}")]
     BadObject { addr: u64, what: String },
+    /// A thread's frames were not all in one read of it: read again, or count the sample
+    /// failed; never splice bytes of two reads into one stack.
+    #[error("the stack moved while it was read ({0})")]
+    Moved(&'static str),
 }
 
 impl UnwindError {
     /// True when the target exited: stop sampling it.
     pub fn is_process_gone(&self) -> bool {
         matches!(self, UnwindError::Memory(e) if e.is_process_gone())
+    }
+
+    /// The target's memory changed under the read (or the read went where a changed pointer
+    /// led): reading again may succeed at once.
+    pub fn is_torn(&self) -> bool {
+        match self {
+            UnwindError::Memory(MemoryError::BadAddress { .. }) => true,
+            UnwindError::Memory(_) => false,
+            _ => matches!(self.kind(), "inconsistent" | "cycle"),
+        }
     }
 
     /// A short stable name for metrics and counters.
@@ -63,9 +77,10 @@ impl UnwindError {
                 | MemoryError::TooManyThreads { .. },
             ) => "pause",
             UnwindError::Memory(_) => "read",
-            UnwindError::Field(_) | UnwindError::BadObject { .. } | UnwindError::NotCode(_) => {
-                "inconsistent"
-            }
+            UnwindError::Field(_)
+            | UnwindError::BadObject { .. }
+            | UnwindError::NotCode(_)
+            | UnwindError::Moved(_) => "inconsistent",
             UnwindError::Cycle(_) | UnwindError::TooLong(..) => "cycle",
         }
     }

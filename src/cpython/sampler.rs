@@ -52,6 +52,21 @@ use std::sync::Arc;
 /// Most interpreters and threads followed per sample.
 const MAX_INTERPRETERS: usize = 4096;
 const MAX_THREADS: usize = 1 << 16;
+/// Room read above the top frame when a thread is read again because its stack moved: it
+/// keeps moving during the microseconds until that read.
+const REREAD_GROWTH: u64 = 8192;
+/// Bytes at the top of a data-stack region read first (see [`top_split`]), and how far the
+/// older part reaches into them (at least a frame header).
+const TOP_READ: u64 = 4096;
+const TOP_OVERLAP: u64 = 256;
+/// 3.12+: bytes of C stack prefetched below a thread's innermost entry frame.
+const ENTRY_WINDOW: u64 = 8192;
+/// 3.11/3.12: C frames of a thread whose current-frame words are prefetched.
+const MAX_CFRAMES: usize = 4;
+/// Most reads of a whole sample (see `Sampler::sample`).
+const MAX_SAMPLE_READS: u32 = 3;
+/// Most reads of one thread per sample (see `Sampler::walk_consistent`).
+const MAX_READS: u32 = 4;
 /// Most data-stack chunks followed per thread.
 const MAX_CHUNKS: usize = 64;
 /// The 3.15 marker goes on the outermost frame at most this many bytes below the top frame,
@@ -66,6 +81,8 @@ const MIN_GROWTH: u64 = 512;
 const PAGE: u64 = 4096;
 /// Most frames outside the data stack (generators, coroutines) prefetched per thread.
 const MAX_OUTSIDE: usize = 64;
+/// Frames outside the data stack met by earlier reads, and not by the last one, prefetched.
+const MAX_RECENT_OUTSIDE: usize = 16;
 /// Ranges of a batch closer than this, or that start in the page where the one before ends,
 /// are read as one iovec: on a cold target each iovec costs the kernel about 0.5-0.75 µs
 /// (pinning its pages), a few KiB more of a page it pins anyway cost less.
@@ -145,6 +162,11 @@ pub struct SamplerStats {
     pub threads_unchanged: u64,
     /// Samples kept whole because no thread of the process had run.
     pub samples_unchanged: u64,
+    /// Threads read again at once because their stack moved during (or since the prediction
+    /// of) the sample's read.
+    pub rereads: u64,
+    /// Whole samples read again at once because what was read did not hold together.
+    pub resamples: u64,
     /// `process_vm_readv`/`writev` calls and bytes moved.
     pub remote_reads: u64,
     pub remote_read_bytes: u64,
@@ -199,6 +221,16 @@ struct ThreadCache {
     outside: Vec<u64>,
     /// 3.11/3.12: where `tstate->cframe` pointed.
     cframe: u64,
+    /// The C frames it pointed to in its last reads, newest first (at most [`MAX_CFRAMES`]):
+    /// their current-frame words are prefetched.
+    cframes: Vec<u64>,
+    /// Its top frame was where the read before left it: it is read with the other quiet
+    /// threads' (its ranges merge with theirs), not in a group of its own.
+    quiet: bool,
+    /// 3.12+: the innermost entry frame on the C stack the last read met (C calls into
+    /// Python push one there): the C stack around it is prefetched, since the next ones
+    /// come and go near it.
+    entries: Option<u64>,
     seen: u64,
     /// The previous sample's top frame, walked frame ids, stack id and cached-tail length:
     /// when nothing above the marker changed, the stack id is reused without hashing.
@@ -224,24 +256,41 @@ enum Key {
     Gil(u64),
     Tstate(u64),
     Region(u64),
+    /// The newest part of a data-stack region, read first (see [`top_split`]).
+    RegionTop(u64),
     Frame(u64),
     /// The validation fields of a code object (before 3.14).
     Code(u64),
+    /// 3.12+: C stack around a thread's innermost entry frame (see [`ENTRY_WINDOW`]).
+    Entries(u64),
 }
 
 /// One sample's prefetch: what to read (`keys`, `ranges`, as `predict` pushed them) and,
 /// once fetched, where each range landed in `buf`. The physical plan (sorted, coalesced
 /// iovecs and the index) is rebuilt only when the prediction differs from the previous
 /// sample's; in steady state a fetch is one syscall and no hashing or sorting.
+///
+/// Order within the syscall: the kernel copies iovecs one after the other while the target
+/// runs, so what must agree is read back to back. Ranges come in groups (0: the shared part
+/// and the threads whose stacks held still; then one per moving thread), each in the order
+/// thread state, the word that
+/// holds its current frame (3.11/3.12), the newest part of its data stack, its frames
+/// elsewhere (generators', entry frames on the C stack), the older part of its data stack:
+/// the frames that change fastest are copied right after the pointer to the top frame.
 #[derive(Default)]
 struct Batch {
     ranges: Vec<(u64, usize)>,
     keys: Vec<Key>,
+    /// Each range's (group, rank in its group), and the group `push` puts ranges in now.
+    slots: Vec<(u32, u8)>,
+    group: u32,
+    groups: u32,
     buf: Vec<u8>,
     index: FxHashMap<Key, (usize, usize)>,
     /// The prediction the plan below was built for.
     plan_keys: Vec<Key>,
     plan_ranges: Vec<(u64, usize)>,
+    plan_slots: Vec<(u32, u8)>,
     // The plan: physical reads (start, end), their offsets in `buf`, and for each logical
     // range its physical read and offset in it.
     phys: Vec<(u64, u64)>,
@@ -254,30 +303,60 @@ impl Batch {
     fn clear(&mut self) {
         self.ranges.clear();
         self.keys.clear();
+        self.slots.clear();
+        self.group = 0;
+        self.groups = 0;
+    }
+    /// Ranges pushed from now on, until [`Batch::shared_group`], are read together after
+    /// those of the groups before.
+    fn next_group(&mut self) {
+        self.groups += 1;
+        self.group = self.groups;
+    }
+    /// Ranges pushed from now on go to the shared group.
+    fn shared_group(&mut self) {
+        self.group = 0;
     }
     fn push(&mut self, key: Key, addr: u64, len: usize) {
         if len > 0 {
+            let rank = match key {
+                Key::Tstate(_) => 0,
+                Key::Word(_) => 1,
+                Key::RegionTop(_) => 2,
+                Key::Frame(_) | Key::Entries(_) => 3,
+                _ => 4,
+            };
             self.keys.push(key);
             self.ranges.push((addr, len));
+            self.slots.push((self.group, rank));
         }
     }
-    /// Sorts the ranges by address, coalesces those less than [`MERGE_GAP`] apart or in one
-    /// page into one iovec (each iovec costs the kernel a lookup and a pin, a few hundred
-    /// bytes more cost nothing) and indexes where every key's bytes will land.
+    /// Sorts the ranges by group, rank (but in the shared group) and address, coalesces those of one group less than
+    /// [`MERGE_GAP`] apart or in one page into one iovec (each iovec costs the kernel a lookup
+    /// and a pin, a few hundred bytes more cost nothing) and indexes where every key's bytes
+    /// will land.
     fn plan(&mut self) {
         self.order.clear();
         self.order.extend(0..self.ranges.len());
-        let ranges = &self.ranges;
-        self.order.sort_unstable_by_key(|&i| ranges[i].0);
+        let (ranges, slots) = (&self.ranges, &self.slots);
+        // The shared group by address only (its ranges merge best that way).
+        self.order.sort_unstable_by_key(|&i| {
+            let (group, rank) = slots[i];
+            (group, if group == 0 { 0 } else { rank }, ranges[i].0)
+        });
         self.phys.clear();
         self.place.clear();
         self.place.resize(self.ranges.len(), (0, 0));
+        let mut last_group = None;
         for &i in &self.order {
             let (addr, len) = self.ranges[i];
             let end = addr.saturating_add(len as u64);
+            let same_group = last_group == Some(self.slots[i].0);
+            last_group = Some(self.slots[i].0);
             match self.phys.last_mut() {
                 Some((s, e))
-                    if addr >= *s
+                    if same_group
+                        && addr >= *s
                         && (addr <= e.saturating_add(MERGE_GAP)
                             || addr <= (e.saturating_add(PAGE - 1) & !(PAGE - 1))) =>
                 {
@@ -303,12 +382,16 @@ impl Batch {
         }
         self.plan_keys.clone_from(&self.keys);
         self.plan_ranges.clone_from(&self.ranges);
+        self.plan_slots.clone_from(&self.slots);
     }
     /// Reads everything in one batch. A range that cannot be read (a thread that exited took
     /// its memory with it) is left out and the rest read again from after it: predictions are
     /// only hints, and a miss costs one more syscall, not the whole batch.
     fn fetch<M: RemoteMemory>(&mut self, mem: &M) {
-        if self.keys != self.plan_keys || self.ranges != self.plan_ranges {
+        if self.keys != self.plan_keys
+            || self.ranges != self.plan_ranges
+            || self.slots != self.plan_slots
+        {
             self.plan();
         }
         let mut failed: Vec<usize> = Vec::new();
@@ -370,6 +453,21 @@ impl Batch {
     }
 }
 
+/// What a thread's read lacked (see `Sampler::walk`).
+#[derive(Debug, Default, Clone, Copy)]
+struct Missing {
+    /// This range of the current data-stack chunk.
+    chunk: Option<(u64, u64)>,
+    /// The used parts of the older chunks.
+    older: bool,
+}
+
+impl Missing {
+    fn any(&self) -> bool {
+        self.chunk.is_some() || self.older
+    }
+}
+
 /// A thread state as read this sample.
 struct Tstate {
     addr: u64,
@@ -384,6 +482,8 @@ struct Tstate {
     native_thread_id: u64,
     host_tid: i32,
     current_frame: u64,
+    /// 3.11/3.12: the C frame holding the current frame's pointer was not in the read.
+    top_unread: bool,
     chunk: u64,
     marker: Option<(u64, u64)>,
     holds_gil: Option<bool>,
@@ -408,6 +508,8 @@ struct RawFrame {
     instr: u64,
     shim: bool,
     generator: bool,
+    /// 3.11: the frame's `is_entry` (false on later versions).
+    entry: bool,
 }
 
 /// Per-thread work of one sample.
@@ -479,6 +581,9 @@ struct Spare {
     check: Vec<u64>,
     load: Vec<u64>,
     fingerprints: Vec<u8>,
+    outside: Vec<u64>,
+    /// The batch of a thread read again (see `walk_consistent`).
+    reread: Batch,
 }
 
 impl<M: RemoteMemory> Sampler<M> {
@@ -613,7 +718,19 @@ impl<M: RemoteMemory> Sampler<M> {
             crate::process::running_threads(self.pid, MAX_THREADS, &mut self.running);
         }
         let r = match self.pauser.as_ref().map(Pauser::pause).transpose() {
-            Ok(_paused) => self.sample_with(&mut batch),
+            Ok(_paused) => {
+                // A read that does not hold together (a thread's frames or code objects
+                // changed under it) is made again at once, a bounded number of times.
+                let mut r = self.sample_with(&mut batch);
+                let mut reads = 1;
+                while reads < MAX_SAMPLE_READS && r.as_ref().is_err_and(UnwindError::is_torn) {
+                    reads += 1;
+                    self.stats.resamples += 1;
+                    self.interps.clear();
+                    r = self.sample_with(&mut batch);
+                }
+                r
+            }
             Err(e) => Err(e.into()),
         };
         self.batch = batch;
@@ -723,34 +840,58 @@ impl<M: RemoteMemory> Sampler<M> {
                 );
             }
         }
-        let tsize = l.tstate.size as usize;
-        let fsize = l.frame.size as usize;
-        for (&ta, tc) in &self.threads {
-            b.push(Key::Tstate(ta), ta, tsize);
-            if self.keeps(tc) {
-                continue;
-            }
-            if let CurrentFrame::ViaCFrame { current_frame, .. } = l.tstate.current_frame {
-                if tc.cframe != 0 {
-                    b.push(
-                        Key::Word(tc.cframe.wrapping_add(current_frame)),
-                        tc.cframe.wrapping_add(current_frame),
-                        8,
-                    );
-                }
-            }
-            for &(s, e) in &tc.regions {
-                b.push(Key::Region(s), s, (e - s) as usize);
-            }
-            for &f in &tc.outside {
-                b.push(Key::Frame(f), f, fsize);
-            }
-        }
         if l.interp.code_object_generation.is_none() {
             let (fp_lo, fp_len) = self.fingerprint_span();
             for &a in &self.prev_codes {
                 b.push(Key::Code(a), a.wrapping_add(fp_lo), fp_len);
             }
+        }
+        for (&ta, tc) in &self.threads {
+            let keep = self.keeps(tc);
+            self.predict_thread(b, ta, tc, keep);
+        }
+    }
+
+    /// One thread's part of a prediction: its state and, unless its stack is kept, where its
+    /// frames are expected.
+    fn predict_thread(&self, b: &mut Batch, ta: u64, tc: &ThreadCache, keep: bool) {
+        let l = &self.layout;
+        if keep || tc.quiet {
+            b.shared_group();
+        } else {
+            b.next_group();
+        }
+        b.push(Key::Tstate(ta), ta, l.tstate.size as usize);
+        if keep {
+            return;
+        }
+        if let CurrentFrame::ViaCFrame { current_frame, .. } = l.tstate.current_frame {
+            for &cf in &tc.cframes {
+                b.push(
+                    Key::Word(cf.wrapping_add(current_frame)),
+                    cf.wrapping_add(current_frame),
+                    8,
+                );
+            }
+        }
+        for &(s, e) in &tc.regions {
+            match top_split(s, e) {
+                Some(m) => {
+                    // The older part overlaps the newer by a frame header, so that every
+                    // header lies whole in one of them.
+                    b.push(Key::RegionTop(m), m, (e - m) as usize);
+                    b.push(Key::Region(s), s, (m + TOP_OVERLAP - s) as usize);
+                }
+                None => b.push(Key::Region(s), s, (e - s) as usize),
+            }
+        }
+        for &f in &tc.outside {
+            b.push(Key::Frame(f), f, l.frame.size as usize);
+        }
+        if let Some(e) = tc.entries {
+            let lo = e.saturating_sub(ENTRY_WINDOW);
+            let end = e.saturating_add(l.frame.size);
+            b.push(Key::Entries(e), lo, (end - lo) as usize);
         }
     }
 
@@ -893,61 +1034,9 @@ impl<M: RemoteMemory> Sampler<M> {
                 {
                     return Err(UnwindError::Cycle("thread list"));
                 }
-                let tb = self.bytes(b, Key::Tstate(ta), ta, l.tstate.size as usize)?;
-                let t = Bytes(&tb);
-                // A thread that has not run keeps its stack if its state agrees.
-                let kept = self
-                    .threads
-                    .get(&ta)
-                    .filter(|tc| self.keeps(tc))
-                    .map(|tc| (tc.cframe, tc.last_top, tc.tid));
-                let current_frame = match l.tstate.current_frame {
-                    CurrentFrame::Direct(off) => t.u64(off)?,
-                    CurrentFrame::ViaCFrame {
-                        cframe,
-                        current_frame,
-                    } => {
-                        let cf = t.u64(cframe)?;
-                        match kept {
-                            // The C frame holding the pointer is the idle thread's own.
-                            Some((c, top, _)) if c == cf && cf != 0 => top,
-                            _ => {
-                                let tc = self.threads.entry(ta).or_default();
-                                tc.cframe = cf;
-                                if cf == 0 {
-                                    0
-                                } else {
-                                    self.word(b, cf.wrapping_add(current_frame))?
-                                }
-                            }
-                        }
-                    }
-                };
-                let native_thread_id = t.u64(l.tstate.native_thread_id)?;
-                let host_tid = self.tids.host(native_thread_id).unwrap_or(0);
-                tstates.push(Tstate {
-                    addr: ta,
-                    order: tstates.len(),
-                    interp_id,
-                    thread_id: t.u64(l.tstate.thread_id)?,
-                    native_thread_id,
-                    host_tid,
-                    keep: kept.is_some_and(|(_, top, tid)| top == current_frame && tid == host_tid),
-                    current_frame,
-                    chunk: match l.tstate.datastack_chunk {
-                        Some(off) => t.u64(off)?,
-                        None => 0,
-                    },
-                    marker: match l.tstate.frame_marker {
-                        Some((m, s)) => Some((t.u64(m)?, t.u64(s)?)),
-                        None => None,
-                    },
-                    holds_gil: match l.tstate.holds_gil {
-                        Some(off) => Some(t.i32(off)? != 0),
-                        None => None,
-                    },
-                });
-                ta = t.u64(l.tstate.next)?;
+                let (ts, next) = self.tstate(b, ta, interp_id, tstates.len(), true)?;
+                tstates.push(ts);
+                ta = next;
             }
             ia = ib.u64(at(l.interp.next))?;
         }
@@ -970,14 +1059,17 @@ impl<M: RemoteMemory> Sampler<M> {
                 });
                 continue;
             }
-            let tail = match self.walk(b, &ts) {
-                Ok(tail) => tail,
-                Err(e) => {
+            let (ts, tail) = match self.walk_consistent(b, ts) {
+                Ok(done) => done,
+                Err((addr, e)) => {
                     // What this thread's cache predicted may be what misled the walk: it
-                    // starts afresh. The other threads' caches stay (a torn read of one
-                    // thread says nothing about the others, and re-learning every thread
-                    // of a busy process costs a syscall each).
-                    self.threads.remove(&ts.addr);
+                    // starts afresh, unless the walk only lacked bytes (the cache then
+                    // knows where they are). The other threads' caches stay (a torn read
+                    // of one thread says nothing about the others, and re-learning every
+                    // thread of a busy process costs a syscall each).
+                    if !matches!(e, UnwindError::Moved(_)) {
+                        self.threads.remove(&addr);
+                    }
                     return Err(e);
                 }
             };
@@ -991,6 +1083,92 @@ impl<M: RemoteMemory> Sampler<M> {
         self.spare.tstates = tstates;
         self.spare.holders = holders;
         Ok(generation)
+    }
+
+    /// Parses the thread state at `ta` from `b` (reading what `b` lacks); returns it and the
+    /// next thread state's address. `may_keep`: the thread's last stack may be kept.
+    fn tstate(
+        &mut self,
+        b: &Batch,
+        ta: u64,
+        interp_id: i64,
+        order: usize,
+        may_keep: bool,
+    ) -> Result<(Tstate, u64), UnwindError> {
+        let l = &self.layout;
+        let tb = self.bytes(b, Key::Tstate(ta), ta, l.tstate.size as usize)?;
+        let t = Bytes(&tb);
+        let mut top_unread = false;
+        // A thread that has not run keeps its stack if its state agrees.
+        let kept = self
+            .threads
+            .get(&ta)
+            .filter(|tc| may_keep && self.keeps(tc))
+            .map(|tc| (tc.cframe, tc.last_top, tc.tid));
+        let current_frame = match l.tstate.current_frame {
+            CurrentFrame::Direct(off) => t.u64(off)?,
+            CurrentFrame::ViaCFrame {
+                cframe,
+                current_frame,
+            } => {
+                let cf = t.u64(cframe)?;
+                match kept {
+                    // The C frame holding the pointer is the idle thread's own.
+                    Some((c, top, _)) if c == cf && cf != 0 => top,
+                    _ => {
+                        let at = cf.wrapping_add(current_frame);
+                        let tc = self.threads.entry(ta).or_default();
+                        tc.cframe = cf;
+                        // The thread's C frames of late, newest first (a generator's eval loop
+                        // comes and goes: its C frame and its caller's take turns).
+                        if cf != 0 && tc.cframes.first() != Some(&cf) {
+                            tc.cframes.retain(|&c| c != cf);
+                            tc.cframes.truncate(MAX_CFRAMES - 1);
+                            tc.cframes.insert(0, cf);
+                        }
+                        match b.get(Key::Word(at)) {
+                            _ if cf == 0 => 0,
+                            Some(w) => Bytes(w).u64(0)?,
+                            // A C frame the prediction did not know: read later, its pointer
+                            // could be anything (the C frame may be gone). The thread is
+                            // read again with it.
+                            None => {
+                                top_unread = true;
+                                0
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        let l = &self.layout;
+        let native_thread_id = t.u64(l.tstate.native_thread_id)?;
+        let host_tid = self.tids.host(native_thread_id).unwrap_or(0);
+        let ts = Tstate {
+            addr: ta,
+            order,
+            interp_id,
+            thread_id: t.u64(l.tstate.thread_id)?,
+            native_thread_id,
+            host_tid,
+            keep: !top_unread
+                && kept.is_some_and(|(_, top, tid)| top == current_frame && tid == host_tid),
+            current_frame,
+            top_unread,
+            chunk: match l.tstate.datastack_chunk {
+                Some(off) => t.u64(off)?,
+                None => 0,
+            },
+            marker: match l.tstate.frame_marker {
+                Some((m, s)) => Some((t.u64(m)?, t.u64(s)?)),
+                None => None,
+            },
+            holds_gil: match l.tstate.holds_gil {
+                Some(off) => Some(t.i32(off)? != 0),
+                None => None,
+            },
+        };
+        Ok((ts, t.u64(l.tstate.next)?))
     }
 
     /// Refreshes what we know of a thread's data-stack chunks when its current chunk changed.
@@ -1037,6 +1215,83 @@ impl<M: RemoteMemory> Sampler<M> {
         Ok(())
     }
 
+    /// Walks one thread's frames from one read of it: first the sample's batch; when the
+    /// stack is not all in it (it moved since the prediction) or does not hold together (it
+    /// moved during the read), the thread's state and every range its stack needs are read
+    /// again at once, in one syscall, at most [`MAX_READS`] times in all. Returns the thread
+    /// state the stack was read with.
+    fn walk_consistent(
+        &mut self,
+        b: &Batch,
+        mut ts: Tstate,
+    ) -> Result<(Tstate, Option<usize>), (u64, UnwindError)> {
+        let start = self.raws.len();
+        let mut own: Option<Batch> = None;
+        let mut reads = 1;
+        loop {
+            let walked = match ts.top_unread {
+                true => Err(UnwindError::Moved("the current frame's C frame")),
+                false => self.walk(own.as_ref().unwrap_or(b), &ts),
+            };
+            let err = match walked {
+                Ok(tail) => {
+                    if let Some(mut o) = own {
+                        o.clear();
+                        self.spare.reread = o;
+                    }
+                    return Ok((ts, tail));
+                }
+                Err(e) => e,
+            };
+            self.raws.truncate(start);
+            if reads >= MAX_READS || err.is_process_gone() {
+                return Err((ts.addr, err));
+            }
+            reads += 1;
+            self.stats.rereads += 1;
+            let addr = ts.addr;
+            if !matches!(err, UnwindError::Moved(_)) {
+                // Read, but not whole: the cache's prediction (marker, regions) may be what
+                // misled it. Next read: the whole used stack.
+                // (A chunk that cannot be read was freed meanwhile: the next read of the
+                // thread state names the current one.)
+                if let Some(tc) = self.threads.get_mut(&addr) {
+                    tc.marker = None;
+                    tc.chunk = 0;
+                    tc.regions.clear();
+                }
+                if self.chunks(&ts).is_ok() {
+                    if let Some(tc) = self.threads.get_mut(&addr) {
+                        let lo = ts.chunk.saturating_add(CHUNK_DATA);
+                        let hi = tc.chunk_end;
+                        if hi > lo {
+                            tc.regions.push((lo.max(hi.saturating_sub(MAX_REGION)), hi));
+                        }
+                        let older = std::mem::take(&mut tc.older);
+                        tc.regions.extend(older.iter().filter(|(s, e)| e > s));
+                        tc.older = older;
+                    }
+                }
+            }
+            let mut o = own
+                .take()
+                .unwrap_or_else(|| std::mem::take(&mut self.spare.reread));
+            o.clear();
+            if let Some(tc) = self.threads.get(&addr) {
+                self.predict_thread(&mut o, addr, tc, false);
+            } else {
+                self.predict_thread(&mut o, addr, &ThreadCache::default(), false);
+            }
+            o.fetch(&self.mem);
+            let (interp_id, order, holds_gil) = (ts.interp_id, ts.order, ts.holds_gil);
+            ts = match self.tstate(&o, addr, interp_id, order, false) {
+                Ok((t, _)) => Tstate { holds_gil, ..t },
+                Err(e) => return Err((addr, e)),
+            };
+            own = Some(o);
+        }
+    }
+
     /// Walks one thread's frames into `self.raws`; returns the cached chain index from which
     /// the rest of the stack is unchanged (3.15 marker), if any.
     fn walk(&mut self, b: &Batch, ts: &Tstate) -> Result<Option<usize>, UnwindError> {
@@ -1067,10 +1322,22 @@ impl<M: RemoteMemory> Sampler<M> {
         // The bytes we hold: the prefetched regions; more is read at the first miss.
         let mut held = std::mem::take(&mut self.spare.held);
         held.clear();
-        held.extend(tc.regions.iter().filter_map(|&(s, _)| {
-            let (pos, len) = b.locate(Key::Region(s))?;
-            Some((s, pos, len))
-        }));
+        for &(s, e) in &tc.regions {
+            let m = top_split(s, e);
+            if let Some((pos, len)) = b.locate(Key::Region(s)) {
+                held.push((s, pos, len));
+            }
+            if let Some(m) = m {
+                if let Some((pos, len)) = b.locate(Key::RegionTop(m)) {
+                    held.push((m, pos, len));
+                }
+            }
+        }
+        if let Some(e) = tc.entries {
+            if let Some((pos, len)) = b.locate(Key::Entries(e)) {
+                held.push((e.saturating_sub(ENTRY_WINDOW), pos, len));
+            }
+        }
         let mut extra: Vec<(u64, Vec<u8>)> = Vec::new();
         let (mut caught_up, mut older_loaded) = (false, false);
         let mut frame_buf = [0u8; 256];
@@ -1087,11 +1354,23 @@ impl<M: RemoteMemory> Sampler<M> {
                     .map(|v| out.copy_from_slice(v))
                     .is_some()
             };
+        // What `b` lacked of the data stack and was read on its own, later: the stack is then
+        // spliced from two reads and must be read again whole (by `walk_consistent`) before it
+        // is believed. Frames outside the data stack (a generator's, an entry frame on the C
+        // stack) are prefetched where the last read found them, else read on their own: they
+        // change only when their generator or C call ends, and a chain through a stale one
+        // does not hold together.
+        let mut missing = Missing::default();
 
         let mut addr = ts.current_frame;
         let mut tail = None;
         let mut depth = 0usize;
-        let mut outside = std::mem::take(&mut tc.outside);
+        // Frames outside the data stack this walk meets, newest first; the thread's list keeps
+        // those of earlier reads too (an entry frame on the C stack comes back at the same
+        // address whenever C calls into Python at the same depth).
+        let mut recent = std::mem::take(&mut tc.outside);
+        let mut entries: Option<u64> = None;
+        let mut outside = std::mem::take(&mut self.spare.outside);
         outside.clear();
         let walked_from = self.raws.len();
         while addr != 0 {
@@ -1104,27 +1383,40 @@ impl<M: RemoteMemory> Sampler<M> {
                 .ok_or(UnwindError::TooLong("frame header", 256))?;
             let mut local = find(&held, &extra, addr, out);
             if !local && in_chunk(addr) && !caught_up {
-                // One read for everything still needed from the current chunk: down to the
-                // marker when it is valid, else the whole used part (bounded).
+                // Everything still needed from the current chunk: down to the marker when it
+                // is valid, else the whole used part (bounded), up to the top frame.
                 caught_up = true;
-                let end = addr + fsize as u64;
+                let top = if in_chunk(ts.current_frame) {
+                    ts.current_frame.max(addr)
+                } else {
+                    addr
+                };
+                let end = top + fsize as u64;
                 let low = match valid {
                     Some(i) if in_chunk(chain[i].addr) && chain[i].addr <= addr => chain[i].addr,
                     _ => chunk_lo.max(end.saturating_sub(MAX_REGION)),
                 };
+                missing.chunk = Some((low, end));
                 extra.push((low, self.mem.read_vec(low, (end - low) as usize)?));
                 local = find(&held, &extra, addr, out);
             }
             if !local && !older_loaded && older.iter().any(|&(s, e)| addr >= s && addr < e) {
-                // A deep stack continues in older chunks: read their used parts at once.
+                // A deep stack continues in older chunks: their used parts, at once.
                 older_loaded = true;
                 for &(s, e) in &older {
-                    if let Some((pos, len)) = b.locate(Key::Region(s)) {
-                        if len as u64 == e - s {
-                            held.push((s, pos, len));
-                            continue;
-                        }
+                    // Prefetched whole, or in its two parts (see `top_split`).
+                    let whole = |k: Key, len: u64| b.locate(k).filter(|&(_, l)| l as u64 == len);
+                    let parts = match top_split(s, e) {
+                        Some(m) => whole(Key::Region(s), m + TOP_OVERLAP - s)
+                            .zip(whole(Key::RegionTop(m), e - m))
+                            .map(|(lo, hi)| [(s, lo), (m, hi)]),
+                        None => whole(Key::Region(s), e - s).map(|lo| [(s, lo), (s, lo)]),
+                    };
+                    if let Some(parts) = parts {
+                        held.extend(parts.iter().map(|&(a, (pos, len))| (a, pos, len)));
+                        continue;
                     }
+                    missing.older = true;
                     extra.push((s, self.mem.read_vec(s, (e - s) as usize)?));
                 }
                 local = find(&held, &extra, addr, out);
@@ -1141,6 +1433,14 @@ impl<M: RemoteMemory> Sampler<M> {
             let fb = Bytes(&bytes);
             let previous = fb.u64(f.previous)?;
             let owner = fb.u8(f.owner)?;
+            // An entry frame outside the data stack and the thread state (3.15's base frame
+            // lives there) is on the C stack.
+            if f.shim_owners.contains(&owner)
+                && !in_chunk(addr)
+                && addr.wrapping_sub(ts.addr) >= self.layout.tstate.size
+            {
+                entries = Some(entries.map_or(addr, |e: u64| e.min(addr)));
+            }
             let raw = RawFrame {
                 addr,
                 code: fb.u64(f.code)? & !f.code_tag_mask,
@@ -1148,6 +1448,10 @@ impl<M: RemoteMemory> Sampler<M> {
                 instr: fb.u64(f.instr)?,
                 shim: f.shim_owners.contains(&owner),
                 generator: owner == OWNED_BY_GENERATOR,
+                entry: match f.is_entry {
+                    Some(off) => fb.u8(off)? != 0,
+                    None => false,
+                },
             };
             if previous == addr {
                 return Err(UnwindError::Cycle("frame chain"));
@@ -1164,12 +1468,40 @@ impl<M: RemoteMemory> Sampler<M> {
             }
             addr = previous;
         }
+        if missing.any() {
+            // Read this thread again, whole, in one read: what the cache predicted and what
+            // this walk had to read on its own (the top with room to move).
+            self.raws.truncate(walked_from);
+            let tc = self.threads.entry(ts.addr).or_default();
+            if let Some((low, end)) = missing.chunk {
+                let end = end.saturating_add(REREAD_GROWTH).min(chunk_hi);
+                tc.regions.retain(|&(s, e)| e <= low || s >= end);
+                tc.regions.push((low, end));
+            }
+            if missing.older {
+                tc.regions.extend(older.iter().filter(|(s, e)| e > s));
+            }
+            tc.chain = chain;
+            tc.older = older;
+            remember(&mut outside, &mut recent);
+            tc.outside = recent;
+            self.spare.outside = outside;
+            tc.entries = entries.or(tc.entries);
+            self.spare.held = held;
+            return Err(UnwindError::Moved("frames outside the read"));
+        }
         // From 3.12 every entry into the interpreter pushes a C-stack shim frame, so a thread's
         // chain always ends in a shim. One that ends in a Python frame was read torn (a
         // generator's frame suspended, a frame being pushed, between reading the thread state
         // and the frame): reporting it would count a truncated stack.
-        if tail.is_none() && !f.shim_owners.is_empty() {
-            if let Some(last) = self.raws[walked_from..].last().filter(|r| !r.shim) {
+        // On 3.11 the outermost frame is the first one its eval loop ran (`is_entry`), and not
+        // a generator's (a generator's frame loses its `previous` when it yields: read then,
+        // its chain ends there).
+        if tail.is_none() && (!f.shim_owners.is_empty() || f.is_entry.is_some()) {
+            if let Some(last) = self.raws[walked_from..]
+                .last()
+                .filter(|r| !r.shim && (!r.entry || r.generator))
+            {
                 return Err(UnwindError::BadObject {
                     addr: last.addr,
                     what: "the stack does not end at an entry frame (read while it changed)".into(),
@@ -1180,7 +1512,10 @@ impl<M: RemoteMemory> Sampler<M> {
         let tc = self.threads.entry(ts.addr).or_default();
         tc.chain = chain;
         tc.older = older;
-        tc.outside = outside;
+        remember(&mut outside, &mut recent);
+        tc.outside = recent;
+        self.spare.outside = outside;
+        tc.entries = entries;
         self.spare.held = held;
         Ok(tail)
     }
@@ -1288,8 +1623,9 @@ impl<M: RemoteMemory> Sampler<M> {
                             },
                         );
                     }
-                    // Not a code object: the frame is not a Python function's; skip it.
-                    Err(UnwindError::NotCode(_)) => {}
+                    // Every frame but the interpreter's shims runs a code object: one that
+                    // does not was read while it changed (its bytes are another frame's, or
+                    // none), and the sample is read again or fails; it is never shortened.
                     Err(e) => return Err(e),
                 }
             }
@@ -1514,6 +1850,7 @@ impl<M: RemoteMemory> Sampler<M> {
                 tc.marker = None;
             }
             tc.heavy = heavy(&tc.regions, &tc.outside, w.raw.len());
+            tc.quiet = tc.last_top == top;
             tc.last_top = top;
             let on_cpu = self.opts.cpu_status.then(|| match self.pauser {
                 Some(_) => self.running.contains(&w.ts.host_tid),
@@ -1534,6 +1871,32 @@ impl<M: RemoteMemory> Sampler<M> {
         self.threads.retain(|_, t| t.seen == epoch);
         Ok(())
     }
+}
+
+/// Where a data-stack region is split so that its newest part (the top frames, and room above
+/// them) is read first, right after the pointer to the top frame: the frames near the top
+/// change fastest, so the time between reading that pointer and them must be shortest. The
+/// older part follows (it changes only if the stack unwinds below it meanwhile). `None`: the
+/// region is small enough to be read whole at once.
+fn top_split(start: u64, end: u64) -> Option<u64> {
+    (end.saturating_sub(start) > TOP_READ + PAGE).then(|| end - TOP_READ)
+}
+
+/// The outside frames to prefetch next, into `recent` (the thread's own list, so that its
+/// buffer stays with it): those just `found`, then up to [`MAX_RECENT_OUTSIDE`] of the
+/// `recent` ones not among them, newest first. `found` is scratch.
+fn remember(found: &mut Vec<u64>, recent: &mut Vec<u64>) {
+    let limit = found.len() + MAX_RECENT_OUTSIDE;
+    for &a in recent.iter() {
+        if found.len() >= limit {
+            break;
+        }
+        if !found.contains(&a) {
+            found.push(a);
+        }
+    }
+    recent.clear();
+    recent.extend_from_slice(found);
 }
 
 /// Whether a thread whose next read is `regions` and frames at `outside`, after walking

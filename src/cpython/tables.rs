@@ -112,7 +112,8 @@ fn layout_311(version: Version) -> Layout {
             instr: 56,    // frame.instr (prev_instr)
             owner: 69,    // frame.owner (char)
             code_tag_mask: 0,
-            shim_owners: &[], // 3.11 has no shim frames (entry frames carry is_entry)
+            is_entry: Some(68), // frame.is_entry (bool)
+            shim_owners: &[],   // 3.11 has no shim frames (entry frames carry is_entry)
         },
         code: CodeLayout {
             size: 172,
@@ -180,6 +181,7 @@ fn layout_312(version: Version) -> Layout {
             owner: 70,   // frame.owner (char)
             code_tag_mask: 0,
             shim_owners: &[3], // FRAME_OWNED_BY_CSTACK
+            is_entry: None,
         },
         code: CodeLayout {
             size: 180,

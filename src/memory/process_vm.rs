@@ -5,7 +5,7 @@ use super::{MemoryError, ReadRequest, ReadStats, RemoteMemory};
 /// The kernel's limit on iovecs per call (`UIO_MAXIOV`).
 const MAX_IOVECS: usize = 1024;
 /// Batches up to this many ranges build their iovecs on the stack.
-pub const STACK_IOVECS: usize = 64;
+pub const STACK_IOVECS: usize = 128;
 
 /// A live process's memory.
 #[derive(Debug)]
