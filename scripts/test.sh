@@ -2,6 +2,8 @@
 # pyfleet's test command: sets up everything a fresh machine lacks, then runs every check.
 #   - Python 3.14 and 3.15 from Debian unstable (cached under ~/.cache/pyfleet), patchelf;
 #   - venvs with gunicorn from PyPI for the fleet test (cached under ~/.cache/pyfleet/venvs);
+#   - venvs with real pure-Python libraries (sympy, jinja2, pyparsing) for 3.11-3.15 and py-spy,
+#     for the real-code exactness test (same cache);
 #   - prometheus/promtool (Debian), kubernetes-validate (PyPI venv) for the deploy/ test;
 #   - chromium, go tool pprof (Debian), speedscope's schema (npm), jsonschema (PyPI venv) for
 #     the output formats' test;
@@ -18,6 +20,9 @@ scripts/setup-pythons.sh
 
 step "venvs (gunicorn for the fleet test)"
 scripts/setup-venvs.sh
+
+step "real libraries from PyPI (sympy, jinja2, pyparsing for 3.11-3.15; py-spy)"
+scripts/setup-libs.sh
 
 step "deploy tools (prometheus, promtool, systemd-analyze, kubernetes-validate)"
 scripts/setup-deploy-tools.sh

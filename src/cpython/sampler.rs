@@ -1688,12 +1688,14 @@ impl<M: RemoteMemory> Sampler<M> {
                 _ => 0,
             };
             let top = raws.len() - common;
-            for r in &raws[..top] {
+            for (i, r) in raws[..top].iter().enumerate() {
                 let id = if r.shim || r.code == 0 {
                     None
                 } else if let Some(e) = self.codes.get(&r.code) {
-                    if !r.generator && !e.info.started(r.code, adaptive, r.instr) {
-                        // Pushed but not started, or one of the interpreter's own shims.
+                    // Pushed but not started (the interpreter's own shims are such frames,
+                    // under the frame they run). Not the top frame: it runs, and the
+                    // interpreter stores its instruction pointer only now and then.
+                    if i > 0 && !r.generator && !e.info.started(r.code, adaptive, r.instr) {
                         None
                     } else {
                         let line = e.info.line_at(r.code, adaptive, r.instr);
