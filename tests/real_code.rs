@@ -4,7 +4,9 @@
 //! recorded over the same seconds of the same process.
 //!
 //! What must hold, per version and library:
-//! - failed samples at most [`MAX_FAILED_PERCENT`] of those attempted, non-blocking;
+//! - failed samples at most [`MAX_FAILED_PERCENT`] of those attempted, non-blocking (the
+//!   issue's goal is 1%; measured 0-1%, and over 1500 samples a true 1% reads above 1.5% one
+//!   time in 30, so the bound leaves four standard deviations);
 //! - samples shortened or empty (the target has one busy thread, so every sample written must
 //!   hold Python frames and end at the script's `<module>`) at most [`MAX_SHORT_PERCENT`]
 //!   non-blocking, none blocking;
@@ -37,7 +39,7 @@ use std::time::Duration;
 const WORKLOADS: &[&str] = &["sympy", "jinja", "parser"];
 const RATE: u32 = 250;
 const SECONDS: u32 = 6;
-const MAX_FAILED_PERCENT: f64 = 1.0;
+const MAX_FAILED_PERCENT: f64 = 2.0;
 const MAX_SHORT_PERCENT: f64 = 4.0;
 const MAX_SELF_POINTS: f64 = 15.0;
 const MAX_TOTAL_POINTS: f64 = 25.0;

@@ -55,9 +55,9 @@ const MAX_THREADS: usize = 1 << 16;
 /// Room read above the top frame when a thread is read again because its stack moved: it
 /// keeps moving during the microseconds until that read.
 const REREAD_GROWTH: u64 = 8192;
-/// Bytes at the top of a data-stack region read first (see [`top_split`]), and how far the
-/// older part reaches into them (at least a frame header).
-const TOP_READ: u64 = 4096;
+/// Bytes below the last top frame read first (see [`top_split`]), and how far the older part
+/// reaches into them (at least a frame header).
+const TOP_BEHIND: u64 = 2048;
 const TOP_OVERLAP: u64 = 256;
 /// 3.12+: bytes of C stack prefetched below a thread's innermost entry frame.
 const ENTRY_WINDOW: u64 = 8192;
@@ -73,10 +73,9 @@ const MAX_CHUNKS: usize = 64;
 /// so that calls and returns near the top do not move it.
 const MARKER_SPAN: u64 = 2048;
 /// Room prefetched above a moving top frame for calls made before the next sample (none
-/// above a top frame that held still): the rest of its page, at least [`MIN_GROWTH`] and at
-/// most [`GROWTH`] bytes. A page more costs the kernel about as much as an iovec more.
-const GROWTH: u64 = 2048;
-const MIN_GROWTH: u64 = 512;
+/// above a top frame that held still): a stack read whole in the first read is a sample of
+/// one instant, one that must be read again is a sample of a later one.
+const GROWTH: u64 = 8192;
 /// Granularity of the kernel's work in `process_vm_readv` (pinning and copying a page).
 const PAGE: u64 = 4096;
 /// Most frames outside the data stack (generators, coroutines) prefetched per thread.
@@ -875,7 +874,7 @@ impl<M: RemoteMemory> Sampler<M> {
             }
         }
         for &(s, e) in &tc.regions {
-            match top_split(s, e) {
+            match top_split(s, e, tc.last_top) {
                 Some(m) => {
                     // The older part overlaps the newer by a frame header, so that every
                     // header lies whole in one of them.
@@ -1300,6 +1299,7 @@ impl<M: RemoteMemory> Sampler<M> {
         let fsize = f.size as usize;
         let tc = self.threads.entry(ts.addr).or_default();
         tc.seen = self.epoch;
+        let last_top = tc.last_top;
         // Which cached frame, if any, the marker proves unchanged.
         let mut valid: Option<usize> = None;
         if self.use_marker {
@@ -1323,7 +1323,7 @@ impl<M: RemoteMemory> Sampler<M> {
         let mut held = std::mem::take(&mut self.spare.held);
         held.clear();
         for &(s, e) in &tc.regions {
-            let m = top_split(s, e);
+            let m = top_split(s, e, tc.last_top);
             if let Some((pos, len)) = b.locate(Key::Region(s)) {
                 held.push((s, pos, len));
             }
@@ -1406,7 +1406,7 @@ impl<M: RemoteMemory> Sampler<M> {
                 for &(s, e) in &older {
                     // Prefetched whole, or in its two parts (see `top_split`).
                     let whole = |k: Key, len: u64| b.locate(k).filter(|&(_, l)| l as u64 == len);
-                    let parts = match top_split(s, e) {
+                    let parts = match top_split(s, e, last_top) {
                         Some(m) => whole(Key::Region(s), m + TOP_OVERLAP - s)
                             .zip(whole(Key::RegionTop(m), e - m))
                             .map(|(lo, hi)| [(s, lo), (m, hi)]),
@@ -1785,17 +1785,18 @@ impl<M: RemoteMemory> Sampler<M> {
             // is a generator's or coroutine's, which live outside; those are prefetched by
             // address through `outside`).
             let anchor = tc.chain.iter().position(|c| in_chunk(c.addr));
+            // Bytes read above the top for its next move (not the stack's own weight).
+            let mut room = 0;
             if let Some(a) = anchor {
                 let base = tc.chain[a].addr;
                 let still = tc.last_top == top;
+                room = if still { 0 } else { GROWTH };
                 let growth = if still {
                     0
                 } else {
-                    // To the end of the top frame's page, within [MIN_GROWTH, GROWTH].
-                    let e = base + fsize;
-                    (e.saturating_add(PAGE - 1) & !(PAGE - 1))
-                        .saturating_sub(e)
-                        .clamp(MIN_GROWTH, GROWTH)
+                    // The stack moves: room for its next top, read right after the pointer
+                    // to it (see `top_split`), so that a deeper top is in the first read.
+                    GROWTH
                 };
                 // `base` is in the chunk, so `base + fsize` is at most `chunk_hi`.
                 let end = (base + fsize).saturating_add(growth).min(chunk_hi);
@@ -1851,7 +1852,7 @@ impl<M: RemoteMemory> Sampler<M> {
             } else {
                 tc.marker = None;
             }
-            tc.heavy = heavy(&tc.regions, &tc.outside, w.raw.len());
+            tc.heavy = heavy(&tc.regions, &tc.outside, w.raw.len(), room);
             tc.quiet = tc.last_top == top;
             tc.last_top = top;
             let on_cpu = self.opts.cpu_status.then(|| match self.pauser {
@@ -1875,13 +1876,14 @@ impl<M: RemoteMemory> Sampler<M> {
     }
 }
 
-/// Where a data-stack region is split so that its newest part (the top frames, and room above
-/// them) is read first, right after the pointer to the top frame: the frames near the top
-/// change fastest, so the time between reading that pointer and them must be shortest. The
-/// older part follows (it changes only if the stack unwinds below it meanwhile). `None`: the
-/// region is small enough to be read whole at once.
-fn top_split(start: u64, end: u64) -> Option<u64> {
-    (end.saturating_sub(start) > TOP_READ + PAGE).then(|| end - TOP_READ)
+/// Where a data-stack region is split so that its newest part (the frames just below the
+/// last top, and the room above) is read first, right after the pointer to the top frame:
+/// the frames near the top change fastest, so the time between reading that pointer and them
+/// must be shortest. The older part follows (it changes only if the stack unwinds below it
+/// meanwhile). `None`: the last top is not in the region, or too near its start to matter.
+fn top_split(start: u64, end: u64, last_top: u64) -> Option<u64> {
+    let m = last_top.saturating_sub(TOP_BEHIND);
+    (m > start.saturating_add(PAGE) && m < end).then_some(m)
 }
 
 /// The outside frames to prefetch next, into `recent` (the thread's own list, so that its
@@ -1902,10 +1904,15 @@ fn remember(found: &mut Vec<u64>, recent: &mut Vec<u64>) {
 }
 
 /// Whether a thread whose next read is `regions` and frames at `outside`, after walking
-/// `walked` frames, costs more to read than a schedstat check (about 2 µs, two to three cold
+/// `walked` frames (`room` bytes of the regions being room above the top), costs more to
+/// read than a schedstat check (about 2 µs, two to three cold
 /// iovecs): it spans more than two pages, or a page or more of bytes, or many frames to walk.
-fn heavy(regions: &[(u64, u64)], outside: &[u64], walked: usize) -> bool {
-    let bytes: u64 = regions.iter().map(|(s, e)| e.saturating_sub(*s)).sum();
+fn heavy(regions: &[(u64, u64)], outside: &[u64], walked: usize, room: u64) -> bool {
+    let bytes: u64 = regions
+        .iter()
+        .map(|(s, e)| e.saturating_sub(*s))
+        .sum::<u64>()
+        .saturating_sub(room);
     let mut pages = regions.len();
     let mut last = None;
     for page in outside.iter().map(|a| a / PAGE) {
