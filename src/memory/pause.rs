@@ -225,32 +225,30 @@ fn errno() -> i32 {
         .unwrap_or(libc::EIO)
 }
 
-/// `PTRACE_SEIZE` then `PTRACE_INTERRUPT`. Returns the errno of the first that failed.
-fn seize(tid: i32) -> Result<(), i32> {
-    // SAFETY: PTRACE_SEIZE takes a thread id, an ignored address and an options word (0);
-    // no memory of ours is passed.
+/// One ptrace request on thread `tid` that passes no memory of ours: the address argument is
+/// unused and `data` is a plain value (options, or a signal number). The errno on failure.
+fn request(req: libc::c_uint, tid: i32, data: usize) -> Result<(), i32> {
+    // SAFETY: the requests made here (SEIZE, INTERRUPT, DETACH) read no memory of ours: the
+    // address is ignored and `data` is taken by value, so no pointer is dereferenced.
     let r = unsafe {
         libc::ptrace(
-            libc::PTRACE_SEIZE,
+            req,
             tid,
             std::ptr::null_mut::<libc::c_void>(),
-            std::ptr::null_mut::<libc::c_void>(),
+            data as *mut libc::c_void,
         )
     };
     if r != 0 {
         return Err(errno());
     }
-    // SAFETY: PTRACE_INTERRUPT takes a thread we seized; address and data are ignored.
-    let r = unsafe {
-        libc::ptrace(
-            libc::PTRACE_INTERRUPT,
-            tid,
-            std::ptr::null_mut::<libc::c_void>(),
-            std::ptr::null_mut::<libc::c_void>(),
-        )
-    };
-    if r != 0 {
-        let e = errno();
+    Ok(())
+}
+
+/// `PTRACE_SEIZE` (no options) then `PTRACE_INTERRUPT`. Returns the errno of the first that
+/// failed.
+fn seize(tid: i32) -> Result<(), i32> {
+    request(libc::PTRACE_SEIZE, tid, 0)?;
+    if let Err(e) = request(libc::PTRACE_INTERRUPT, tid, 0) {
         // Seized but not interrupted: it runs; detach fails unless it is stopped, so keep
         // it for `release_pending` (it stops at the next signal, or is detached when we exit).
         if e != libc::ESRCH {
@@ -284,19 +282,7 @@ fn try_wait(tid: i32) -> Stop {
     }
 }
 
+/// `PTRACE_DETACH`, handing `sig` (0: none) to the thread.
 fn detach(tid: i32, sig: i32) -> Result<(), i32> {
-    // SAFETY: PTRACE_DETACH takes a stopped tracee, an ignored address and the signal to
-    // deliver passed by value in the data argument; no memory of ours is passed.
-    let r = unsafe {
-        libc::ptrace(
-            libc::PTRACE_DETACH,
-            tid,
-            std::ptr::null_mut::<libc::c_void>(),
-            sig as usize as *mut libc::c_void,
-        )
-    };
-    if r != 0 {
-        return Err(errno());
-    }
-    Ok(())
+    request(libc::PTRACE_DETACH, tid, usize::try_from(sig).unwrap_or(0))
 }

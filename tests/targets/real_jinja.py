@@ -16,35 +16,17 @@ of file (checked from a SIGALRM handler 4 times a second, so that no second Pyth
 up in a profile), and after LIFETIME seconds regardless. Deterministic for a seed.
 """
 
-import os
 import random
-import select
-import signal
 import sys
-import time
 
 sys.dont_write_bytecode = True
 
+import lifeline  # noqa: E402
+
 LIFETIME = 3600
-PPID = os.getppid()
-DEADLINE = time.monotonic() + LIFETIME
 RECOMPILE = 40
 
 
-def lifeline(signum, frame):
-    if os.getppid() != PPID or time.monotonic() > DEADLINE:
-        os._exit(0)
-    try:
-        readable, _, _ = select.select([0], [], [], 0)
-        if readable and not os.read(0, 65536):
-            os._exit(0)
-    except OSError:
-        os._exit(0)
-
-
-def start_lifeline():
-    signal.signal(signal.SIGALRM, lifeline)
-    signal.setitimer(signal.ITIMER_REAL, 0.25, 0.25)
 
 
 sys.modules["markupsafe._speedups"] = None  # ImportError: markupsafe falls back to _native
@@ -158,7 +140,7 @@ class Renderer:
 
 
 def main():
-    start_lifeline()
+    lifeline.start(LIFETIME)
     seed = int(sys.argv[1]) if len(sys.argv) > 1 else 1
     r = Renderer(seed)
     for _ in range(RECOMPILE + 1):

@@ -17,34 +17,16 @@ up in a profile), and after LIFETIME seconds regardless. Deterministic for a see
 
 import math
 import operator
-import os
 import random
-import select
-import signal
 import sys
-import time
 
 sys.dont_write_bytecode = True
 
+import lifeline  # noqa: E402
+
 LIFETIME = 3600
-PPID = os.getppid()
-DEADLINE = time.monotonic() + LIFETIME
 
 
-def lifeline(signum, frame):
-    if os.getppid() != PPID or time.monotonic() > DEADLINE:
-        os._exit(0)
-    try:
-        readable, _, _ = select.select([0], [], [], 0)
-        if readable and not os.read(0, 65536):
-            os._exit(0)
-    except OSError:
-        os._exit(0)
-
-
-def start_lifeline():
-    signal.signal(signal.SIGALRM, lifeline)
-    signal.setitimer(signal.ITIMER_REAL, 0.25, 0.25)
 
 
 import pyparsing as pp  # noqa: E402
@@ -228,7 +210,7 @@ class Parser:
 
 
 def main():
-    start_lifeline()
+    lifeline.start(LIFETIME)
     seed = int(sys.argv[1]) if len(sys.argv) > 1 else 1
     p = Parser(seed)
     for _ in range(20):
