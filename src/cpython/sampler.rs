@@ -272,10 +272,10 @@ enum Key {
 /// Order within the syscall: the kernel copies iovecs one after the other while the target
 /// runs, so what must agree is read back to back. Ranges come in groups (0: the shared part
 /// and the threads whose stacks held still; then one per moving thread), each in the order
-/// thread state, the word that
-/// holds its current frame (3.11/3.12), the newest part of its data stack, its frames
-/// elsewhere (generators', entry frames on the C stack), the older part of its data stack:
-/// the frames that change fastest are copied right after the pointer to the top frame.
+/// thread state, the words that hold its current frame (3.11/3.12), the newest part of its
+/// data stack, its frames elsewhere (generators', entry frames on the C stack), the older
+/// part of its data stack: the frames that change fastest are copied right after the pointer
+/// to the top frame.
 #[derive(Default)]
 struct Batch {
     ranges: Vec<(u64, usize)>,
@@ -330,10 +330,10 @@ impl Batch {
             self.slots.push((self.group, rank));
         }
     }
-    /// Sorts the ranges by group, rank (but in the shared group) and address, coalesces those of one group less than
-    /// [`MERGE_GAP`] apart or in one page into one iovec (each iovec costs the kernel a lookup
-    /// and a pin, a few hundred bytes more cost nothing) and indexes where every key's bytes
-    /// will land.
+    /// Sorts the ranges by group, rank (but in the shared group) and address, coalesces those
+    /// of one group less than [`MERGE_GAP`] apart or in one page into one iovec (each iovec
+    /// costs the kernel a lookup and a pin, a few hundred bytes more cost nothing) and indexes
+    /// where every key's bytes will land.
     fn plan(&mut self) {
         self.order.clear();
         self.order.extend(0..self.ranges.len());
@@ -1338,28 +1338,25 @@ impl<M: RemoteMemory> Sampler<M> {
                 held.push((e.saturating_sub(ENTRY_WINDOW), pos, len));
             }
         }
-        let mut extra: Vec<(u64, Vec<u8>)> = Vec::new();
-        let (mut caught_up, mut older_loaded) = (false, false);
+        let mut older_loaded = false;
         let mut frame_buf = [0u8; 256];
         let batch_buf = &b.buf;
-        let find =
-            |held: &[(u64, usize, usize)], extra: &[(u64, Vec<u8>)], a: u64, out: &mut [u8]| {
-                held.iter()
-                    .filter_map(|&(s, pos, len)| Some((s, batch_buf.get(pos..pos + len)?)))
-                    .chain(extra.iter().map(|(s, v)| (*s, v.as_slice())))
-                    .find_map(|(s, v)| {
-                        let off = a.checked_sub(s)? as usize;
-                        v.get(off..off.checked_add(out.len())?)
-                    })
-                    .map(|v| out.copy_from_slice(v))
-                    .is_some()
-            };
-        // What `b` lacked of the data stack and was read on its own, later: the stack is then
-        // spliced from two reads and must be read again whole (by `walk_consistent`) before it
-        // is believed. Frames outside the data stack (a generator's, an entry frame on the C
-        // stack) are prefetched where the last read found them, else read on their own: they
-        // change only when their generator or C call ends, and a chain through a stale one
-        // does not hold together.
+        let find = |held: &[(u64, usize, usize)], a: u64, out: &mut [u8]| {
+            held.iter()
+                .filter_map(|&(s, pos, len)| Some((s, batch_buf.get(pos..pos + len)?)))
+                .find_map(|(s, v)| {
+                    let off = a.checked_sub(s)? as usize;
+                    v.get(off..off.checked_add(out.len())?)
+                })
+                .map(|v| out.copy_from_slice(v))
+                .is_some()
+        };
+        // What `b` lacked of the data stack: the walk stops there, and the thread is read
+        // again whole, in one read (by `walk_consistent`); bytes read on their own later would
+        // splice two instants. Frames outside the data stack (a generator's, an entry frame on
+        // the C stack) are prefetched where the last reads found them, else read on their own:
+        // they change only when their generator or C call ends, and a chain through a stale
+        // one does not hold together.
         let mut missing = Missing::default();
 
         let mut addr = ts.current_frame;
@@ -1381,11 +1378,10 @@ impl<M: RemoteMemory> Sampler<M> {
             let out = frame_buf
                 .get_mut(..fsize)
                 .ok_or(UnwindError::TooLong("frame header", 256))?;
-            let mut local = find(&held, &extra, addr, out);
-            if !local && in_chunk(addr) && !caught_up {
-                // Everything still needed from the current chunk: down to the marker when it
-                // is valid, else the whole used part (bounded), up to the top frame.
-                caught_up = true;
+            let mut local = find(&held, addr, out);
+            if !local && in_chunk(addr) {
+                // Everything needed from the current chunk: down to the marker when it is
+                // valid, else the whole used part (bounded), up to the top frame.
                 let top = if in_chunk(ts.current_frame) {
                     ts.current_frame.max(addr)
                 } else {
@@ -1397,8 +1393,7 @@ impl<M: RemoteMemory> Sampler<M> {
                     _ => chunk_lo.max(end.saturating_sub(MAX_REGION)),
                 };
                 missing.chunk = Some((low, end));
-                extra.push((low, self.mem.read_vec(low, (end - low) as usize)?));
-                local = find(&held, &extra, addr, out);
+                break;
             }
             if !local && !older_loaded && older.iter().any(|&(s, e)| addr >= s && addr < e) {
                 // A deep stack continues in older chunks: their used parts, at once.
@@ -1417,9 +1412,11 @@ impl<M: RemoteMemory> Sampler<M> {
                         continue;
                     }
                     missing.older = true;
-                    extra.push((s, self.mem.read_vec(s, (e - s) as usize)?));
                 }
-                local = find(&held, &extra, addr, out);
+                if missing.older {
+                    break;
+                }
+                local = find(&held, addr, out);
             }
             let bytes: Cow<'_, [u8]> = match local {
                 true => Cow::Borrowed(&*out),
@@ -1470,7 +1467,7 @@ impl<M: RemoteMemory> Sampler<M> {
         }
         if missing.any() {
             // Read this thread again, whole, in one read: what the cache predicted and what
-            // this walk had to read on its own (the top with room to move).
+            // this walk lacked (the top with room to move).
             self.raws.truncate(walked_from);
             let tc = self.threads.entry(ts.addr).or_default();
             if let Some((low, end)) = missing.chunk {
