@@ -39,6 +39,14 @@ fn gil_holder_and_cpu_state_follow_the_target() {
 
         let (mut busy_gil, mut busy_cpu) = (0, 0);
         for _ in 0..DUMPS {
+            // `dump` pauses the target (ptrace): the waiting thread leaves its wait for the
+            // pause and goes back to it after; it is runnable until then.
+            wait_until(
+                Duration::from_secs(10),
+                &format!("[{}] the waiting thread to sleep again", interp.label),
+                || process_state(pid) == Some('S'),
+                || format!("state {:?}", process_state(pid)),
+            );
             let pid = target.pid().to_string();
             let out = pyfleet(&["dump", "--pid", &pid, "--json"]);
             assert!(out.success(), "[{}] {}", interp.label, out.describe());
