@@ -33,7 +33,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
     config.validate().map_err(|e| anyhow!("{e}"))?;
 
     let runtime = runtime()?;
-    runtime.block_on(async move {
+    let result = runtime.block_on(async move {
         if let Some(addr) = settings.metrics_addr {
             // Bind first, so that a port in use is a startup error, not a log line later.
             std::net::TcpListener::bind(addr)
@@ -104,7 +104,8 @@ pub fn run(opts: RunOptions) -> Result<()> {
         warn_without_ptrace("profiled");
         pyfleet::process::runstate::raise_open_file_limit();
         for &pid in &settings.pids {
-            if pyfleet::discovery::probe(pid).is_none() {
+            let probed = pyfleet::discovery::probe_within(pid, pyfleet::discovery::PROBE_DEADLINE);
+            if !matches!(probed, pyfleet::discovery::Probed::Python(_)) {
                 eprintln!(
                     "pyfleet: warning: pid {pid} is not a Python process that can be read now; \
                      it is profiled if it becomes one"
@@ -125,11 +126,20 @@ pub fn run(opts: RunOptions) -> Result<()> {
 
         let why = wait_for_end(settings.duration).await?;
         tracing::info!("{why}: writing the final snapshot");
-        let last = fleet.shutdown().await.map_err(|e| anyhow!("{e}"))?;
+        let last = tokio::time::timeout(SHUTDOWN_GRACE, fleet.shutdown())
+            .await
+            .map_err(|_| anyhow!("{why}, but the fleet did not stop within {SHUTDOWN_GRACE:?}"))?
+            .map_err(|e| anyhow!("{e}"))?;
         eprintln!("pyfleet: {why}; last snapshot {}", last.display());
         Ok(())
-    })
+    });
+    // Blocking work still running (a probe stuck on a target's file) is not waited for.
+    runtime.shutdown_timeout(Duration::from_millis(200));
+    result
 }
+
+/// Longest the fleet is given to stop and write its last snapshot or file once told to end.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_millis(1500);
 
 /// The async runtime of the fleet's actors (the daemon's and `record`'s): two workers,
 /// since sampling itself runs on its own thread.

@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 /// A process just exec'd may not have mapped libpython yet: "not Python" is only believed
 /// after this long.
 const SETTLE: Duration = Duration::from_secs(5);
+/// A process whose probe did not return in time is probed again after this long.
+const PROBE_RETRY: Duration = Duration::from_secs(30);
 
 /// What a scan learned about one process, kept while the process lives.
 struct Known {
@@ -32,6 +34,8 @@ struct Known {
     version: Option<Version>,
     /// When this process (pid, start time, executable) was first seen.
     first_seen: Instant,
+    /// Its probe did not return in time: not probed again before then.
+    retry_at: Option<Instant>,
 }
 
 /// Finds the Python processes that the match policy selects. Reading ELF files is the
@@ -56,13 +60,23 @@ impl HostDiscovery {
             .get(&pid)
             .filter(|k| k.start == start && &k.exe == exe);
         if let Some(k) = same {
-            if k.version.is_some() || k.first_seen.elapsed() > SETTLE {
-                return k.version;
+            match k.retry_at {
+                Some(at) if Instant::now() < at => return None,
+                Some(_) => {}
+                None if k.version.is_some() || k.first_seen.elapsed() > SETTLE => return k.version,
+                None => {}
             }
         }
-        // New (or exec'd) process, or one too young to be sure it is not Python yet.
+        // New (or exec'd) process, or one too young to be sure it is not Python yet, or one
+        // whose last probe did not return in time.
         let first_seen = same.map_or_else(Instant::now, |k| k.first_seen);
-        let version = discovery::probe(pid).map(|p| p.version);
+        let (version, retry_at) = match discovery::probe_within(pid, discovery::PROBE_DEADLINE) {
+            discovery::Probed::Python(p) => (Some(p.version), None),
+            discovery::Probed::NotPython => (None, None),
+            discovery::Probed::TimedOut | discovery::Probed::Busy => {
+                (None, Some(Instant::now() + PROBE_RETRY))
+            }
+        };
         self.known.insert(
             pid,
             Known {
@@ -70,6 +84,7 @@ impl HostDiscovery {
                 exe: exe.clone(),
                 version,
                 first_seen,
+                retry_at,
             },
         );
         version

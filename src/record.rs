@@ -265,9 +265,20 @@ pub fn run(opts: RecordOptions) -> Result<()> {
             // The rate came down under the CPU budget: time values would be guesses.
             writer.forget_rate();
         }
-        fleet.shutdown().await.map_err(|e| anyhow!("{e}"))?;
+        tokio::time::timeout(crate::daemon::SHUTDOWN_GRACE, fleet.shutdown())
+            .await
+            .map_err(|_| {
+                anyhow!(
+                    "the recording did not stop within {:?}",
+                    crate::daemon::SHUTDOWN_GRACE
+                )
+            })?
+            .map_err(|e| anyhow!("{e}"))?;
         Ok::<_, anyhow::Error>(why)
-    })?;
+    });
+    // Blocking work still running (a probe stuck on a target's file) is not waited for.
+    runtime.shutdown_timeout(Duration::from_millis(200));
+    let why = why?;
     let written = writer.written().unwrap_or_default();
     let mut line = format!(
         "pyfleet: wrote {} thread samples of {} process{} to {} ({})",

@@ -3,7 +3,10 @@
 //! in that file (the `_PyRuntime` symbol, or the `PyRuntime` section of 3.13+), and the load
 //! bias that turns file addresses into target addresses.
 //!
-//! Reads ELF files through `process` (via /proc/PID/root); never reads target memory.
+//! Reads ELF files as `process` opens them (the mapped file itself); never reads target
+//! memory. Reads are bounded: headers, then only symbol and string tables of at most
+//! [`MAX_TABLE_SIZE`] bytes each, [`MAX_ELF_READ`] in all; the cache's lock is never held
+//! while a file is read.
 
 use crate::process::{Mapping, Process, ProcessError};
 use goblin::container::Ctx;
@@ -18,7 +21,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 /// Largest ELF table read (symbol tables of a libpython with debug info are ~1 MiB).
-const MAX_TABLE_SIZE: u64 = 256 << 20;
+const MAX_TABLE_SIZE: u64 = 16 << 20;
+/// Most bytes read from one ELF file.
+const MAX_ELF_READ: u64 = 64 << 20;
 /// Files whose symbols are remembered (one entry per distinct interpreter binary on the host).
 const MAX_CACHED_FILES: usize = 256;
 
@@ -57,6 +62,7 @@ impl PythonSymbols {
         let mut ident = [0u8; 64];
         f.read_exact(&mut ident)
             .map_err(|e| format!("not an ELF file: {e}"))?;
+        let mut budget = MAX_ELF_READ;
         let header = Elf::parse_header(&ident).map_err(|e| e.to_string())?;
         let ctx = Ctx::new(
             header.container().map_err(|e| e.to_string())?,
@@ -64,6 +70,7 @@ impl PythonSymbols {
         );
         let phdrs = read_at(
             f,
+            &mut budget,
             header.e_phoff,
             ProgramHeader::size(ctx) * usize::from(header.e_phnum),
         )?;
@@ -71,6 +78,7 @@ impl PythonSymbols {
             .map_err(|e| e.to_string())?;
         let shdrs = read_at(
             f,
+            &mut budget,
             header.e_shoff,
             SectionHeader::size(ctx) * usize::from(header.e_shnum),
         )?;
@@ -81,8 +89,14 @@ impl PythonSymbols {
                 .map_err(|e| e.to_string())?
         };
         let section = |i: usize| sections.get(i);
-        let read_section =
-            |f: &mut R, sh: &SectionHeader| read_at(f, sh.sh_offset, sh.sh_size as usize);
+        let read_section = |f: &mut R, budget: &mut u64, sh: &SectionHeader| {
+            read_at(
+                f,
+                budget,
+                sh.sh_offset,
+                usize::try_from(sh.sh_size).unwrap_or(usize::MAX),
+            )
+        };
 
         let mut runtime = None;
         let mut py_version = None;
@@ -92,8 +106,8 @@ impl PythonSymbols {
                 let Some(str_sh) = section(sh.sh_link as usize) else {
                     continue;
                 };
-                let syms_data = read_section(f, sh)?;
-                let str_data = read_section(f, str_sh)?;
+                let syms_data = read_section(f, &mut budget, sh)?;
+                let str_data = read_section(f, &mut budget, str_sh)?;
                 let count = syms_data.len() / Sym::size(ctx.container);
                 let syms = Symtab::parse(&syms_data, 0, count, ctx).map_err(|e| e.to_string())?;
                 let strtab =
@@ -114,7 +128,7 @@ impl PythonSymbols {
         if runtime.is_none() {
             // 3.13+ place _PyRuntime in its own section so that it can be found without symbols.
             if let Some(names_sh) = section(usize::from(header.e_shstrndx)) {
-                let names = read_section(f, names_sh)?;
+                let names = read_section(f, &mut budget, names_sh)?;
                 let names = Strtab::parse(&names, 0, names.len(), 0).map_err(|e| e.to_string())?;
                 runtime = sections
                     .iter()
@@ -145,11 +159,20 @@ impl PythonSymbols {
     }
 }
 
-/// Reads `len` bytes at `offset` of `f` (bounded: ELF sizes are the file's, untrusted).
-fn read_at<R: Read + Seek>(f: &mut R, offset: u64, len: usize) -> Result<Vec<u8>, String> {
+/// Reads `len` bytes at `offset` of `f`, out of `budget` (bounded: ELF sizes are the file's,
+/// untrusted).
+fn read_at<R: Read + Seek>(
+    f: &mut R,
+    budget: &mut u64,
+    offset: u64,
+    len: usize,
+) -> Result<Vec<u8>, String> {
     if len as u64 > MAX_TABLE_SIZE {
         return Err(format!("ELF table of {len} bytes is too large"));
     }
+    *budget = budget
+        .checked_sub(len as u64)
+        .ok_or_else(|| format!("ELF tables larger than {MAX_ELF_READ} bytes in all"))?;
     f.seek(SeekFrom::Start(offset))
         .map_err(|e| format!("seek to {offset:#x}: {e}"))?;
     let mut data = vec![0u8; len];
@@ -204,30 +227,37 @@ pub fn version_from_name(path: &Path) -> Option<(u32, u32)> {
 }
 
 /// Symbols of each file already read, by (device, inode, size, mtime): the interpreters of a
-/// fleet share a handful of binaries, read once each. The lock also keeps reads one at a time.
+/// fleet share a handful of binaries, read once each (two probes of a new one at the same
+/// time may both read it).
 static SYMBOLS: Mutex<Option<HashMap<FileKey, Option<PythonSymbols>>>> = Mutex::new(None);
 
 /// A file's identity: device, inode, size, modification time.
 type FileKey = (u64, u64, u64, i64);
 
-/// The Python symbols of a target's mapped file (through /proc/PID/root), cached.
-fn symbols_of(process: &Process, path: &Path) -> Result<Option<PythonSymbols>, BinaryError> {
+/// The Python symbols of the file a target mapped at `m`, cached.
+fn symbols_of(process: &Process, m: &Mapping) -> Result<Option<PythonSymbols>, BinaryError> {
     let bad = |msg: String| BinaryError::BadElf {
-        path: path.to_path_buf(),
+        path: m.path.clone(),
         msg,
     };
-    let mut f = process.open_file(path)?;
+    let mut f = process.open_mapped(m)?;
     let meta = f.metadata().map_err(|e| bad(e.to_string()))?;
     let key = (meta.dev(), meta.ino(), meta.len(), meta.mtime());
+    let cached = |key: &FileKey| {
+        let mut cache = SYMBOLS
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        cache.get_or_insert_with(HashMap::new).get(key).cloned()
+    };
+    if let Some(found) = cached(&key) {
+        return Ok(found);
+    }
+    let mut reader = std::io::BufReader::new(&mut f);
+    let syms = PythonSymbols::from_reader(&mut reader).map_err(bad)?;
     let mut cache = SYMBOLS
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     let cache = cache.get_or_insert_with(HashMap::new);
-    if let Some(found) = cache.get(&key) {
-        return Ok(found.clone());
-    }
-    let mut reader = std::io::BufReader::new(&mut f);
-    let syms = PythonSymbols::from_reader(&mut reader).map_err(bad)?;
     if cache.len() >= MAX_CACHED_FILES {
         cache.clear();
     }
@@ -248,19 +278,30 @@ fn is_candidate(path: &Path, exe: Option<&Path>) -> bool {
 pub fn locate_runtime(process: &Process) -> Result<RuntimeLocation, BinaryError> {
     let maps = process.file_mappings()?;
     let exe = process.exe().ok();
-    let mut candidates: Vec<&Path> = Vec::new();
+    // Each candidate file by its first mapping.
+    let mut candidates: Vec<&Mapping> = Vec::new();
     for m in &maps {
-        if is_candidate(&m.path, exe.as_deref()) && !candidates.contains(&m.path.as_path()) {
-            candidates.push(&m.path);
+        if is_candidate(&m.path, exe.as_deref()) && !candidates.iter().any(|c| c.path == m.path) {
+            candidates.push(m);
         }
     }
     // Libraries before the executable: an embedding program is not itself Python.
-    candidates.sort_by_key(|p| Some(*p) == exe.as_deref());
+    candidates.sort_by_key(|m| Some(m.path.as_path()) == exe.as_deref());
     let mut name_version = None;
-    for path in candidates {
+    // A candidate that cannot be read (refused as unsafe, not ELF) does not hide the next
+    // one; its error is the answer only when no candidate holds the runtime.
+    let mut failed = None;
+    for first in candidates {
+        let path = first.path.as_path();
         name_version = name_version.or(version_from_name(path));
-        let Some(syms) = symbols_of(process, path)? else {
-            continue;
+        let syms = match symbols_of(process, first) {
+            Ok(Some(syms)) => syms,
+            Ok(None) => continue,
+            Err(e @ BinaryError::Process(ProcessError::NoSuchProcess(_))) => return Err(e),
+            Err(e) => {
+                failed = failed.or(Some(e));
+                continue;
+            }
         };
         let file_maps: Vec<&Mapping> = maps.iter().filter(|m| m.path == path).collect();
         let bias = load_bias(&file_maps, syms.first_load).ok_or_else(|| BinaryError::BadElf {
@@ -276,7 +317,7 @@ pub fn locate_runtime(process: &Process) -> Result<RuntimeLocation, BinaryError>
             name_version: version_from_name(path).or(name_version),
         });
     }
-    Err(BinaryError::NotPython(process.pid()))
+    Err(failed.unwrap_or(BinaryError::NotPython(process.pid())))
 }
 
 #[cfg(test)]

@@ -21,6 +21,8 @@ pub struct LineRange {
 
 /// Code unit size in bytes (`sizeof(_Py_CODEUNIT)`).
 const CODE_UNIT: u32 = 2;
+/// Most ranges decoded from one table (a line of code is one range or a few).
+pub const MAX_LINE_RANGES: usize = 32 << 10;
 /// Tables longer than this are not believed (real ones are a few KiB at most).
 pub const MAX_LINETABLE_LEN: usize = 1 << 22;
 
@@ -59,7 +61,7 @@ impl Reader<'_> {
 /// Decodes the whole table into ranges. Stops quietly at the first malformed entry: the
 /// ranges before it are still right.
 pub fn decode(table: &[u8], first_line: i32) -> Vec<LineRange> {
-    let mut out = Vec::new();
+    let mut out: Vec<LineRange> = Vec::new();
     let mut r = Reader {
         data: table,
         pos: 0,
@@ -81,11 +83,19 @@ pub fn decode(table: &[u8], first_line: i32) -> Vec<LineRange> {
         let Some(delta) = delta else { break };
         line = line.wrapping_add(delta);
         let end = addr.saturating_add(units * CODE_UNIT);
-        out.push(LineRange {
-            start: addr,
-            end,
-            line: (code != 15).then_some(line),
-        });
+        let line = (code != 15).then_some(line);
+        // Adjacent ranges of one line are one range (most lines have several entries).
+        let full = out.len() >= MAX_LINE_RANGES;
+        match out.last_mut() {
+            Some(last) if last.line == line && last.end == addr => last.end = end,
+            // Past the bound, lines are unknown: pyfleet's memory, not the target's table.
+            _ if full => break,
+            _ => out.push(LineRange {
+                start: addr,
+                end,
+                line,
+            }),
+        }
         addr = end;
         // Skip the rest of the entry (end line, columns): up to the next byte with bit 7 set.
         while r.data.get(r.pos).is_some_and(|b| b & 0x80 == 0) {

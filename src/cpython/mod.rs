@@ -48,6 +48,9 @@ pub enum UnwindError {
     /// failed; never splice bytes of two reads into one stack.
     #[error("the stack moved while it was read ({0})")]
     Moved(&'static str),
+    /// More than pyfleet reads for one sample (bytes, objects): the rest waits for the next.
+    #[error("over the sample's budget: {0}")]
+    Budget(&'static str),
 }
 
 impl UnwindError {
@@ -82,6 +85,7 @@ impl UnwindError {
             | UnwindError::NotCode(_)
             | UnwindError::Moved(_) => "inconsistent",
             UnwindError::Cycle(_) | UnwindError::TooLong(..) => "cycle",
+            UnwindError::Budget(_) => "budget",
         }
     }
 }

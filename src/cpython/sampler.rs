@@ -67,6 +67,8 @@ const MAX_CFRAMES: usize = 4;
 const MAX_SAMPLE_READS: u32 = 3;
 /// Most reads of one thread per sample (see `Sampler::walk_consistent`).
 const MAX_READS: u32 = 4;
+/// Most bytes of code objects (names, decoded line tables) one sampler keeps.
+const MAX_CODE_CACHE_BYTES: usize = 8 << 20;
 /// Most data-stack chunks followed per thread.
 const MAX_CHUNKS: usize = 64;
 /// The 3.15 marker goes on the outermost frame at most this many bytes below the top frame,
@@ -538,6 +540,8 @@ pub struct Sampler<M: RemoteMemory> {
     batch: Batch,
     epoch: u64,
     stats: SamplerStats,
+    /// What the cached code objects cost (see [`entry_bytes`]).
+    code_bytes: usize,
     out: Vec<ThreadSample>,
     /// Ids of the interpreters seen by the last sample, in list order.
     interp_ids: Vec<i64>,
@@ -613,6 +617,7 @@ impl<M: RemoteMemory> Sampler<M> {
             batch: Batch::default(),
             epoch: 0,
             stats: SamplerStats::default(),
+            code_bytes: 0,
             out: Vec::new(),
             interp_ids: Vec::new(),
             raws: Vec::new(),
@@ -676,11 +681,12 @@ impl<M: RemoteMemory> Sampler<M> {
         // Memory stays bounded however many distinct stacks a process shows over days: past
         // a limit the interning starts afresh (stack ids are not reused, so an id from before
         // resolves to nothing), with the caches that hold function and frame ids.
-        let (_, frames, stacks) = self.table.len();
+        let (functions, frames, stacks) = self.table.len();
         let max = self.opts.max_interned_stacks.max(1);
-        if stacks > max || frames > max.saturating_mul(5) / 2 {
+        if stacks > max || frames > max.saturating_mul(5) / 2 || functions > max {
             self.table.reset();
             self.codes.clear();
+            self.code_bytes = 0;
             self.threads.clear();
             self.stats.table_resets += 1;
             self.last_full = None;
@@ -1590,7 +1596,9 @@ impl<M: RemoteMemory> Sampler<M> {
                 } else {
                     self.stats.stale_invalidations += 1;
                     self.codes_changed = true;
-                    self.codes.pop(&a);
+                    if let Some(e) = self.codes.pop(&a) {
+                        self.code_bytes = self.code_bytes.saturating_sub(entry_bytes(&e));
+                    }
                     load.push(a);
                 }
             }
@@ -1610,7 +1618,7 @@ impl<M: RemoteMemory> Sampler<M> {
                     Ok(info) => {
                         let info = Arc::new(info);
                         let function = self.table.function(&info);
-                        self.codes.put(
+                        self.cache_code(
                             a,
                             CodeEntry {
                                 function,
@@ -1631,6 +1639,24 @@ impl<M: RemoteMemory> Sampler<M> {
         self.spare.check = check;
         self.spare.load = load;
         Ok(())
+    }
+
+    /// Caches a code object, the least recently used ones leaving first when the cache would
+    /// hold more than [`MAX_CODE_CACHE_BYTES`] (or its entry count).
+    fn cache_code(&mut self, addr: u64, entry: CodeEntry) {
+        let size = entry_bytes(&entry);
+        while self.code_bytes + size > MAX_CODE_CACHE_BYTES {
+            match self.codes.pop_lru() {
+                Some((_, old)) => {
+                    self.code_bytes = self.code_bytes.saturating_sub(entry_bytes(&old))
+                }
+                None => break,
+            }
+        }
+        self.code_bytes += size;
+        if let Some((_, old)) = self.codes.push(addr, entry) {
+            self.code_bytes = self.code_bytes.saturating_sub(entry_bytes(&old));
+        }
     }
 
     /// Turns walked frames into interned stacks, updates the caches and the marker.
@@ -1878,6 +1904,17 @@ impl<M: RemoteMemory> Sampler<M> {
 /// the frames near the top change fastest, so the time between reading that pointer and them
 /// must be shortest. The older part follows (it changes only if the stack unwinds below it
 /// meanwhile). `None`: the last top is not in the region, or too near its start to matter.
+/// What a cached code object costs in memory (roughly: its strings and decoded line table).
+fn entry_bytes(e: &CodeEntry) -> usize {
+    let i = &e.info;
+    std::mem::size_of::<CodeEntry>()
+        + std::mem::size_of::<CodeInfo>()
+        + i.name.len()
+        + i.qualname.len()
+        + i.filename.len()
+        + i.lines.len() * std::mem::size_of::<crate::cpython::linetable::LineRange>()
+}
+
 fn top_split(start: u64, end: u64, last_top: u64) -> Option<u64> {
     let m = last_top.saturating_sub(TOP_BEHIND);
     (m > start.saturating_add(PAGE) && m < end).then_some(m)

@@ -1,13 +1,22 @@
-//! What procfs says about a target: its mappings, command line, threads, and its files as the
-//! target sees them (through `/proc/PID/root`, so targets in other mount namespaces work).
+//! What procfs says about a target: its mappings, command line, threads, and the files it has
+//! mapped.
 //!
-//! Reads only /proc; never touches target memory (that is `memory`'s job).
+//! Reads only /proc; never touches target memory (that is `memory`'s job). Every path a target
+//! names is hostile: a mapped file is opened as the very file mapped
+//! (`/proc/PID/map_files/`, which also works for deleted files and other mount namespaces), or
+//! else through `/proc/PID/root` only after the path is found to name that same regular file;
+//! always non-blocking (a FIFO planted at the path cannot stall pyfleet), and only regular files
+//! no larger than [`MAX_MAPPED_FILE`].
 
 pub mod namespace;
 pub mod runstate;
 
-use std::fs::File;
+use std::fs::{File, Metadata, OpenOptions};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+
+/// Largest mapped file pyfleet opens (a libpython with debug info is about 30 MiB).
+pub const MAX_MAPPED_FILE: u64 = 1 << 30;
 
 /// Why procfs could not tell us about a process.
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +36,12 @@ pub enum ProcessError {
         pid: i32,
         path: PathBuf,
         source: std::io::Error,
+    },
+    #[error("refusing {path} of pid {pid}: {why}")]
+    UnsafeFile {
+        pid: i32,
+        path: PathBuf,
+        why: &'static str,
     },
 }
 
@@ -81,26 +96,23 @@ impl Process {
         self.pid
     }
 
-    /// File-backed mappings, in address order.
+    /// File-backed mappings, in address order (at most [`MAX_MAPS_BYTES`] of the maps file
+    /// are read: a process has at most 65,530 mappings by default, about 6 MiB).
     pub fn file_mappings(&self) -> Result<Vec<Mapping>, ProcessError> {
-        let maps = self
-            .inner
-            .maps()
-            .map_err(|e| ProcessError::from_proc(self.pid, e))?;
-        Ok(maps
-            .into_iter()
-            .filter_map(|m| match m.pathname {
-                procfs::process::MMapPath::Path(path) => Some(Mapping {
-                    start: m.address.0,
-                    end: m.address.1,
-                    offset: m.offset,
-                    dev: m.dev,
-                    inode: m.inode,
-                    path,
-                }),
-                _ => None,
-            })
-            .collect())
+        use std::io::Read;
+        let path = format!("/proc/{}/maps", self.pid);
+        let mut text = Vec::new();
+        File::open(&path)
+            .and_then(|f| f.take(MAX_MAPS_BYTES).read_to_end(&mut text))
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => ProcessError::NoSuchProcess(self.pid),
+                std::io::ErrorKind::PermissionDenied => ProcessError::PermissionDenied(self.pid),
+                _ => ProcessError::Proc {
+                    pid: self.pid,
+                    msg: e.to_string(),
+                },
+            })?;
+        Ok(parse_maps(&text))
     }
 
     /// The executable's path as the target sees it.
@@ -110,19 +122,100 @@ impl Process {
             .map_err(|e| ProcessError::from_proc(self.pid, e))
     }
 
-    /// The command line; empty for kernel threads and zombies.
+    /// The command line, its first [`MAX_CMDLINE_BYTES`] bytes (the target chooses its
+    /// length); empty for kernel threads and zombies.
     pub fn cmdline(&self) -> Result<Vec<String>, ProcessError> {
-        self.inner
-            .cmdline()
-            .map_err(|e| ProcessError::from_proc(self.pid, e))
+        use std::io::Read;
+        let mut raw = Vec::new();
+        File::open(format!("/proc/{}/cmdline", self.pid))
+            .and_then(|f| f.take(MAX_CMDLINE_BYTES).read_to_end(&mut raw))
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => ProcessError::NoSuchProcess(self.pid),
+                std::io::ErrorKind::PermissionDenied => ProcessError::PermissionDenied(self.pid),
+                _ => ProcessError::Proc {
+                    pid: self.pid,
+                    msg: e.to_string(),
+                },
+            })?;
+        if raw.last() == Some(&0) {
+            raw.pop();
+        }
+        if raw.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(raw
+            .split(|&b| b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect())
+    }
+
+    /// Opens the file mapped at `m`: through `/proc/PID/map_files/` (the mapped file itself;
+    /// needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE), else through `/proc/PID/root` when the
+    /// path there is a regular file with the mapping's inode. Never blocks on the open, never
+    /// returns anything but a regular file of at most [`MAX_MAPPED_FILE`] bytes.
+    pub fn open_mapped(&self, m: &Mapping) -> Result<File, ProcessError> {
+        let mapped = PathBuf::from(format!(
+            "/proc/{}/map_files/{:x}-{:x}",
+            self.pid, m.start, m.end
+        ));
+        let (file, by_path) = match open_nonblocking(&mapped) {
+            Ok(f) => (f, false),
+            Err(_) => {
+                let rel = m.path.strip_prefix("/").unwrap_or(&m.path);
+                let through_root = PathBuf::from(format!("/proc/{}/root", self.pid)).join(rel);
+                // Checked before opening (stat opens nothing) and after (the path may change).
+                let meta = std::fs::metadata(&through_root)
+                    .map_err(|source| self.open_error(&m.path, source))?;
+                self.check_mapped(m, &meta, true)?;
+                let f = open_nonblocking(&through_root)
+                    .map_err(|source| self.open_error(&m.path, source))?;
+                (f, true)
+            }
+        };
+        let meta = file
+            .metadata()
+            .map_err(|source| self.open_error(&m.path, source))?;
+        self.check_mapped(m, &meta, by_path)?;
+        Ok(file)
+    }
+
+    /// A regular file, not too large, and (when opened by path) the mapping's inode.
+    fn check_mapped(
+        &self,
+        m: &Mapping,
+        meta: &Metadata,
+        by_path: bool,
+    ) -> Result<(), ProcessError> {
+        let why = if !meta.file_type().is_file() {
+            Some("not a regular file")
+        } else if meta.len() > MAX_MAPPED_FILE {
+            Some("larger than 1 GiB")
+        } else if by_path && meta.ino() != m.inode {
+            Some("the path names another file than the one mapped")
+        } else {
+            None
+        };
+        match why {
+            Some(why) => Err(ProcessError::UnsafeFile {
+                pid: self.pid,
+                path: m.path.clone(),
+                why,
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Opens a file of the target through `/proc/PID/root`, so that a target in another mount
-    /// namespace (a container) gets its own file, not ours.
+    /// namespace (a container) gets its own file, not ours. Non-blocking; for files the target
+    /// has mapped, [`Process::open_mapped`] is the safe way.
     pub fn open_file(&self, path: &Path) -> Result<File, ProcessError> {
         let rel = path.strip_prefix("/").unwrap_or(path);
         let through_root = PathBuf::from(format!("/proc/{}/root", self.pid)).join(rel);
-        File::open(&through_root).map_err(|source| match source.kind() {
+        open_nonblocking(&through_root).map_err(|source| self.open_error(path, source))
+    }
+
+    fn open_error(&self, path: &Path, source: std::io::Error) -> ProcessError {
+        match source.kind() {
             std::io::ErrorKind::PermissionDenied => ProcessError::FilePermissionDenied {
                 pid: self.pid,
                 path: path.to_path_buf(),
@@ -135,8 +228,79 @@ impl Process {
                 path: path.to_path_buf(),
                 source,
             },
-        })
+        }
     }
+}
+
+/// Most bytes of a command line read.
+pub const MAX_CMDLINE_BYTES: u64 = 16 << 10;
+
+/// Most bytes of /proc/PID/maps read.
+pub const MAX_MAPS_BYTES: u64 = 32 << 20;
+
+/// The file-backed mappings in the text of /proc/PID/maps: lines
+/// `start-end perms offset major:minor inode   path`, the path being the rest of the line (it
+/// may hold spaces; the kernel shows a newline in it as `\012`). Lines that do not parse, and
+/// mappings without a path starting with `/`, are left out; nothing here can panic.
+pub fn parse_maps(text: &[u8]) -> Vec<Mapping> {
+    let mut out = Vec::new();
+    for line in text.split(|&b| b == b'\n') {
+        let Ok(line) = std::str::from_utf8(line) else {
+            // Paths are bytes; a mapping whose path is not UTF-8 cannot be a Python we know.
+            continue;
+        };
+        let mut fields = line.splitn(6, ' ');
+        let (Some(range), Some(_perms), Some(offset), Some(dev), Some(inode), Some(rest)) = (
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+        ) else {
+            continue;
+        };
+        let path = rest.trim_start_matches(' ');
+        if !path.starts_with('/') {
+            continue;
+        }
+        let hex = |t: &str| u64::from_str_radix(t, 16).ok();
+        let Some((start, end)) = range
+            .split_once('-')
+            .and_then(|(a, b)| Some((hex(a)?, hex(b)?)))
+        else {
+            continue;
+        };
+        let Some((major, minor)) = dev.split_once(':').and_then(|(a, b)| {
+            Some((
+                i32::from_str_radix(a, 16).ok()?,
+                i32::from_str_radix(b, 16).ok()?,
+            ))
+        }) else {
+            continue;
+        };
+        let (Some(offset), Ok(inode)) = (hex(offset), inode.parse::<u64>()) else {
+            continue;
+        };
+        out.push(Mapping {
+            start,
+            end,
+            offset,
+            dev: (major, minor),
+            inode,
+            path: PathBuf::from(path),
+        });
+    }
+    out
+}
+
+/// Opens for reading without blocking (a FIFO opens at once), without becoming the
+/// controlling terminal, closed on exec.
+fn open_nonblocking(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
 }
 
 /// Whether the thread `tid` of `pid` is running or runnable right now (state `R` in
@@ -230,6 +394,73 @@ mod tests {
         assert_eq!(thread_on_cpu(me, tid), Some(true));
         assert!(all_pids().contains(&me));
         assert!(p.open_file(&exe).is_ok());
+    }
+
+    #[test]
+    fn maps_lines_parse_and_garbage_is_skipped() {
+        let text = b"55d0a8a00000-55d0a8a2c000 r--p 00000000 fd:01 1835093                    /usr/bin/python3.11\n\
+7f1c2e000000-7f1c2e021000 rw-p 00000000 00:00 0 \n\
+7ffd1c9e9000-7ffd1ca0a000 rw-p 00000000 00:00 0                          [stack]\n\
+7f1c2e400000-7f1c2e401000 r--s 00000000 00:01 32770                      /SYSV\n\
+7f1c2e500000-7f1c2e501000 r--s 00000000 00:01 32771                      /SYSV00000000 (deleted)\n\
+7f1c2e600000-7f1c2e601000 r-xp 00001000 08:10 99 /opt/my lib/libpython3.12.so.1.0 (deleted)\n\
+zzzz-7f1c2e601000 r-xp 00001000 08:10 99 /bad/start\n\
+7f1c2e700000-7f1c2e701000 r-xp\n\
+7f1c2e800000-7f1c2e801000 r-xp 00001000 08:10 notanumber /bad/inode\n";
+        let maps = parse_maps(text);
+        let paths: Vec<&str> = maps.iter().map(|m| m.path.to_str().unwrap()).collect();
+        assert_eq!(
+            paths,
+            [
+                "/usr/bin/python3.11",
+                "/SYSV",
+                "/SYSV00000000 (deleted)",
+                "/opt/my lib/libpython3.12.so.1.0 (deleted)"
+            ]
+        );
+        assert_eq!(maps[0].start, 0x55d0_a8a0_0000);
+        assert_eq!(maps[0].dev, (0xfd, 1));
+        assert_eq!(maps[0].inode, 1835093);
+        assert_eq!(maps[3].offset, 0x1000);
+    }
+
+    #[test]
+    fn a_mapped_file_is_opened_as_mapped_and_nothing_else() {
+        let me = Process::new(std::process::id() as i32).unwrap();
+        let maps = me.file_mappings().unwrap();
+        let exe = me.exe().unwrap();
+        let m = maps.iter().find(|m| m.path == exe).unwrap();
+        assert!(me.open_mapped(m).is_ok());
+        // A path that names a FIFO where the mapped file was: refused at once, not blocked on.
+        let dir = std::env::temp_dir().join(format!("pyfleet-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("libpython3.12.so.1.0");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.is_ok_and(|s| s.success()), "mkfifo");
+        let planted = Mapping {
+            start: 1,
+            end: 2,
+            path: fifo.clone(),
+            ..m.clone()
+        };
+        let e = me.open_mapped(&planted).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        assert!(
+            me.open_file(&fifo).is_ok(),
+            "open_file does not block either"
+        );
+        // A regular file that is not the mapped one.
+        let other = dir.join("other");
+        std::fs::write(&other, b"x").unwrap();
+        let e = me
+            .open_mapped(&Mapping {
+                path: other,
+                ..planted
+            })
+            .unwrap_err();
+        assert!(e.to_string().contains("another file"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     fn unsafe_free_gettid() -> i32 {

@@ -65,7 +65,12 @@ impl StackTable {
             return id;
         }
         let id = self.functions.len() as FunctionId;
-        self.functions.push(code.clone());
+        // Names only: a function outlives its code object's cache entry, and its line table
+        // (up to 64 KiB) is not needed to print it.
+        self.functions.push(Arc::new(CodeInfo {
+            lines: Vec::new(),
+            ..(**code).clone()
+        }));
         self.function_ids.insert(key, id);
         id
     }

@@ -1,0 +1,244 @@
+//! pyfleet beside hostile processes (issue #13), real processes only:
+//! - a process that maps a file named like a libpython, deletes it and plants a FIFO where
+//!   /proc/PID/maps points (`tests/targets/trap_fifo.py`): `list`, `dump` and the daemon must
+//!   neither block on it nor miss a normal Python process beside it, and the daemon must stop at
+//!   `--duration` and within two seconds of SIGTERM;
+//! - a Python process whose 300 code objects, all on the stack, share one 1,000,000-character
+//!   name (`tests/targets/name_bomb.py`, 4 MB of text): `record` keeps every sample, names are
+//!   cut to 256 characters, and its peak RSS stays under 64 MiB;
+//! - a mapping whose path is `/SYSV` plus a few characters (procfs 0.18's maps parser panics
+//!   on it): a process mapping it is listed and sampled like any other.
+//!
+//! Deadlines here are generous for a loaded machine (the point is "returns", not "fast"): the
+//! FIFO blocked forever before.
+
+mod common;
+
+use common::*;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Peak RSS allowed to `record` beside the name bomb (issue #13: the daemon's bound).
+const MAX_RSS_KIB: u64 = 64 << 10;
+
+/// A Python target that spins in a thread (and so is sampled), with `token` in its argv.
+fn busy(interp: &Interp, token: &str) -> Proc {
+    let mut p = Proc::python(&interp.label, &interp.path, "gil_busy.py", &[".", token]);
+    p.wait_for_file("threads.json", READY_TIMEOUT);
+    p
+}
+
+fn trap(interp: &Interp, token: &str) -> Proc {
+    let mut p = Proc::python(&interp.label, &interp.path, "trap_fifo.py", &[token]);
+    p.wait_for_file("ready", READY_TIMEOUT);
+    p
+}
+
+#[test]
+fn a_fifo_planted_at_a_mapped_path_blinds_nothing() {
+    let interp = any_interpreter();
+    let token = unique_token("fifotrap");
+    let mut trap = trap(&interp, &token);
+    let mut normal = busy(&interp, &token);
+    let fifo = trap.dir().join("libpython3.12.so.1.0 (deleted)");
+    assert!(fifo.exists(), "the trap's FIFO is in place");
+
+    let out = run_with_timeout(pyfleet_command(&["list"]), Duration::from_secs(20));
+    assert!(out.success(), "list: {}", out.describe());
+    for p in [&normal, &trap] {
+        assert!(
+            out.stdout.contains(&p.pid().to_string()),
+            "list misses pid {} ({}):\n{}",
+            p.pid(),
+            p.what,
+            out.stdout
+        );
+    }
+
+    let dump = run_with_timeout(
+        pyfleet_command(&["dump", "--pid", &trap.pid().to_string()]),
+        Duration::from_secs(20),
+    );
+    assert!(dump.success(), "dump of the trap: {}", dump.describe());
+
+    // The daemon: samples the normal process and stops at --duration.
+    let dir = tempdir("pyfleet-fifotrap-");
+    let snapshots = dir.path().join("out");
+    let started = Instant::now();
+    let run = run_with_timeout(
+        pyfleet_command(&[
+            "--match",
+            &token,
+            "--duration",
+            "3",
+            "--out",
+            snapshots.to_str().unwrap(),
+        ]),
+        Duration::from_secs(20),
+    );
+    assert!(run.success(), "daemon: {}", run.describe());
+    assert!(
+        started.elapsed() < Duration::from_secs(3 + 4),
+        "the daemon took {:?} to stop at --duration 3",
+        started.elapsed()
+    );
+    let files: Vec<String> = snapshot_dirs(&snapshots)
+        .iter()
+        .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        files
+            .iter()
+            .any(|f| f.ends_with(&format!("-{}.folded", normal.pid()))),
+        "no snapshot file of the normal process {}: {files:?}",
+        normal.pid()
+    );
+
+    // SIGTERM ends it within two seconds, the final snapshot written.
+    let daemon = start_pyfleet(&[
+        "--match",
+        &token,
+        "--duration",
+        "600",
+        "--out",
+        snapshots.to_str().unwrap(),
+    ]);
+    std::thread::sleep(Duration::from_secs(2));
+    let asked = Instant::now();
+    send_signal(daemon.pid(), libc::SIGTERM);
+    let end = daemon.finish();
+    assert!(end.success(), "daemon after SIGTERM: {}", end.describe());
+    assert!(
+        asked.elapsed() < Duration::from_secs(2),
+        "SIGTERM took {:?} to end the daemon",
+        asked.elapsed()
+    );
+    assert!(end.stderr.contains("last snapshot"), "{}", end.describe());
+    trap.kill();
+    normal.kill();
+}
+
+/// The highest VmHWM (KiB) seen in /proc/PID/status while `pid` runs.
+fn watch_peak_rss(pid: i32, until: Instant) -> u64 {
+    let mut peak = 0;
+    while Instant::now() < until && pid_exists(pid) && process_state(pid) != Some('Z') {
+        if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+            if let Some(kib) = s
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
+            {
+                peak = peak.max(kib);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    peak
+}
+
+#[test]
+fn a_name_bomb_costs_pyfleet_names_of_256_characters() {
+    for interp in interpreters() {
+        let mut bomb = Proc::python(&interp.label, &interp.path, "name_bomb.py", &[] as &[&str]);
+        bomb.wait_for_file("ready", READY_TIMEOUT);
+        let dir = tempdir("pyfleet-namebomb-");
+        let folded = dir.path().join("bomb.folded");
+        let rec = start_pyfleet(&[
+            "record",
+            "--pid",
+            &bomb.pid().to_string(),
+            "--duration",
+            "3",
+            "--rate",
+            "100",
+            "-o",
+            folded.to_str().unwrap(),
+        ]);
+        let peak = watch_peak_rss(rec.pid(), Instant::now() + Duration::from_secs(30));
+        let out = rec.finish();
+        bomb.kill();
+        assert!(out.success(), "[{}] {}", interp.label, out.describe());
+        let written: u64 = std::fs::read_to_string(&folded)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+            .sum();
+        assert!(
+            written >= 240,
+            "[{}] {written} samples of about 300 kept: {}",
+            interp.label,
+            out.stderr
+        );
+        assert!(
+            peak <= MAX_RSS_KIB,
+            "[{}] record's peak RSS {peak} KiB over {MAX_RSS_KIB} KiB",
+            interp.label
+        );
+        let text = std::fs::read_to_string(&folded).unwrap_or_default();
+        let line = text.lines().next().unwrap_or_default();
+        let frames: Vec<&str> = line.split(';').collect();
+        let cut: Vec<&&str> = frames.iter().filter(|f| f.contains('…')).collect();
+        assert!(
+            cut.len() >= 300,
+            "[{}] expected 300 frames with cut names, got {} in {} frames",
+            interp.label,
+            cut.len(),
+            frames.len()
+        );
+        // `link (file:line)`: the name is 256 characters and `…`, as is the file.
+        let name = cut[0].split(" (").next().unwrap_or_default();
+        assert_eq!(name.chars().count(), 257, "[{}] {name:.40}", interp.label);
+    }
+}
+
+#[test]
+fn a_sysv_named_mapping_breaks_no_scan() {
+    if !is_root() {
+        eprintln!("skipped: creating /SYSV... needs root");
+        return;
+    }
+    // Shorter than the 13 bytes of a real `/SYSVxxxxxxxx` segment name.
+    let path = format!("/SYSV{:04x}", std::process::id() & 0xffff);
+    std::fs::write(&path, vec![0u8; 4096]).unwrap();
+    struct Remove<'a>(&'a str);
+    impl Drop for Remove<'_> {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(self.0);
+        }
+    }
+    let _remove = Remove(&path);
+    let interp = any_interpreter();
+    let token = unique_token("sysv");
+    let mut p = Proc::python(&interp.label, &interp.path, "gil_busy.py", &[".", &token]);
+    p.wait_for_file("threads.json", READY_TIMEOUT);
+    // The target maps the file through Python's mmap, from a second process's view.
+    let mut mapper = Proc::spawn_with(
+        "sysv mapper",
+        &interp.path,
+        &[
+            "-c",
+            &format!(
+                "import mmap, time, sys\nf = open({path:?}, 'rb')\nm = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)\nopen('ready', 'w').write('1')\ntime.sleep(600)\n# {token}"
+            ),
+        ],
+        |_| {},
+    );
+    mapper.wait_for_file("ready", READY_TIMEOUT);
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", mapper.pid())).unwrap();
+    assert!(maps.contains(&path), "the mapping shows: {maps}");
+    let out = run_with_timeout(pyfleet_command(&["list"]), Duration::from_secs(20));
+    assert!(out.success(), "list: {}", out.describe());
+    for pid in [p.pid(), mapper.pid()] {
+        assert!(
+            out.stdout.contains(&pid.to_string()),
+            "list misses {pid}: {}",
+            out.stdout
+        );
+    }
+    let dump = pyfleet(&["dump", "--pid", &mapper.pid().to_string()]);
+    assert!(dump.success(), "{}", dump.describe());
+    assert!(Path::new(&path).exists());
+    p.kill();
+    mapper.kill();
+}
