@@ -35,11 +35,11 @@ pub fn run(opts: RunOptions) -> Result<()> {
     let runtime = runtime()?;
     let result = runtime.block_on(async move {
         if let Some(addr) = settings.metrics_addr {
-            // Bind first, so that a port in use is a startup error, not a log line later.
-            std::net::TcpListener::bind(addr)
+            // Bound first, so that a port in use is a startup error, not a log line later.
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
                 .with_context(|| format!("cannot listen on --metrics-addr {addr}"))?;
-            let (recorder, exporter) = PrometheusBuilder::new()
-                .with_http_listener(addr)
+            let recorder = PrometheusBuilder::new()
                 .idle_timeout(MetricKindMask::ALL, Some(config.metrics_idle_timeout()))
                 // Real histogram buckets (not a summary), so rates and quantiles aggregate
                 // across processes in Prometheus: 1 µs to 100 ms.
@@ -50,13 +50,19 @@ pub fn run(opts: RunOptions) -> Result<()> {
                     ],
                 )
                 .context("bad histogram buckets")?
-                .build()
-                .with_context(|| format!("cannot serve metrics on {addr}"))?;
+                .build_recorder();
+            let handle = recorder.handle();
             metrics::set_global_recorder(recorder)
                 .map_err(|_| anyhow!("a metrics recorder is already installed"))?;
+            tokio::spawn(pyfleet::metrics_server::serve(listener, handle.clone()));
+            // The exporter drops idle series (an exited process's) only while it renders: a
+            // daemon nobody scrapes would keep them all.
+            let every = config.metrics_idle_timeout() / 2;
             tokio::spawn(async move {
-                if let Err(e) = exporter.await {
-                    tracing::error!("metrics listener stopped: {e:?}");
+                let mut tick = tokio::time::interval(every);
+                loop {
+                    tick.tick().await;
+                    drop(handle.render());
                 }
             });
             pyfleet_actors::metric_names::describe();

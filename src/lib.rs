@@ -8,6 +8,7 @@ pub mod cpython;
 pub mod discovery;
 pub mod fleet;
 pub mod memory;
+pub mod metrics_server;
 pub mod output;
 pub mod process;
 pub mod stacks;

@@ -908,7 +908,7 @@ fn live_metrics_scraped_by_prometheus_answer_every_dashboard_query() {
         "pyfleet_process_exits_total and pyfleet_sample_errors_total on /metrics",
         || {
             let p = page();
-            p.contains("pyfleet_process_exits_total{")
+            p.contains("pyfleet_process_exits_total ")
                 && p.contains("pyfleet_sample_errors_total{")
                 && p.contains("pyfleet_sample_failure_ratio{")
         },

@@ -7,7 +7,9 @@
 //!   name (`tests/targets/name_bomb.py`, 4 MB of text): `record` keeps every sample, names are
 //!   cut to 256 characters, and its peak RSS stays under 64 MiB;
 //! - a mapping whose path is `/SYSV` plus a few characters (procfs 0.18's maps parser panics
-//!   on it): a process mapping it is listed and sampled like any other.
+//!   on it): a process mapping it is listed and sampled like any other;
+//! - clients of the metrics listener that connect and say nothing: turned away past the
+//!   connection limit, dropped after the header timeout, scrapes served again after.
 //!
 //! Deadlines here are generous for a loaded machine (the point is "returns", not "fast"): the
 //! FIFO blocked forever before.
@@ -241,4 +243,69 @@ fn a_sysv_named_mapping_breaks_no_scan() {
     assert!(Path::new(&path).exists());
     p.kill();
     mapper.kill();
+}
+
+#[test]
+fn the_metrics_listener_bounds_its_clients() {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempdir("pyfleet-listener-");
+    let addr = format!("127.0.0.1:{port}");
+    let daemon = start_pyfleet(&[
+        "--match",
+        &unique_token("nothing"),
+        "--duration",
+        "20",
+        "--out",
+        dir.path().join("out").to_str().unwrap(),
+        "--metrics-addr",
+        &addr,
+    ]);
+    let get = |path: &str| -> Option<String> {
+        let mut s = TcpStream::connect(&addr).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
+        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).ok()?;
+        Some(text)
+    };
+    wait_until(
+        Duration::from_secs(10),
+        "the listener",
+        || get("/metrics").is_some_and(|t| t.starts_with("HTTP/1.1 200")),
+        String::new,
+    );
+    assert!(get("/nothing").is_some_and(|t| t.starts_with("HTTP/1.1 404")));
+    // Silent clients: past the limit they are turned away at once, and none is kept past the
+    // header timeout.
+    let silent: Vec<TcpStream> = (0..40)
+        .map(|_| TcpStream::connect(&addr).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let closed = |s: &TcpStream| {
+        let mut s = s.try_clone().unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        match s.read(&mut [0u8; 1]) {
+            Ok(n) => n == 0,
+            Err(e) => !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+        }
+    };
+    let turned_away = silent.iter().filter(|s| closed(s)).count();
+    assert!(
+        turned_away >= 40 - 32,
+        "only {turned_away} of 40 silent connections closed at once"
+    );
+    std::thread::sleep(Duration::from_secs(6));
+    let kept = silent.iter().filter(|s| !closed(s)).count();
+    assert_eq!(kept, 0, "silent connections kept past the header timeout");
+    assert!(get("/metrics").is_some_and(|t| t.starts_with("HTTP/1.1 200")));
+    drop(daemon);
 }

@@ -49,7 +49,14 @@ type Frames = Arc<[FrameInfo]>;
 struct Life {
     epoch: u64,
     stacks: HashMap<u64, Frames>,
+    /// Windows taken since its last batch: a life whose last batch was lost (its sampler
+    /// was torn down) is forgotten after [`MAX_IDLE_WINDOWS`].
+    idle_windows: u32,
 }
+
+/// Windows without a batch after which a sampler's life is forgotten (a live sampler sends
+/// one every batch interval, shorter than a window).
+const MAX_IDLE_WINDOWS: u32 = 2;
 
 struct ProcessWindow {
     name: Arc<str>,
@@ -89,7 +96,9 @@ impl Aggregation {
         let life = self.lives.entry(batch.life).or_insert_with(|| Life {
             epoch: batch.epoch,
             stacks: HashMap::new(),
+            idle_windows: 0,
         });
+        life.idle_windows = 0;
         if life.epoch != batch.epoch {
             life.epoch = batch.epoch;
             life.stacks.clear();
@@ -134,6 +143,10 @@ impl Aggregation {
 
     /// Hands over the window and starts a new one.
     pub(crate) fn take(&mut self, taken_at: SystemTime) -> Snapshot {
+        self.lives.retain(|_, life| {
+            life.idle_windows += 1;
+            life.idle_windows <= MAX_IDLE_WINDOWS
+        });
         let window = std::mem::take(&mut self.window);
         let processes = window
             .into_iter()
@@ -284,6 +297,20 @@ mod tests {
         agg.add(batch(1, vec![(11, IDLE, 5)]));
         let snap = agg.take(SystemTime::UNIX_EPOCH);
         assert_eq!(snap.processes[0].samples, vec![(IDLE, frames("g"), 5)]);
+    }
+
+    #[test]
+    fn a_life_whose_last_batch_was_lost_is_forgotten() {
+        let mut agg = Aggregation::new(100);
+        let mut b = batch(1, vec![(10, CPU, 2)]);
+        b.new_stacks = vec![(10, frames("f"))];
+        agg.add(b);
+        for _ in 0..MAX_IDLE_WINDOWS {
+            agg.take(SystemTime::UNIX_EPOCH);
+            assert_eq!(agg.lives(), 1, "kept while it may still send");
+        }
+        agg.take(SystemTime::UNIX_EPOCH);
+        assert_eq!(agg.lives(), 0, "forgotten without its last batch");
     }
 
     #[test]

@@ -30,10 +30,11 @@
 //! sampler is gone nothing touches them and the exporter drops them at its next render past
 //! the timeout. The supervisor also touches the fleet-wide series (`pyfleet_processes`,
 //! `pyfleet_cpu_seconds_total`, `pyfleet_snapshots_written_total`,
-//! `pyfleet_process_exits_total{process}`) every scan, so they never go idle. The root package
+//! `pyfleet_process_exits_total`) every scan, so they never go idle. The root package
 //! must configure metrics-exporter-prometheus with
 //! `idle_timeout(MetricKindMask::ALL, Some(config.metrics_idle_timeout()))`
-//! ([`FleetConfig::metrics_idle_timeout`]). A sampler restarted after a backoff longer than
+//! ([`FleetConfig::metrics_idle_timeout`]), and render its metrics now and then even when
+//! nobody scrapes them (the exporter drops idle series only while it renders). A sampler restarted after a backoff longer than
 //! the timeout starts its counters from zero again (a counter reset to Prometheus).
 //! Metric names are in [`metric_names`].
 

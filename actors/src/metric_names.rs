@@ -30,8 +30,9 @@ pub const REMOTE_READS: &str = "pyfleet_remote_reads_total";
 pub const REMOTE_READ_BYTES: &str = "pyfleet_remote_read_bytes_total";
 /// Live samplers (gauge, no labels).
 pub const PROCESSES: &str = "pyfleet_processes";
-/// Processes that exited while profiled, `{process}` (the name only: an exit counter per pid
-/// would vanish with the pid and count nothing).
+/// Processes that exited while profiled (no labels: an exit counter per pid would vanish
+/// with the pid and count nothing, and one per name would grow with the names targets
+/// choose).
 pub const PROCESS_EXITS: &str = "pyfleet_process_exits_total";
 /// Sampler restarts after a failure, `{process,pid}`.
 pub const ACTOR_RESTARTS: &str = "pyfleet_actor_restarts_total";

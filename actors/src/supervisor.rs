@@ -161,7 +161,7 @@ pub(crate) struct SupervisorState<D, F> {
     cpu_seconds: Counter,
     /// Held here only to be touched every scan (the sink increments it).
     snapshots_written: Counter,
-    exit_counters: HashMap<String, Counter>,
+    exit_counter: Counter,
 }
 
 impl<D: Discovery, F: SourceFactory> Actor for SupervisorActor<D, F> {
@@ -199,7 +199,7 @@ impl<D: Discovery, F: SourceFactory> Actor for SupervisorActor<D, F> {
             processes: metrics::gauge!(m::PROCESSES),
             cpu_seconds: metrics::counter!(m::CPU_SECONDS),
             snapshots_written: metrics::counter!(m::SNAPSHOTS_WRITTEN),
-            exit_counters: HashMap::new(),
+            exit_counter: metrics::counter!(m::PROCESS_EXITS),
         })
     }
 
@@ -373,11 +373,11 @@ impl<D: Discovery, F: SourceFactory> SupervisorState<D, F> {
                     if !*stopping {
                         *stopping = true;
                         actor.stop(Some(REASON_UNLISTED.to_string()));
-                        count_exit(entry, &mut self.exits, &mut self.exit_counters);
+                        count_exit(entry, &mut self.exits, &self.exit_counter);
                     }
                 }
                 _ => {
-                    count_exit(entry, &mut self.exits, &mut self.exit_counters);
+                    count_exit(entry, &mut self.exits, &self.exit_counter);
                     self.entries.remove(&pid);
                 }
             }
@@ -407,9 +407,7 @@ impl<D: Discovery, F: SourceFactory> SupervisorState<D, F> {
     fn touch_fleet_series(&self) {
         self.cpu_seconds.increment(0);
         self.snapshots_written.increment(0);
-        for c in self.exit_counters.values() {
-            c.increment(0);
-        }
+        self.exit_counter.increment(0);
     }
 
     async fn spawn(&mut self, myself: &ActorRef<SupervisorMsg>, pid: i32) {
@@ -526,7 +524,7 @@ impl<D: Discovery, F: SourceFactory> SupervisorState<D, F> {
         } else {
             match how {
                 Ok(Some(reason)) if reason == REASON_PROCESS_GONE => {
-                    count_exit(entry, &mut self.exits, &mut self.exit_counters);
+                    count_exit(entry, &mut self.exits, &self.exit_counter);
                     entry.state = EntryState::Exited;
                     tracing::debug!(pid, process = %entry.info.name, "process exited");
                 }
@@ -604,18 +602,13 @@ impl<D: Discovery, F: SourceFactory> SupervisorState<D, F> {
     }
 }
 
-/// Counts a process's exit once. The counters are kept per name (their number is bounded by
-/// the distinct names seen) and touched every scan.
-fn count_exit(entry: &mut Entry, exits: &mut u64, counters: &mut HashMap<String, Counter>) {
+/// Counts a process's exit once (one fleet-wide counter: no label a target chooses, so that
+/// a churn of new names cannot grow the series).
+fn count_exit(entry: &mut Entry, exits: &mut u64, counter: &Counter) {
     if entry.exit_counted {
         return;
     }
     entry.exit_counted = true;
     *exits += 1;
-    counters
-        .entry(entry.info.name.clone())
-        .or_insert_with(
-            || metrics::counter!(m::PROCESS_EXITS, "process" => entry.info.name.clone()),
-        )
-        .increment(1);
+    counter.increment(1);
 }

@@ -1,0 +1,80 @@
+//! The daemon's HTTP listener: `GET /metrics` answers with the Prometheus exporter's
+//! rendering; anything else is a 404 (405 for another method on `/metrics`).
+//!
+//! Bounded whatever its clients do: at most [`MAX_CONNECTIONS`] at once (a connection past
+//! that is closed at once), a request's head must arrive within [`HEADER_TIMEOUT`], and a
+//! connection lives at most [`CONNECTION_TIMEOUT`]; one request per connection.
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use metrics_exporter_prometheus::PrometheusHandle;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+/// Connections served at once.
+pub const MAX_CONNECTIONS: usize = 32;
+/// Time a client has to send its request's head.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest a connection is kept, whatever it does.
+pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Serves `listener` until the runtime ends.
+pub async fn serve(listener: TcpListener, handle: PrometheusHandle) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors, say: wait, do not spin.
+                tracing::warn!("metrics listener: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
+        let handle = handle.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let response = respond(&handle, req.method(), req.uri().path());
+                async move { Ok::<_, Infallible>(response) }
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, connection).await;
+            drop(slot);
+        });
+    }
+}
+
+fn respond(handle: &PrometheusHandle, method: &Method, path: &str) -> Response<Full<Bytes>> {
+    let (status, body) = match (method, path) {
+        (&Method::GET, "/metrics") => (StatusCode::OK, handle.render()),
+        (_, "/metrics") => (StatusCode::METHOD_NOT_ALLOWED, "GET only\n".to_string()),
+        _ => (
+            StatusCode::NOT_FOUND,
+            "not found: try /metrics\n".to_string(),
+        ),
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    let kind = match status {
+        StatusCode::OK => "text/plain; version=0.0.4",
+        _ => "text/plain",
+    };
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(kind));
+    response
+}
