@@ -90,6 +90,10 @@ impl RemoteMemory for Garbling {
         self.inner.write(addr, data)
     }
 
+    fn writable(&self) -> bool {
+        self.inner.writable()
+    }
+
     fn stats(&self) -> &ReadStats {
         self.inner.stats()
     }
@@ -98,8 +102,9 @@ impl RemoteMemory for Garbling {
 fn garbling_sampler(pid: i32, seed: u64) -> Sampler<Garbling> {
     let process = Process::new(pid).expect("target process");
     let loc = binary::locate_runtime(&process).expect("runtime");
-    let mem = ProcessMemory::new(pid);
+    let mut mem = ProcessMemory::new(pid);
     let layout = cpython::detect_layout(&mem, &loc, pid).expect("layout");
+    mem.bind_writes().expect("/proc/PID/mem");
     let mem = Garbling {
         inner: mem,
         seed: Cell::new(seed | 1),

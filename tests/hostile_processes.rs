@@ -309,3 +309,48 @@ fn the_metrics_listener_bounds_its_clients() {
     assert!(get("/metrics").is_some_and(|t| t.starts_with("HTTP/1.1 200")));
     drop(daemon);
 }
+
+#[test]
+fn a_write_handle_bound_at_attach_never_reaches_the_program_exec_ran() {
+    use pyfleet::memory::{ProcessMemory, RemoteMemory};
+    let interp = any_interpreter();
+    let mut p = Proc::spawn_with(
+        "exec target",
+        &interp.path,
+        &[
+            "-c",
+            "import os, time\nopen('ready', 'w').write('1')\ntime.sleep(1)\nos.execv('/bin/sleep', ['sleep', '600'])",
+        ],
+        |_| {},
+    );
+    p.wait_for_file("ready", READY_TIMEOUT);
+    let pid = p.pid();
+    let mut bound = ProcessMemory::new(pid);
+    bound.bind_writes().expect("/proc/PID/mem");
+    wait_until(
+        Duration::from_secs(20),
+        "the target to exec sleep",
+        || {
+            std::fs::read_link(format!("/proc/{pid}/exe"))
+                .is_ok_and(|e| e.to_string_lossy().contains("sleep"))
+        },
+        String::new,
+    );
+    // A writable address of the new program: the start of its stack.
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let stack = maps
+        .lines()
+        .find(|l| l.ends_with("[stack]"))
+        .and_then(|l| u64::from_str_radix(l.split('-').next()?, 16).ok())
+        .expect("a stack mapping");
+    let before = bound.read_u64(stack).expect("reads go by pid");
+    assert!(
+        bound.write(stack, &before.to_le_bytes()).is_err(),
+        "a handle bound before exec wrote into the new program"
+    );
+    // The same write through a handle bound now succeeds (the check above can fail).
+    let mut fresh = ProcessMemory::new(pid);
+    fresh.bind_writes().unwrap();
+    assert!(fresh.write(stack, &before.to_le_bytes()).is_ok());
+    p.kill();
+}

@@ -164,7 +164,13 @@ pub fn detect_layout<M: RemoteMemory>(
 pub fn attach(pid: i32, opts: SamplerOptions) -> Result<Sampler<ProcessMemory>, AttachError> {
     let process = Process::new(pid)?;
     let loc = binary::locate_runtime(&process)?;
-    let mem = ProcessMemory::new(pid);
+    let mut mem = ProcessMemory::new(pid);
     let layout = detect_layout(&mem, &loc, pid)?;
+    if opts.frame_cache && !opts.read_only && layout.tstate.frame_marker.is_some() {
+        // Without the handle the marker is not used: sampling works as on 3.14.
+        if let Err(e) = mem.bind_writes() {
+            tracing::debug!(pid, "no frame-cache marker: {e}");
+        }
+    }
     Ok(Sampler::new(pid, mem, layout, &loc, opts))
 }

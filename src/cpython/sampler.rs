@@ -597,8 +597,10 @@ impl<M: RemoteMemory> Sampler<M> {
         loc: &RuntimeLocation,
         opts: SamplerOptions,
     ) -> Self {
-        let use_marker =
-            opts.frame_cache && !opts.read_only && layout.tstate.frame_marker.is_some();
+        let use_marker = opts.frame_cache
+            && !opts.read_only
+            && layout.tstate.frame_marker.is_some()
+            && mem.writable();
         let cap = NonZeroUsize::new(opts.code_cache_capacity.max(1)).unwrap_or(NonZeroUsize::MIN);
         Sampler {
             pid,
@@ -1853,9 +1855,18 @@ impl<M: RemoteMemory> Sampler<M> {
                         if m != m_now {
                             if let Some((off, _)) = self.layout.tstate.frame_marker {
                                 // The thread state was read whole at `addr`, so this is in it.
-                                self.mem
-                                    .write(w.ts.addr.wrapping_add(off), &m.to_le_bytes())?;
-                                self.stats.marker_writes += 1;
+                                // Written only while the field still holds what this sample
+                                // read: a thread state freed since (its memory reused) is
+                                // left alone.
+                                // A write that fails costs the next sample a longer walk only.
+                                let at = w.ts.addr.wrapping_add(off);
+                                if self.mem.read_u64(at)? == m_now {
+                                    match self.mem.write(at, &m.to_le_bytes()) {
+                                        Ok(()) => self.stats.marker_writes += 1,
+                                        Err(e) if e.is_process_gone() => return Err(e.into()),
+                                        Err(_) => {}
+                                    }
+                                }
                             }
                         }
                         tc.marker = Some((m, seq_now, j));

@@ -103,6 +103,12 @@ pub trait RemoteMemory {
     /// Writes `data` at `addr`. pyfleet only ever writes the 3.15 frame-cache marker.
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), MemoryError>;
 
+    /// Whether [`RemoteMemory::write`] can succeed at all (a live process's memory is
+    /// writable only through a handle bound at attach).
+    fn writable(&self) -> bool {
+        true
+    }
+
     /// Syscall and byte counts.
     fn stats(&self) -> &ReadStats;
 

@@ -1,6 +1,11 @@
-//! `process_vm_readv` / `process_vm_writev` on a live process.
+//! `process_vm_readv` on a live process, and the one write pyfleet makes, through a
+//! `/proc/PID/mem` handle opened by [`ProcessMemory::bind_writes`] at attach: it stays bound
+//! to the address space that was there then, so a write after the process `exec`s or exits
+//! (and its pid is reused) fails instead of landing in another program.
 
 use super::{MemoryError, ReadRequest, ReadStats, RemoteMemory};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 
 /// The kernel's limit on iovecs per call (`UIO_MAXIOV`).
 const MAX_IOVECS: usize = 1024;
@@ -12,6 +17,8 @@ pub const STACK_IOVECS: usize = 128;
 pub struct ProcessMemory {
     pid: i32,
     stats: ReadStats,
+    /// `/proc/PID/mem`, opened for writing at attach; without it nothing is written.
+    writer: Option<File>,
 }
 
 impl ProcessMemory {
@@ -19,7 +26,19 @@ impl ProcessMemory {
         ProcessMemory {
             pid,
             stats: ReadStats::default(),
+            writer: None,
         }
+    }
+
+    /// Opens the target's address space for the writes to come (see the module docs).
+    pub fn bind_writes(&mut self) -> Result<(), MemoryError> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{}/mem", self.pid))
+            .map_err(|e| self.error(e.raw_os_error().unwrap_or(libc::EIO), 0, 0))?;
+        self.writer = Some(file);
+        Ok(())
     }
 
     pub fn pid(&self) -> i32 {
@@ -138,29 +157,21 @@ impl RemoteMemory for ProcessMemory {
         if data.is_empty() {
             return Ok(());
         }
-        let local = libc::iovec {
-            iov_base: data.as_ptr() as *mut libc::c_void,
-            iov_len: data.len(),
+        let Some(file) = &self.writer else {
+            return Err(MemoryError::PermissionDenied(self.pid));
         };
-        let remote = libc::iovec {
-            iov_base: addr as usize as *mut libc::c_void,
-            iov_len: data.len(),
-        };
-        // SAFETY: the local iovec describes `data`, which is live and only read by the kernel
-        // (process_vm_writev never writes to local memory). The remote address is validated by
-        // the kernel; callers only write at offsets validated against the target's layout.
-        let n = unsafe { libc::process_vm_writev(self.pid, &local, 1, &remote, 1, 0) };
-        if n < 0 {
-            let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-            return Err(self.error(errno, addr, data.len()));
-        }
-        if n as usize != data.len() {
-            return Err(MemoryError::BadAddress {
+        match file.write_at(data, addr) {
+            Ok(n) if n == data.len() => Ok(()),
+            Ok(_) => Err(MemoryError::BadAddress {
                 addr,
                 len: data.len(),
-            });
+            }),
+            Err(e) => Err(self.error(e.raw_os_error().unwrap_or(libc::EIO), addr, data.len())),
         }
-        Ok(())
+    }
+
+    fn writable(&self) -> bool {
+        self.writer.is_some()
     }
 
     fn stats(&self) -> &ReadStats {
