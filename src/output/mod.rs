@@ -38,16 +38,17 @@ pub fn write_atomically(
     r
 }
 
-/// Replaces control characters (terminal escapes, newlines) in a target's string with
-/// visible escapes, so that a dump cannot drive the user's terminal or break lines.
+/// Replaces control characters (terminal escapes, newlines) and bidirectional and line
+/// separator characters in a target's string with visible escapes (`\u{1b}`), so that a dump
+/// cannot drive the user's terminal, break lines or show text in another order than it is.
 pub fn for_terminal(s: &str) -> std::borrow::Cow<'_, str> {
-    if !s.chars().any(char::is_control) {
+    if !s.chars().any(needs_escape) {
         return s.into();
     }
     s.chars()
         .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
+            if needs_escape(c) {
+                c.escape_unicode().to_string()
             } else {
                 c.to_string()
             }
@@ -56,11 +57,25 @@ pub fn for_terminal(s: &str) -> std::borrow::Cow<'_, str> {
         .into()
 }
 
+/// Control characters, and what reorders or breaks lines on a terminal: bidirectional
+/// embeddings, overrides and isolates, the line and paragraph separators.
+fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{200e}' | '\u{200f}' | '\u{061c}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{2028}' | '\u{2029}'
+        )
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
     fn terminal_strings_are_defanged() {
         assert_eq!(super::for_terminal("plain ü"), "plain ü");
-        assert_eq!(super::for_terminal("a\x1b[2Jb\n"), "a\\u{1b}[2Jb\\n");
+        assert_eq!(super::for_terminal("a\x1b[2Jb\n"), "a\\u{1b}[2Jb\\u{a}");
+        assert_eq!(
+            super::for_terminal("evil\u{202e}txt.py\u{2028}x"),
+            "evil\\u{202e}txt.py\\u{2028}x"
+        );
     }
 }
