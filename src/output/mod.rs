@@ -12,30 +12,60 @@ pub mod snapshot_dir;
 pub mod speedscope;
 pub mod svg;
 
-/// Writes `data` to `path` atomically: into `tmp` (same directory), fsynced, renamed over
-/// `path`, and the directory fsynced, so a reader sees the old file or the whole new one. On
-/// failure `tmp` is removed.
-pub fn write_atomically(
-    tmp: &std::path::Path,
-    path: &std::path::Path,
-    data: &[u8],
-) -> std::io::Result<()> {
+/// Writes `data` to `path` atomically: into a new temporary file beside it (see
+/// [`create_beside`]), fsynced, renamed over `path` (a symlink there is replaced, not
+/// followed), and the directory fsynced, so a reader sees the old file or the whole new one.
+/// On failure the temporary file is removed.
+pub fn write_atomically(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
+    let (tmp, mut f) = create_beside(path)?;
     let r = (|| {
-        let mut f = std::fs::File::create(tmp)?;
         f.write_all(data)?;
         f.sync_all()?;
-        drop(f);
-        std::fs::rename(tmp, path)?;
+        std::fs::rename(&tmp, path)?;
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::File::open(dir)?.sync_all()?;
         }
         Ok(())
     })();
     if r.is_err() {
-        let _ = std::fs::remove_file(tmp);
+        let _ = std::fs::remove_file(&tmp);
     }
     r
+}
+
+/// Creates a new file `.<name>.<random>.tmp` in `path`'s directory: never an existing one,
+/// never through a symlink, under a name nobody can guess beforehand.
+pub fn create_beside(
+    path: &std::path::Path,
+) -> std::io::Result<(std::path::PathBuf, std::fs::File)> {
+    use std::hash::{BuildHasher, Hasher};
+    use std::os::unix::fs::OpenOptionsExt;
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let dir = path.parent().unwrap_or(std::path::Path::new(""));
+    let mut last = None;
+    for _ in 0..8 {
+        // RandomState's keys come from the OS's randomness.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        let tmp = dir.join(format!(".{name}.{:016x}.tmp", h.finish()));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .mode(0o644)
+            .open(&tmp)
+        {
+            Ok(f) => return Ok((tmp, f)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no temporary name")))
 }
 
 /// Replaces control characters (terminal escapes, newlines) and bidirectional and line
@@ -69,6 +99,27 @@ fn needs_escape(c: char) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn writes_never_follow_a_planted_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        let out = dir.path().join("profile.svg");
+        std::os::unix::fs::symlink(&victim, &out).unwrap();
+        super::write_atomically(&out, b"profile").unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        assert_eq!(std::fs::read(&out).unwrap(), b"profile");
+        assert!(!std::fs::symlink_metadata(&out).unwrap().is_symlink());
+        // Temporary names differ from one call to the next, and none is left behind.
+        let (a, _) = super::create_beside(&out).unwrap();
+        let (b, _) = super::create_beside(&out).unwrap();
+        assert_ne!(a, b);
+        std::fs::remove_file(a).unwrap();
+        std::fs::remove_file(b).unwrap();
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
+        assert_eq!(left.len(), 2, "{left:?}");
+    }
+
     #[test]
     fn terminal_strings_are_defanged() {
         assert_eq!(super::for_terminal("plain ü"), "plain ü");

@@ -42,7 +42,6 @@ pub struct RecordFile {
 
 struct Inner {
     path: PathBuf,
-    tmp: PathBuf,
     format: Format,
     started: Instant,
     state: Mutex<State>,
@@ -81,16 +80,12 @@ impl RecordFile {
                 dir.display()
             )
         })?;
-        let mut tmp_name = std::ffi::OsString::from(".");
-        tmp_name.push(name);
-        tmp_name.push(format!(".pyfleet-{}.tmp", std::process::id()));
-        let tmp = dir.join(tmp_name);
-        fs::File::create(&tmp).map_err(|e| format!("cannot write the output {shown}: {e}"))?;
+        let (tmp, _) = super::create_beside(&dir.join(name))
+            .map_err(|e| format!("cannot write the output {shown}: {e}"))?;
         let _ = fs::remove_file(&tmp);
         Ok(RecordFile {
             inner: Arc::new(Inner {
                 path: path.to_path_buf(),
-                tmp,
                 format,
                 started: Instant::now(),
                 state: Mutex::new(State {
@@ -132,7 +127,7 @@ impl RecordFile {
     }
 
     fn write_atomically(&self, data: &[u8]) -> std::io::Result<()> {
-        super::write_atomically(&self.inner.tmp, &self.inner.path, data)
+        super::write_atomically(&self.inner.path, data)
     }
 }
 

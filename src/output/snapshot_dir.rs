@@ -153,7 +153,7 @@ impl SnapshotWriter for SnapshotDir {
         let fin = self.out.join(&name);
         let title = format!("pyfleet {name}");
         let r = (|| {
-            fs::create_dir_all(&partial)?;
+            create_own_dir(&partial)?;
             self.write_files(&partial, snap, &title)?;
             fs::File::open(&partial)?.sync_all()?;
             fs::rename(&partial, &fin)?;
@@ -181,10 +181,20 @@ impl SnapshotWriter for SnapshotDir {
     }
 }
 
-/// Writes `data` to `path` through `path` with the extension `tmp` (see
-/// [`write_atomically`](super::write_atomically)).
+/// Writes `data` to `path` (see [`write_atomically`](super::write_atomically)).
 fn write_synced(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    super::write_atomically(&path.with_extension("tmp"), path, data)
+    super::write_atomically(path, data)
+}
+
+/// Creates the directory `path` afresh: whatever is there (a stale partial snapshot, or a
+/// symlink someone planted) is removed first, never followed.
+fn create_own_dir(path: &Path) -> std::io::Result<()> {
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => fs::remove_dir_all(path)?,
+        Ok(_) => fs::remove_file(path)?,
+        Err(_) => {}
+    }
+    fs::create_dir(path)
 }
 
 /// `2026-11-23T02-55-07Z`: UTC, sortable, no colons (awkward in file names).
