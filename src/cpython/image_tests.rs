@@ -349,6 +349,57 @@ fn cycles_end_the_walk_with_an_error() {
     );
 }
 
+/// The first interpreter's address (the runtime's `interpreters_head`).
+fn first_interp(img: &MemoryImage) -> u64 {
+    img.read_u64(RUNTIME + 0x800).unwrap()
+}
+
+#[test]
+fn hostile_thread_and_interpreter_lists_end_with_an_error() {
+    // 65,536 thread states in one list (empty threads: no current frame).
+    let (mut img, _) = runtime();
+    const TS: u64 = 0x4000_0000;
+    let n = 1u64 << 16;
+    let mut states = vec![0u8; (n * 0x100) as usize];
+    for i in 0..n {
+        let next = if i + 1 < n { TS + (i + 1) * 0x100 } else { 0 };
+        let at = (i * 0x100) as usize + 0x08;
+        states[at..at + 8].copy_from_slice(&next.to_le_bytes());
+    }
+    img.map(TS, states);
+    let interp = first_interp(&img);
+    img.poke(interp + 0x10, &TS.to_le_bytes());
+    let err = unwinder(img).sample().unwrap_err();
+    assert!(
+        matches!(err, UnwindError::TooLong("thread lists", _)),
+        "{err}"
+    );
+    assert_eq!(err.kind(), "cycle");
+
+    // A second interpreter that lists the first one's threads.
+    let (mut img, _) = runtime();
+    let interp = first_interp(&img);
+    let second = 0x5000_0000u64;
+    let mut state = vec![0u8; 0x200];
+    state[0x08..0x10].copy_from_slice(&1u64.to_le_bytes()); // id 1
+    let threads = img.read_u64(interp + 0x10).unwrap();
+    state[0x10..0x18].copy_from_slice(&threads.to_le_bytes());
+    img.map(second, state);
+    img.poke(interp, &second.to_le_bytes()); // next interpreter
+    let err = unwinder(img).sample().unwrap_err();
+    assert!(matches!(err, UnwindError::Cycle("thread list")), "{err}");
+
+    // An interpreter list that comes back to its start.
+    let (mut img, _) = runtime();
+    let interp = first_interp(&img);
+    img.poke(interp, &interp.to_le_bytes());
+    let err = unwinder(img).sample().unwrap_err();
+    assert!(
+        matches!(err, UnwindError::Cycle("interpreter list")),
+        "{err}"
+    );
+}
+
 #[test]
 fn garbage_strings_and_pointers_are_errors() {
     let (mut img, frames) = runtime();

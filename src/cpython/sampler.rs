@@ -43,15 +43,16 @@ use crate::process::namespace::ThreadIds;
 use crate::process::runstate::{RunWatch, Still};
 use crate::stacks::{FrameId, FunctionId, StackId, StackTable};
 use lru::LruCache;
-use rustc_hash::{FxBuildHasher, FxHashMap};
+use rustc_hash::{FxBuildHasher, FxHashMap, FxHashSet};
 use std::borrow::Cow;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Most interpreters and threads followed per sample.
-const MAX_INTERPRETERS: usize = 4096;
-const MAX_THREADS: usize = 1 << 16;
+const MAX_INTERPRETERS: usize = 256;
+/// Most threads read in one sample, all interpreters together.
+const MAX_THREADS: usize = 8192;
 /// Room read above the top frame when a thread is read again because its stack moved: it
 /// keeps moving during the microseconds until that read.
 const REREAD_GROWTH: u64 = 8192;
@@ -578,6 +579,7 @@ struct Spare {
     interp_ids: Vec<i64>,
     holders: Vec<u64>,
     tstates: Vec<Tstate>,
+    seen_tstates: FxHashSet<u64>,
     /// A thread's prefetched regions: (address, position and length in the batch buffer).
     held: Vec<(u64, usize, usize)>,
     codes: Vec<u64>,
@@ -988,6 +990,8 @@ impl<M: RemoteMemory> Sampler<M> {
         holders.clear();
         gils.clear();
         tstates.clear();
+        let mut seen_tstates = std::mem::take(&mut self.spare.seen_tstates);
+        seen_tstates.clear();
         interp_ids.clear();
 
         if let (GilLayout::Runtime { locked, holder }, true) = (l.gil, gil_struct) {
@@ -1034,11 +1038,12 @@ impl<M: RemoteMemory> Sampler<M> {
                 }
             }
             let mut ta = ib.u64(at(l.interp.threads_head))?;
-            let first = tstates.len();
             while ta != 0 {
-                if tstates.len() - first >= MAX_THREADS
-                    || tstates[first..].iter().any(|t| t.addr == ta)
-                {
+                if tstates.len() >= MAX_THREADS {
+                    return Err(UnwindError::TooLong("thread lists", MAX_THREADS));
+                }
+                // A thread state met twice (in one list or two interpreters') is a cycle.
+                if !seen_tstates.insert(ta) {
                     return Err(UnwindError::Cycle("thread list"));
                 }
                 let (ts, next) = self.tstate(b, ta, interp_id, tstates.len(), true)?;
@@ -1088,6 +1093,7 @@ impl<M: RemoteMemory> Sampler<M> {
             });
         }
         self.spare.tstates = tstates;
+        self.spare.seen_tstates = seen_tstates;
         self.spare.holders = holders;
         Ok(generation)
     }
