@@ -22,6 +22,12 @@ use crate::memory::RemoteMemory;
 const COOKIE: &[u8; 8] = b"xdebugpy";
 /// Largest size believed for any struct the table describes.
 const MAX_STRUCT: u64 = 1 << 22; // PyInterpreterState is ~190 KiB in 3.13
+/// Most bytes of one thread state, code object or frame the sampler reads (the fields it
+/// needs lie within the first KiB or two of each in every release): a table that puts them
+/// further is refused, since each is read once per thread, code object or frame.
+const MAX_READ_SPAN: u64 = 16 << 10;
+/// Most bytes of one interpreter state read (its thread list sits ~7 KiB in on 3.13+).
+const MAX_INTERP_SPAN: u64 = 256 << 10;
 
 /// 3.13's `_Py_DebugOffsets`, in declaration order ("section.field").
 pub const FIELDS_313: &[&str] = &[
@@ -457,6 +463,29 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
     if ascii_size == 0 || compact_size <= ascii_size || compact_size > 256 {
         return Err(format!(
             "unicode object sizes {ascii_size} and {compact_size} are not believable"
+        ));
+    }
+    for (what, fields, max) in [
+        ("thread state", &tstate_fields[..], MAX_READ_SPAN),
+        ("frame", &frame_fields[..], 256),
+        ("code object", &code_fields[..], MAX_READ_SPAN),
+    ] {
+        if span(fields) > max {
+            return Err(format!(
+                "the {what} fields span {} bytes (at most {max} are read)",
+                span(fields)
+            ));
+        }
+    }
+    let interp_fields = [interp("next")?, interp("id")?, interp("threads_head")?];
+    let (lo, hi) = (
+        interp_fields.iter().min().copied().unwrap_or(0),
+        interp_fields.iter().max().copied().unwrap_or(0),
+    );
+    if hi - lo > MAX_INTERP_SPAN {
+        return Err(format!(
+            "the interpreter state fields span {} bytes (at most {MAX_INTERP_SPAN} are read)",
+            hi - lo
         ));
     }
     Ok(Layout {

@@ -310,6 +310,14 @@ fn rejects_bad_debug_offsets() {
     let mut vals = offsets();
     vals.retain(|(n, _)| *n != "code_object.size");
     assert!(parse(&vals).is_err());
+    // Believable sizes, but the fields read lie far apart: every thread would cost 1 MiB.
+    let mut vals = offsets();
+    vals.retain(|(n, _)| !matches!(*n, "thread_state.size" | "thread_state.native_thread_id"));
+    vals.push(("thread_state.size", 0x20_0000));
+    vals.push(("thread_state.native_thread_id", 0x10_0000));
+    assert!(parse(&vals)
+        .unwrap_err()
+        .contains("thread state fields span"));
     // No cookie; truncated.
     let mut raw = raw_offsets(&offsets());
     raw[0] = b'X';

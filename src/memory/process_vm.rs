@@ -230,9 +230,13 @@ mod tests {
             me.read_u64(0),
             Err(MemoryError::BadAddress { .. })
         ));
-        // No borrow of `target` is live while the kernel writes to it.
+        // Writes need the handle bound first.
         let mut target = vec![0u8; 4];
         let at = target.as_mut_ptr() as u64;
+        assert!(me.write(at, &[1, 2, 3, 4]).is_err());
+        let mut me = me;
+        me.bind_writes().unwrap();
+        // No borrow of `target` is live while the kernel writes to it.
         me.write(at, &[1, 2, 3, 4]).unwrap();
         assert_eq!(std::hint::black_box(&mut target).as_slice(), &[1, 2, 3, 4]);
     }
