@@ -84,10 +84,10 @@ impl RemoteMemory for Garbling {
         Ok(())
     }
 
-    fn write(&self, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+    fn write_if(&self, addr: u64, expected: u64, value: u64) -> Result<bool, MemoryError> {
         // Only the 3.15 marker is ever written; the interpreter only compares it, so a
         // garbled value cannot hurt the target.
-        self.inner.write(addr, data)
+        self.inner.write_if(addr, expected, value)
     }
 
     fn writable(&self) -> bool {

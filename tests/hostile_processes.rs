@@ -18,6 +18,7 @@ mod common;
 
 use common::*;
 use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// Peak RSS allowed to `record` beside the name bomb (issue #13: the daemon's bound).
@@ -345,12 +346,60 @@ fn a_write_handle_bound_at_attach_never_reaches_the_program_exec_ran() {
         .expect("a stack mapping");
     let before = bound.read_u64(stack).expect("reads go by pid");
     assert!(
-        bound.write(stack, &before.to_le_bytes()).is_err(),
+        !matches!(bound.write_if(stack, before, before), Ok(true)),
         "a handle bound before exec wrote into the new program"
     );
-    // The same write through a handle bound now succeeds (the check above can fail).
+    // The same write through a handle bound now is made (the check above can fail).
     let mut fresh = ProcessMemory::new(pid);
     fresh.bind_writes().unwrap();
-    assert!(fresh.write(stack, &before.to_le_bytes()).is_ok());
+    assert_eq!(fresh.write_if(stack, before, before), Ok(true));
     p.kill();
+}
+
+/// With only the capabilities the systemd unit gives (CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH, no
+/// CAP_DAC_OVERRIDE: /proc/PID/mem opens read-only), the 3.15 marker is still placed: checked
+/// through the read-only handle, written with process_vm_writev.
+#[test]
+fn the_marker_is_placed_with_the_units_capabilities_only() {
+    if !is_root() {
+        eprintln!("skipped: needs root to drop to nobody with capabilities");
+        return;
+    }
+    let Some(interp) = interpreters().into_iter().find(|i| i.minor >= 15) else {
+        eprintln!("skipped: no 3.15");
+        return;
+    };
+    let mut target = Proc::python(&interp.label, &interp.path, "gil_busy.py", &["."]);
+    target.wait_for_file("threads.json", READY_TIMEOUT);
+    let mut cmd = Command::new("/usr/bin/setpriv");
+    cmd.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--inh-caps=-all,+sys_ptrace,+dac_read_search",
+        "--ambient-caps=-all,+sys_ptrace,+dac_read_search",
+    ])
+    .arg(pyfleet_exe())
+    .args([
+        "bench",
+        "--pid",
+        &target.pid().to_string(),
+        "--duration",
+        "1",
+        "--json",
+    ]);
+    let out = run_with_timeout(cmd, Duration::from_secs(30));
+    target.kill();
+    assert!(out.success(), "{}", out.describe());
+    let json: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert!(
+        json["marker_writes"].as_u64().unwrap_or(0) > 0,
+        "no marker written: {}",
+        out.stdout
+    );
+    assert!(
+        json["frame_cache_hits"].as_u64().unwrap_or(0) > 0,
+        "{}",
+        out.stdout
+    );
 }

@@ -20,6 +20,9 @@ pub const SAMPLE_DURATION: &str = "pyfleet_sample_duration_seconds";
 /// Sampling ticks skipped because the previous tick (the samples of every process on the same
 /// sampling thread) overran, `{process,pid}`; every process on that thread counts them.
 pub const MISSED_TICKS: &str = "pyfleet_missed_ticks_total";
+/// Ticks a process was not sampled because its samples were slow (over 5 ms: a process
+/// expensive to read slows itself, not the fleet), `{process,pid}`.
+pub const SLOW_SKIPS: &str = "pyfleet_slow_sample_skips_total";
 /// From [`SourceStats`](crate::SourceStats), `{process,pid}`.
 pub const FRAME_CACHE_HITS: &str = "pyfleet_frame_cache_hits_total";
 pub const FRAME_CACHE_PARTIAL_HITS: &str = "pyfleet_frame_cache_partial_hits_total";
@@ -57,6 +60,11 @@ pub fn describe() {
         MISSED_TICKS,
         Unit::Count,
         "Sampling ticks skipped because a tick overran"
+    );
+    describe_counter!(
+        SLOW_SKIPS,
+        Unit::Count,
+        "Ticks a process was not sampled because its samples were slow"
     );
     describe_counter!(FRAME_CACHE_HITS, Unit::Count, "Frame cache full hits");
     describe_counter!(

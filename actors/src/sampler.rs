@@ -259,7 +259,19 @@ struct SlotWork {
     max_consecutive_errors: u32,
     consecutive_errors: u32,
     next_flush: Instant,
+    /// Slow samples in a row, and the ticks still to skip for them (see [`SLOW_SAMPLE`]).
+    slow_streak: u32,
+    skip: u32,
 }
+
+/// A sample that takes longer than this costs its process the next ticks (1, then 2, 4... up
+/// to [`MAX_SLOW_SKIP`] while its samples stay slow): a process whose memory is built to be
+/// expensive to read slows itself, not the fleet on its sampling thread. Ordinary samples
+/// take microseconds, the first of a process (code objects read afresh) up to a millisecond
+/// or two.
+pub(crate) const SLOW_SAMPLE: Duration = Duration::from_millis(5);
+/// Most ticks skipped after one slow sample.
+const MAX_SLOW_SKIP: u32 = 64;
 
 /// Tells the actor how its slot ended. Dropped without [`Reporter::report`] (the sampling
 /// thread unwinding with the slot on it), it reports a failure, so no actor is left waiting
@@ -325,6 +337,8 @@ impl Slot {
                 max_consecutive_errors: settings.max_consecutive_errors,
                 consecutive_errors: 0,
                 next_flush: later(now, settings.batch_interval),
+                slow_streak: 0,
+                skip: 0,
             },
             reporter,
         }
@@ -352,9 +366,21 @@ impl Slot {
     pub(crate) fn sample(&mut self, out: &mut Vec<SampledThread>) -> Option<End> {
         let w = &mut self.work;
         out.clear();
+        if w.skip > 0 {
+            w.skip -= 1;
+            w.metrics.slow_skips.increment(1);
+            return None;
+        }
         let began = Instant::now();
         let result = guard(|| w.source.sample(out));
-        w.metrics.duration.record(began.elapsed().as_secs_f64());
+        let took = began.elapsed();
+        w.metrics.duration.record(took.as_secs_f64());
+        if took > SLOW_SAMPLE {
+            w.slow_streak = w.slow_streak.saturating_add(1);
+            w.skip = (1u32 << (w.slow_streak - 1).min(6)).min(MAX_SLOW_SKIP);
+        } else {
+            w.slow_streak = 0;
+        }
         match result {
             Ok(Ok(())) => {
                 w.consecutive_errors = 0;
@@ -580,6 +606,7 @@ struct ProcessMetrics {
     samples: Counter,
     duration: Histogram,
     missed: Counter,
+    slow_skips: Counter,
     errors: Vec<(&'static str, Counter)>,
     /// Samples that succeeded and failed, and their ratio as a gauge.
     succeeded: u64,
@@ -606,6 +633,7 @@ impl ProcessMetrics {
                 m::SAMPLE_DURATION, "process" => process.clone(), "pid" => pid.clone()
             ),
             missed: counter(m::MISSED_TICKS),
+            slow_skips: counter(m::SLOW_SKIPS),
             errors: Vec::new(),
             succeeded: 0,
             failed: 0,
@@ -699,6 +727,7 @@ impl ProcessMetrics {
         for c in [
             &self.samples,
             &self.missed,
+            &self.slow_skips,
             &self.frame_cache_hits,
             &self.frame_cache_partial_hits,
             &self.frame_cache_misses,

@@ -460,6 +460,68 @@ mod tests {
         }
     }
 
+    /// Takes `SLOW_SAMPLE` and a bit per sample while `slow` is set.
+    struct Slow {
+        slow: Arc<AtomicBool>,
+        calls: Arc<AtomicU64>,
+    }
+
+    impl StackSource for Slow {
+        fn sample(&mut self, _out: &mut Vec<SampledThread>) -> Result<(), SampleError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            if self.slow.load(Ordering::SeqCst) {
+                std::thread::sleep(crate::sampler::SLOW_SAMPLE + Duration::from_millis(1));
+            }
+            Ok(())
+        }
+        fn resolve(&self, _stack: u64) -> Option<Vec<FrameInfo>> {
+            None
+        }
+        fn stats(&self) -> SourceStats {
+            SourceStats::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_slow_source_is_skipped_for_longer_and_longer_then_sampled_again() {
+        let (probe, _) = Actor::spawn(None, Probe, Arc::default()).await.unwrap();
+        let (slow, calls) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicU64::new(0)));
+        let info = ProcessInfo {
+            pid: 1,
+            name: "slow".to_string(),
+            cmdline: String::new(),
+            python_version: "3.13.1".to_string(),
+        };
+        let settings = SamplerSettings {
+            mode: Mode::Wall,
+            batch_interval: Duration::from_secs(3600),
+            max_consecutive_errors: 10,
+            max_known_stacks: 100,
+            stop_timeout: Duration::from_secs(1),
+        };
+        let source = Slow {
+            slow: slow.clone(),
+            calls: calls.clone(),
+        };
+        let (mut slot, _done) = test_slot(&info, &settings, Box::new(source), probe);
+        let mut out = Vec::new();
+        // Sampled at ticks 0, 2, 5, 10 and 19: skipped 1, 2, 4, 8 ticks after each.
+        for _ in 0..20 {
+            assert!(slot.sample(&mut out).is_none());
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 5);
+        // Fast again: after the pending skips, every tick samples.
+        slow.store(false, Ordering::SeqCst);
+        for _ in 0..40 {
+            slot.sample(&mut out);
+        }
+        let before = calls.load(Ordering::SeqCst);
+        for _ in 0..10 {
+            slot.sample(&mut out);
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), before + 10);
+    }
+
     async fn until(cond: impl Fn() -> bool) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while !cond() {

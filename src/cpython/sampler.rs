@@ -68,6 +68,8 @@ const MAX_CFRAMES: usize = 4;
 const MAX_SAMPLE_READS: u32 = 3;
 /// Most reads of one thread per sample (see `Sampler::walk_consistent`).
 const MAX_READS: u32 = 4;
+/// Most code objects loaded in one sample.
+const MAX_CODES_PER_SAMPLE: usize = 1024;
 /// Most bytes of code objects (names, decoded line tables) one sampler keeps.
 const MAX_CODE_CACHE_BYTES: usize = 8 << 20;
 /// Most data-stack chunks followed per thread.
@@ -1613,6 +1615,10 @@ impl<M: RemoteMemory> Sampler<M> {
             self.spare.fingerprints = buf;
         }
         self.stats.code_cache_misses += load.len() as u64;
+        // Past the per-sample bound, the first ones are loaded and the sample fails: the
+        // next samples load the rest.
+        let over = load.len() > MAX_CODES_PER_SAMPLE;
+        load.truncate(MAX_CODES_PER_SAMPLE);
         if !load.is_empty() {
             let infos = read_codes(&self.mem, &self.layout, self.code_type, &load)?;
             let mut fps = vec![0u8; fp_len * load.len()];
@@ -1646,7 +1652,10 @@ impl<M: RemoteMemory> Sampler<M> {
         self.spare.codes = std::mem::replace(&mut self.prev_codes, distinct);
         self.spare.check = check;
         self.spare.load = load;
-        Ok(())
+        match over {
+            true => Err(UnwindError::Budget("new code objects in one sample")),
+            false => Ok(()),
+        }
     }
 
     /// Caches a code object, the least recently used ones leaving first when the cache would
@@ -1866,12 +1875,11 @@ impl<M: RemoteMemory> Sampler<M> {
                                 // left alone.
                                 // A write that fails costs the next sample a longer walk only.
                                 let at = w.ts.addr.wrapping_add(off);
-                                if self.mem.read_u64(at)? == m_now {
-                                    match self.mem.write(at, &m.to_le_bytes()) {
-                                        Ok(()) => self.stats.marker_writes += 1,
-                                        Err(e) if e.is_process_gone() => return Err(e.into()),
-                                        Err(_) => {}
-                                    }
+                                match self.mem.write_if(at, m_now, m) {
+                                    Ok(true) => self.stats.marker_writes += 1,
+                                    Ok(false) => {}
+                                    Err(e) if e.is_process_gone() => return Err(e.into()),
+                                    Err(_) => {}
                                 }
                             }
                         }

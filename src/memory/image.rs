@@ -24,8 +24,13 @@ impl MemoryImage {
 
     /// Writes `data` at `addr` inside an existing segment (for building test images).
     pub fn poke(&mut self, addr: u64, data: &[u8]) {
-        let ok = self.write(addr, data).is_ok();
-        assert!(ok, "poke outside mapped segments at {addr:#x}");
+        let len = data.len();
+        let (base, off) = self
+            .locate(addr, len)
+            .unwrap_or_else(|| panic!("poke outside mapped segments at {addr:#x}"));
+        if let Some(seg) = self.segments.get_mut().get_mut(&base) {
+            seg[off..off + len].copy_from_slice(data);
+        }
     }
 
     fn locate(&self, addr: u64, len: usize) -> Option<(u64, usize)> {
@@ -68,7 +73,11 @@ impl RemoteMemory for MemoryImage {
         Ok(())
     }
 
-    fn write(&self, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+    fn write_if(&self, addr: u64, expected: u64, value: u64) -> Result<bool, MemoryError> {
+        if self.read_u64(addr)? != expected {
+            return Ok(false);
+        }
+        let data = value.to_le_bytes();
         let len = data.len();
         let (base, off) = self
             .locate(addr, len)
@@ -77,8 +86,8 @@ impl RemoteMemory for MemoryImage {
         let seg = segs
             .get_mut(&base)
             .ok_or(MemoryError::BadAddress { addr, len })?;
-        seg[off..off + len].copy_from_slice(data);
-        Ok(())
+        seg[off..off + len].copy_from_slice(&data);
+        Ok(true)
     }
 
     fn stats(&self) -> &ReadStats {

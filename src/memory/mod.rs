@@ -1,7 +1,7 @@
 //! Reading (and, narrowly, writing) another process's memory.
 //!
 //! This module owns the [`RemoteMemory`] trait and its two implementations:
-//! [`ProcessMemory`] (`process_vm_readv`/`process_vm_writev`, many ranges per syscall) and
+//! [`ProcessMemory`] (`process_vm_readv`, many ranges per syscall; a guarded write) and
 //! [`MemoryImage`] (an in-memory address space for unit tests and fuzzing).
 //!
 //! [`Pauser`] stops a target's threads for a read that must see one instant (`--blocking`).
@@ -100,10 +100,12 @@ pub trait RemoteMemory {
     /// be.
     fn read_many(&self, reqs: &mut [ReadRequest<'_>]) -> Result<(), (usize, MemoryError)>;
 
-    /// Writes `data` at `addr`. pyfleet only ever writes the 3.15 frame-cache marker.
-    fn write(&self, addr: u64, data: &[u8]) -> Result<(), MemoryError>;
+    /// Writes the word `value` at `addr` if it holds `expected` right before; `Ok(false)` when
+    /// it does not (or no longer can be read the way it was). pyfleet only ever writes the
+    /// 3.15 frame-cache marker.
+    fn write_if(&self, addr: u64, expected: u64, value: u64) -> Result<bool, MemoryError>;
 
-    /// Whether [`RemoteMemory::write`] can succeed at all (a live process's memory is
+    /// Whether [`RemoteMemory::write_if`] can succeed at all (a live process's memory is
     /// writable only through a handle bound at attach).
     fn writable(&self) -> bool {
         true

@@ -1,7 +1,11 @@
-//! `process_vm_readv` on a live process, and the one write pyfleet makes, through a
-//! `/proc/PID/mem` handle opened by [`ProcessMemory::bind_writes`] at attach: it stays bound
-//! to the address space that was there then, so a write after the process `exec`s or exits
-//! (and its pid is reused) fails instead of landing in another program.
+//! `process_vm_readv` on a live process, and the one write pyfleet makes, guarded by a
+//! `/proc/PID/mem` handle opened by [`ProcessMemory::bind_writes`] at attach: the handle stays
+//! bound to the address space that was there then. A write ([`RemoteMemory::write_if`]) first
+//! reads the word through the handle and writes only if it still holds the expected value: after
+//! the process `exec`s or exits (and its pid is reused) that read fails and nothing is written.
+//! The write itself goes through the handle when it could be opened for writing (root), else
+//! (CAP_SYS_PTRACE without CAP_DAC_OVERRIDE, as the systemd unit runs) by `process_vm_writev`
+//! right after the check.
 
 use super::{MemoryError, ReadRequest, ReadStats, RemoteMemory};
 use std::fs::File;
@@ -17,8 +21,9 @@ pub const STACK_IOVECS: usize = 128;
 pub struct ProcessMemory {
     pid: i32,
     stats: ReadStats,
-    /// `/proc/PID/mem`, opened for writing at attach; without it nothing is written.
-    writer: Option<File>,
+    /// `/proc/PID/mem` opened at attach (see the module docs), and whether for writing too;
+    /// without it nothing is written.
+    bound: Option<(File, bool)>,
 }
 
 impl ProcessMemory {
@@ -26,18 +31,54 @@ impl ProcessMemory {
         ProcessMemory {
             pid,
             stats: ReadStats::default(),
-            writer: None,
+            bound: None,
         }
     }
 
     /// Opens the target's address space for the writes to come (see the module docs).
     pub fn bind_writes(&mut self) -> Result<(), MemoryError> {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(format!("/proc/{}/mem", self.pid))
-            .map_err(|e| self.error(e.raw_os_error().unwrap_or(libc::EIO), 0, 0))?;
-        self.writer = Some(file);
+        let path = format!("/proc/{}/mem", self.pid);
+        let open = |write: bool| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(write)
+                .open(&path)
+        };
+        let bound = match open(true) {
+            Ok(f) => (f, true),
+            Err(_) => (
+                open(false).map_err(|e| self.error(e.raw_os_error().unwrap_or(libc::EIO), 0, 0))?,
+                false,
+            ),
+        };
+        self.bound = Some(bound);
+        Ok(())
+    }
+
+    /// `process_vm_writev` of `data` at `addr`.
+    fn writev(&self, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        let local = libc::iovec {
+            iov_base: data.as_ptr() as *mut libc::c_void,
+            iov_len: data.len(),
+        };
+        let remote = libc::iovec {
+            iov_base: addr as usize as *mut libc::c_void,
+            iov_len: data.len(),
+        };
+        // SAFETY: the local iovec describes `data`, which is live and only read by the kernel
+        // (process_vm_writev never writes to local memory). The remote address is validated by
+        // the kernel; callers only write at offsets validated against the target's layout.
+        let n = unsafe { libc::process_vm_writev(self.pid, &local, 1, &remote, 1, 0) };
+        if n < 0 {
+            let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+            return Err(self.error(errno, addr, data.len()));
+        }
+        if n as usize != data.len() {
+            return Err(MemoryError::BadAddress {
+                addr,
+                len: data.len(),
+            });
+        }
         Ok(())
     }
 
@@ -153,25 +194,35 @@ impl RemoteMemory for ProcessMemory {
         Ok(())
     }
 
-    fn write(&self, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
-        if data.is_empty() {
-            return Ok(());
-        }
-        let Some(file) = &self.writer else {
+    fn write_if(&self, addr: u64, expected: u64, value: u64) -> Result<bool, MemoryError> {
+        let Some((file, writable)) = &self.bound else {
             return Err(MemoryError::PermissionDenied(self.pid));
         };
-        match file.write_at(data, addr) {
-            Ok(n) if n == data.len() => Ok(()),
-            Ok(_) => Err(MemoryError::BadAddress {
-                addr,
-                len: data.len(),
-            }),
-            Err(e) => Err(self.error(e.raw_os_error().unwrap_or(libc::EIO), addr, data.len())),
+        let io = |e: std::io::Error| self.error(e.raw_os_error().unwrap_or(libc::EIO), addr, 8);
+        let mut now = [0u8; 8];
+        match file.read_at(&mut now, addr) {
+            Ok(8) => {}
+            // The address space bound at attach is gone (exec, exit): nothing is written.
+            Ok(_) => return Ok(false),
+            Err(e) => return Err(io(e)),
+        }
+        if u64::from_le_bytes(now) != expected {
+            return Ok(false);
+        }
+        let data = value.to_le_bytes();
+        if *writable {
+            match file.write_at(&data, addr) {
+                Ok(8) => Ok(true),
+                Ok(_) => Ok(false),
+                Err(e) => Err(io(e)),
+            }
+        } else {
+            self.writev(addr, &data).map(|()| true)
         }
     }
 
     fn writable(&self) -> bool {
-        self.writer.is_some()
+        self.bound.is_some()
     }
 
     fn stats(&self) -> &ReadStats {
@@ -230,15 +281,16 @@ mod tests {
             me.read_u64(0),
             Err(MemoryError::BadAddress { .. })
         ));
-        // Writes need the handle bound first.
-        let mut target = vec![0u8; 4];
+        // Writes need the handle bound first, and the expected old value.
+        let mut target = vec![7u64];
         let at = target.as_mut_ptr() as u64;
-        assert!(me.write(at, &[1, 2, 3, 4]).is_err());
+        assert!(me.write_if(at, 7, 9).is_err());
         let mut me = me;
         me.bind_writes().unwrap();
         // No borrow of `target` is live while the kernel writes to it.
-        me.write(at, &[1, 2, 3, 4]).unwrap();
-        assert_eq!(std::hint::black_box(&mut target).as_slice(), &[1, 2, 3, 4]);
+        assert_eq!(me.write_if(at, 8, 9), Ok(false));
+        assert_eq!(me.write_if(at, 7, 9), Ok(true));
+        assert_eq!(std::hint::black_box(&mut target).as_slice(), &[9]);
     }
 
     #[test]
