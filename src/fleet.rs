@@ -130,6 +130,7 @@ impl Discovery for HostDiscovery {
             }
             found.push(ProcessInfo {
                 pid,
+                start_time: start,
                 name: short_name(&argv, &exe_name),
                 cmdline,
                 python_version: version.to_string(),

@@ -434,6 +434,7 @@ mod tests {
             name: format!("p{pid}"),
             cmdline: String::new(),
             python_version: "3.13.1".to_string(),
+            start_time: 0,
         };
         let settings = SamplerSettings {
             mode: Mode::Wall,
@@ -491,6 +492,7 @@ mod tests {
             name: "slow".to_string(),
             cmdline: String::new(),
             python_version: "3.13.1".to_string(),
+            start_time: 0,
         };
         let settings = SamplerSettings {
             mode: Mode::Wall,
@@ -594,6 +596,7 @@ mod tests {
             name: "late".to_string(),
             cmdline: String::new(),
             python_version: String::new(),
+            start_time: 0,
         };
         let settings = SamplerSettings {
             mode: Mode::Wall,

@@ -19,6 +19,9 @@ pub struct ProcessInfo {
     pub cmdline: String,
     /// Interpreter version as detected, for logs (e.g. `3.13.1`).
     pub python_version: String,
+    /// When the process started (clock ticks since boot, /proc/PID/stat), 0 if unknown: a
+    /// process is its pid and its start time (a pid is reused by another process).
+    pub start_time: u64,
 }
 
 /// Finds the processes to profile. Called by the supervisor every scan interval, on a blocking

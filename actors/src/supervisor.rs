@@ -332,7 +332,16 @@ impl<D: Discovery, F: SourceFactory> SupervisorState<D, F> {
         let mut to_spawn = Vec::new();
         for info in list {
             let pid = info.pid;
-            if !listed.insert(pid) {
+            // Another process under a pid still sampled (the first exited and the pid was
+            // reused before its sampler noticed): the old sampler ends as if unlisted, the new
+            // process is taken up at the next scan.
+            let reused = self.entries.get(&pid).is_some_and(|e| {
+                e.info.start_time != 0
+                    && info.start_time != 0
+                    && e.info.start_time != info.start_time
+                    && matches!(e.state, EntryState::Running { .. })
+            });
+            if reused || !listed.insert(pid) {
                 continue;
             }
             match self.entries.get_mut(&pid) {

@@ -381,3 +381,32 @@ async fn invalid_configuration_is_refused() {
         Err(pyfleet_actors::FleetError::Config(_))
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pid_reused_by_another_process_gets_a_sampler_of_its_own() {
+    let world = World::new();
+    let first = world.add(FakeProc::new(201, "first", vec![(CPU, 1)]).started(100));
+    let h = start(fast_config(), &world).await;
+    assert!(
+        eventually(|| first.ok() > 5).await,
+        "the first process is sampled"
+    );
+    // The first process exits and another takes its pid before the sampler notices.
+    let second = world.add(FakeProc::new(201, "second", vec![(CPU, 2)]).started(200));
+    assert!(
+        eventually(|| second.attach_count() == 1 && second.ok() > 5).await,
+        "the process now under pid 201 is sampled"
+    );
+    assert!(
+        eventually(|| first.drop_count() == 1).await,
+        "the first process's source is dropped"
+    );
+    let before = first.calls();
+    assert!(eventually(|| second.ok() > 20).await);
+    assert_eq!(
+        first.calls(),
+        before,
+        "the first source is not sampled any more"
+    );
+    h.fleet.shutdown().await.unwrap();
+}

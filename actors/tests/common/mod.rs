@@ -88,6 +88,7 @@ impl FakeProc {
                 name: name.to_string(),
                 cmdline: format!("python3 {name}.py"),
                 python_version: "3.13.1".to_string(),
+                start_time: 0,
             },
             threads,
             limit: None,
@@ -107,6 +108,11 @@ impl FakeProc {
 
     pub fn limit(mut self, n: u64, after: AfterLimit) -> Self {
         self.limit = Some((n, after));
+        self
+    }
+
+    pub fn started(mut self, start_time: u64) -> Self {
+        self.info.start_time = start_time;
         self
     }
 
