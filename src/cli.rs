@@ -11,6 +11,26 @@ use pyfleet::output::for_terminal;
 use pyfleet::process::Process;
 use pyfleet_policies::MatchPolicy;
 
+/// `println!` for command output: a reader that went away (`pyfleet dump | head`) ends pyfleet
+/// quietly, any other write error in one line; never a panic.
+macro_rules! outln {
+    ($($t:tt)*) => {
+        write_stdout(format_args!($($t)*))
+    };
+}
+
+fn write_stdout(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = writeln!(out, "{args}").and_then(|()| out.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("pyfleet: cannot write to standard output: {e}");
+        std::process::exit(1);
+    }
+}
+
 #[derive(Parser, Debug)]
 #[command(
     name = "pyfleet",
@@ -173,7 +193,7 @@ fn dump(pid: i32, json: bool, blocking: bool) -> Result<()> {
     } else {
         dump::to_text(&header, &stacks)
     };
-    println!("{out}");
+    outln!("{out}");
     Ok(())
 }
 
@@ -185,9 +205,9 @@ fn list(matches: &[String]) -> Result<()> {
         Some(std::process::id() as i32),
     )?;
     let found = pyfleet::discovery::scan(&policy);
-    println!("{:>7}  {:<9}  COMMAND", "PID", "PYTHON");
+    outln!("{:>7}  {:<9}  COMMAND", "PID", "PYTHON");
     for p in &found {
-        println!(
+        outln!(
             "{:>7}  {:<9}  {}",
             p.pid,
             p.version.to_string(),
@@ -303,15 +323,15 @@ fn bench(
         "stacks": stacks,
     });
     if json {
-        println!("{doc}");
+        outln!("{doc}");
     } else {
-        println!(
+        outln!(
             "pyfleet bench: pid {pid}, Python {version}, {:.1} s",
             wall.as_secs_f64()
         );
         if let serde_json::Value::Object(map) = &doc {
             for (k, v) in map {
-                println!("  {k:<26} {v}");
+                outln!("  {k:<26} {v}");
             }
         }
     }
@@ -377,9 +397,9 @@ fn fleet_floor(pids: &[i32], rate: f64, duration: f64, json: bool) -> Result<()>
         "cpu_us_per_read": cpu_ns as f64 / 1e3 / reads.max(1) as f64,
     });
     if json {
-        println!("{doc}");
+        outln!("{doc}");
     } else {
-        println!(
+        outln!(
             "fleet floor: {} processes at {rate} Hz: {:.2}% of one core ({:.2} µs per read)",
             targets.len(),
             doc["cpu_percent_of_one_core"].as_f64().unwrap_or(0.0),

@@ -289,3 +289,23 @@ fn target_killed_while_being_read() {
         errors.join("\n\n")
     );
 }
+
+/// `pyfleet dump | head`: a reader that goes away ends pyfleet quietly (exit 0), no panic.
+#[test]
+fn a_reader_that_goes_away_ends_dump_quietly() {
+    let interp = any_interpreter();
+    let mut target = Proc::python(&interp.label, &interp.path, "gil_busy.py", &["."]);
+    target.wait_for_file("threads.json", READY_TIMEOUT);
+    let mut child = pyfleet_command(&["dump", "--pid", &target.pid().to_string()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Closed before pyfleet has attached and written anything.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    target.kill();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+}
