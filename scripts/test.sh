@@ -8,7 +8,8 @@
 #   - chromium, go tool pprof (Debian), speedscope's schema (npm), jsonschema (PyPI venv) for
 #     the output formats' test;
 #   - Rust dependencies (cargo fetches them);
-#   - formatting, clippy, unit and integration tests against real interpreters 3.11-3.15.
+#   - formatting, clippy, unit and integration tests against real interpreters 3.11-3.15;
+#   - cargo-fuzz (crates.io) and a short run of every fuzz target (scripts/fuzz.sh).
 # Every interpreter must be present: a missing one fails the run, it is not skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,3 +39,6 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo test"
 cargo test --workspace --locked "$@"
+
+step "fuzzing (cargo-fuzz, each target's corpus and ${FUZZ_SECONDS:-20} s more)"
+scripts/fuzz.sh

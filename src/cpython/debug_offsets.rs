@@ -459,7 +459,7 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
     // 3.15+ says sizeof(PyCompactUnicodeObject); before, it is a known distance further.
     let compact_size = d
         .opt("unicode_object.compactunicodeobject_size")
-        .unwrap_or(ascii_size + extras.compact_extra);
+        .unwrap_or(ascii_size.saturating_add(extras.compact_extra));
     if ascii_size == 0 || compact_size <= ascii_size || compact_size > 256 {
         return Err(format!(
             "unicode object sizes {ascii_size} and {compact_size} are not believable"

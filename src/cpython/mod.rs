@@ -15,6 +15,8 @@ pub mod unwind;
 
 #[cfg(test)]
 mod image_tests;
+#[cfg(any(test, fuzzing))]
+pub mod synthetic;
 
 pub use layout::{Layout, Version};
 pub use objects::CodeInfo;
