@@ -424,14 +424,11 @@ mod tests {
         done: Option<oneshot::Receiver<()>>,
     }
 
-    async fn place(pool: &SamplingPool, pid: i32, panic_at: Option<u64>) -> Fake {
-        let samples = Arc::new(AtomicU64::new(0));
-        let dropped = Arc::new(AtomicBool::new(false));
-        let ends = Arc::new(Mutex::new(Vec::new()));
-        let (probe, _) = Actor::spawn(None, Probe, ends.clone()).await.unwrap();
+    /// A process's info and sampler settings for a test slot (batches only at the end).
+    fn slot_args(pid: i32, name: &str) -> (ProcessInfo, SamplerSettings) {
         let info = ProcessInfo {
             pid,
-            name: format!("p{pid}"),
+            name: name.to_string(),
             cmdline: String::new(),
             python_version: "3.13.1".to_string(),
             start_time: 0,
@@ -443,6 +440,15 @@ mod tests {
             max_known_stacks: 100,
             stop_timeout: Duration::from_secs(1),
         };
+        (info, settings)
+    }
+
+    async fn place(pool: &SamplingPool, pid: i32, panic_at: Option<u64>) -> Fake {
+        let samples = Arc::new(AtomicU64::new(0));
+        let dropped = Arc::new(AtomicBool::new(false));
+        let ends = Arc::new(Mutex::new(Vec::new()));
+        let (probe, _) = Actor::spawn(None, Probe, ends.clone()).await.unwrap();
+        let (info, settings) = slot_args(pid, &format!("p{pid}"));
         let source = Counting {
             samples: samples.clone(),
             dropped: dropped.clone(),
@@ -487,20 +493,7 @@ mod tests {
     async fn a_slow_source_is_skipped_for_longer_and_longer_then_sampled_again() {
         let (probe, _) = Actor::spawn(None, Probe, Arc::default()).await.unwrap();
         let (slow, calls) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicU64::new(0)));
-        let info = ProcessInfo {
-            pid: 1,
-            name: "slow".to_string(),
-            cmdline: String::new(),
-            python_version: "3.13.1".to_string(),
-            start_time: 0,
-        };
-        let settings = SamplerSettings {
-            mode: Mode::Wall,
-            batch_interval: Duration::from_secs(3600),
-            max_consecutive_errors: 10,
-            max_known_stacks: 100,
-            stop_timeout: Duration::from_secs(1),
-        };
+        let (info, settings) = slot_args(1, "slow");
         let source = Slow {
             slow: slow.clone(),
             calls: calls.clone(),

@@ -104,15 +104,20 @@ impl Process {
         let mut text = Vec::new();
         File::open(&path)
             .and_then(|f| f.take(MAX_MAPS_BYTES).read_to_end(&mut text))
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => ProcessError::NoSuchProcess(self.pid),
-                std::io::ErrorKind::PermissionDenied => ProcessError::PermissionDenied(self.pid),
-                _ => ProcessError::Proc {
-                    pid: self.pid,
-                    msg: e.to_string(),
-                },
-            })?;
+            .map_err(|e| self.proc_error(e))?;
         Ok(parse_maps(&text))
+    }
+
+    /// An error reading one of the process's /proc files.
+    fn proc_error(&self, e: std::io::Error) -> ProcessError {
+        match e.kind() {
+            std::io::ErrorKind::NotFound => ProcessError::NoSuchProcess(self.pid),
+            std::io::ErrorKind::PermissionDenied => ProcessError::PermissionDenied(self.pid),
+            _ => ProcessError::Proc {
+                pid: self.pid,
+                msg: e.to_string(),
+            },
+        }
     }
 
     /// The executable's path as the target sees it.
@@ -129,14 +134,7 @@ impl Process {
         let mut raw = Vec::new();
         File::open(format!("/proc/{}/cmdline", self.pid))
             .and_then(|f| f.take(MAX_CMDLINE_BYTES).read_to_end(&mut raw))
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => ProcessError::NoSuchProcess(self.pid),
-                std::io::ErrorKind::PermissionDenied => ProcessError::PermissionDenied(self.pid),
-                _ => ProcessError::Proc {
-                    pid: self.pid,
-                    msg: e.to_string(),
-                },
-            })?;
+            .map_err(|e| self.proc_error(e))?;
         if raw.last() == Some(&0) {
             raw.pop();
         }
