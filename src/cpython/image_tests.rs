@@ -146,11 +146,14 @@ fn cycles_end_the_walk_with_an_error() {
     // The outermost frame points back at the innermost.
     img.poke(frames[3] + 0x08, &frames[0].to_le_bytes());
     let err = unwinder(img).snapshot().unwrap_err();
-    // Found as a cycle, or by the depth bound: either way the walk ends with an error.
+    // Found as a cycle, by the depth bound, or by the bound on frames outside a data stack
+    // (this image has none): either way the walk ends with an error.
     assert!(
         matches!(
             err,
-            UnwindError::Cycle("frame chain") | UnwindError::TooLong("frame chain", _)
+            UnwindError::Cycle("frame chain")
+                | UnwindError::TooLong("frame chain", _)
+                | UnwindError::Budget("frames outside the data stack")
         ),
         "{err}"
     );
@@ -205,6 +208,49 @@ fn hostile_thread_and_interpreter_lists_end_with_an_error() {
         matches!(err, UnwindError::Cycle("interpreter list")),
         "{err}"
     );
+}
+
+#[test]
+fn a_sample_has_a_budget() {
+    // Five threads of 60,000 frames each, each thread under the depth bound: over the bound
+    // on frames read outside a data stack (the synthetic image has none), and together over
+    // the sample's frame budget.
+    let (mut img, frames) = runtime();
+    let code = img.read_u64(frames[0]).unwrap();
+    const FRAMES: u64 = 0x6000_0000;
+    const STATES: u64 = 0x7000_0000;
+    let (threads, depth) = (5u64, 60_000u64);
+    let mut mem = vec![0u8; (threads * depth * 0x50) as usize];
+    let mut states = vec![0u8; (threads * 0x100) as usize];
+    for t in 0..threads {
+        for i in 0..depth {
+            let at = FRAMES + (t * depth + i) * 0x50;
+            let off = (at - FRAMES) as usize;
+            let previous = if i + 1 < depth { at + 0x50 } else { 0 };
+            // The outermost frame is the entry shim (owner 3).
+            let owner = if i + 1 < depth { 0u8 } else { 3 };
+            mem[off..off + 8].copy_from_slice(&code.to_le_bytes());
+            mem[off + 8..off + 16].copy_from_slice(&previous.to_le_bytes());
+            mem[off + 0x38..off + 0x40].copy_from_slice(&(code + 0xc0).to_le_bytes());
+            mem[off + 0x46] = owner;
+        }
+        let ts = (t * 0x100) as usize;
+        let next = if t + 1 < threads {
+            STATES + (t + 1) * 0x100
+        } else {
+            0
+        };
+        states[ts + 0x08..ts + 0x10].copy_from_slice(&next.to_le_bytes());
+        let top = FRAMES + t * depth * 0x50;
+        states[ts + 0x20..ts + 0x28].copy_from_slice(&top.to_le_bytes());
+    }
+    img.map(FRAMES, mem);
+    img.map(STATES, states);
+    let interp = first_interp(&img);
+    img.poke(interp + 0x10, &STATES.to_le_bytes());
+    let err = unwinder(img).sample().unwrap_err();
+    assert!(matches!(err, UnwindError::Budget(_)), "{err}");
+    assert_eq!(err.kind(), "budget");
 }
 
 #[test]

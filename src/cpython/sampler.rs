@@ -68,6 +68,14 @@ const MAX_CFRAMES: usize = 4;
 const MAX_SAMPLE_READS: u32 = 3;
 /// Most reads of one thread per sample (see `Sampler::walk_consistent`).
 const MAX_READS: u32 = 4;
+/// Most bytes of stacks one sample reads, every thread and every read again together (a deep
+/// stack of 65,536 frames is about 7 MiB).
+const MAX_SAMPLE_BYTES: usize = 64 << 20;
+/// Most frames of one thread outside its data stack (generators', entry frames on the C
+/// stack; each may cost a read of its own): real stacks have a few dozen.
+const MAX_OUTSIDE_FRAMES: usize = 1024;
+/// Most frames walked in one sample, every thread together.
+const MAX_SAMPLE_FRAMES: usize = 1 << 18;
 /// Most code objects loaded in one sample.
 const MAX_CODES_PER_SAMPLE: usize = 1024;
 /// Most bytes of code objects (names, decoded line tables) one sampler keeps.
@@ -545,6 +553,8 @@ pub struct Sampler<M: RemoteMemory> {
     stats: SamplerStats,
     /// What the cached code objects cost (see [`entry_bytes`]).
     code_bytes: usize,
+    /// Bytes of stacks read by the sample under way (see [`MAX_SAMPLE_BYTES`]).
+    sample_bytes: usize,
     out: Vec<ThreadSample>,
     /// Ids of the interpreters seen by the last sample, in list order.
     interp_ids: Vec<i64>,
@@ -624,6 +634,7 @@ impl<M: RemoteMemory> Sampler<M> {
             epoch: 0,
             stats: SamplerStats::default(),
             code_bytes: 0,
+            sample_bytes: 0,
             out: Vec::new(),
             interp_ids: Vec::new(),
             raws: Vec::new(),
@@ -962,6 +973,7 @@ impl<M: RemoteMemory> Sampler<M> {
     fn sample_with(&mut self, b: &mut Batch) -> Result<(), UnwindError> {
         self.predict(b);
         b.fetch(&self.mem);
+        self.sample_bytes = b.buf.len();
         self.out.clear();
         self.raws.clear();
         let mut work = std::mem::take(&mut self.work);
@@ -1297,6 +1309,12 @@ impl<M: RemoteMemory> Sampler<M> {
             } else {
                 self.predict_thread(&mut o, addr, &ThreadCache::default(), false);
             }
+            // Checked before reading: what this read would add (merged ranges cost no more).
+            let planned: usize = o.ranges.iter().map(|r| r.1).sum();
+            self.sample_bytes = self.sample_bytes.saturating_add(planned);
+            if self.sample_bytes > MAX_SAMPLE_BYTES {
+                return Err((addr, UnwindError::Budget("bytes read in one sample")));
+            }
             o.fetch(&self.mem);
             let (interp_id, order, holds_gil) = (ts.interp_id, ts.order, ts.holds_gil);
             ts = match self.tstate(&o, addr, interp_id, order, false) {
@@ -1386,10 +1404,14 @@ impl<M: RemoteMemory> Sampler<M> {
         let mut outside = std::mem::take(&mut self.spare.outside);
         outside.clear();
         let walked_from = self.raws.len();
+        let mut outside_frames = 0usize;
         while addr != 0 {
             depth += 1;
             if depth > MAX_DEPTH {
                 return Err(UnwindError::TooLong("frame chain", MAX_DEPTH));
+            }
+            if self.raws.len() >= MAX_SAMPLE_FRAMES {
+                return Err(UnwindError::Budget("frames in one sample"));
             }
             let out = frame_buf
                 .get_mut(..fsize)
@@ -1439,6 +1461,10 @@ impl<M: RemoteMemory> Sampler<M> {
                 false => {
                     if outside.len() < MAX_OUTSIDE {
                         outside.push(addr);
+                    }
+                    outside_frames += 1;
+                    if outside_frames > MAX_OUTSIDE_FRAMES {
+                        return Err(UnwindError::Budget("frames outside the data stack"));
                     }
                     self.bytes(b, Key::Frame(addr), addr, fsize)?
                 }
