@@ -9,6 +9,7 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    pyfleet::memory::limit_malloc_arenas();
     let cli = match cli::Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

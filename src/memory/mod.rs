@@ -5,6 +5,7 @@
 //! [`MemoryImage`] (an in-memory address space for unit tests and fuzzing).
 //!
 //! [`Pauser`] stops a target's threads for a read that must see one instant (`--blocking`).
+//! [`limit_malloc_arenas`] keeps pyfleet's own heap from spreading over one arena per thread.
 //!
 //! It is the only home of `unsafe` in pyfleet. It knows nothing about CPython: callers ask for
 //! byte ranges and get bytes or a [`MemoryError`]. Every syscall is counted in [`ReadStats`],
@@ -19,6 +20,22 @@ pub use pause::{Paused, Pauser};
 pub use process_vm::{ProcessMemory, STACK_IOVECS};
 
 use std::cell::Cell;
+
+/// Arenas glibc's malloc may use in pyfleet (see [`limit_malloc_arenas`]).
+const MALLOC_ARENAS: i32 = 2;
+
+/// Limits glibc's malloc to [`MALLOC_ARENAS`] arenas. A long-running daemon spawns short
+/// threads (a probe per new process, the async runtime's blocking pool); each may get an
+/// arena of its own, and memory freed in one is not reused by another, so RSS creeps up with
+/// every thread that ever ran (measured in the README, "Beside hostile processes"). Call
+/// once, first thing, before other threads start.
+pub fn limit_malloc_arenas() {
+    // SAFETY: mallopt only sets an allocator parameter; called before any other thread exists,
+    // it races with no allocation. M_ARENA_MAX takes any positive count.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS);
+    }
+}
 
 /// Why a remote read or write failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
