@@ -73,16 +73,21 @@ fn threads_of_a_contained_target_are_the_hosts() {
         let ids: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
         let (busy, idle) = (ids["busy"].as_u64().unwrap(), ids["idle"].as_u64().unwrap());
         let pid = t.pid;
-        wait_until(
-            Duration::from_secs(10),
-            &format!("[{l}] the waiting thread to sleep"),
-            || process_state(pid) == Some('S'),
-            || format!("state {:?}", process_state(pid)),
-        );
+        // A blocking dump stops every thread, which wakes the waiting one for a moment: it
+        // is asleep again before each dump.
+        let asleep = || {
+            wait_until(
+                Duration::from_secs(10),
+                &format!("[{l}] the waiting thread to sleep"),
+                || asleep_for(pid, Duration::from_millis(30)),
+                || format!("state {:?}", process_state(pid)),
+            )
+        };
         let tids = host_tids(pid);
         for mode in ["--blocking", "--nonblocking"] {
             let mut busy_cpu = 0;
             for _ in 0..DUMPS {
+                asleep();
                 let mut args = vec!["dump", "--json"];
                 let p = pid.to_string();
                 args.extend(["--pid", &p]);

@@ -44,7 +44,7 @@ fn gil_holder_and_cpu_state_follow_the_target() {
             wait_until(
                 Duration::from_secs(10),
                 &format!("[{}] the waiting thread to sleep again", interp.label),
-                || process_state(pid) == Some('S'),
+                || asleep_for(pid, Duration::from_millis(30)),
                 || format!("state {:?}", process_state(pid)),
             );
             let pid = target.pid().to_string();

@@ -12,7 +12,7 @@
 //! frame owners, stack-reference tag bits) comes from `tables::extras`.
 
 use super::layout::{
-    BytesLayout, CodeLayout, CurrentFrame, FrameLayout, GilLayout, InterpLayout, Layout,
+    BytesLayout, CodeLayout, CurrentFrame, FrameLayout, GilLayout, InterpLayout, Layout, Liveness,
     ThreadLayout, UnicodeLayout, Version,
 };
 use super::tables;
@@ -441,12 +441,21 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
         fr("instr_ptr")?,
         fr("owner")?,
     ];
+    // `co_stacksize` and `co_nlocalsplus` are not in the table: in every version they are the
+    // `int`s right before and right after `co_firstlineno` (Include/cpython/code.h).
+    let firstlineno = co("firstlineno")?;
+    let stacksize = firstlineno
+        .checked_sub(4)
+        .ok_or("code_object.firstlineno is too small")?;
+    let nlocalsplus = firstlineno + 4;
     let code_fields = [
         co("name")?,
         co("qualname")?,
         co("filename")?,
         co("linetable")?,
-        co("firstlineno")?,
+        firstlineno,
+        stacksize,
+        nlocalsplus,
     ];
     // `_co_firsttraceable` is not in the table: in every default (GIL) build it is the `int`
     // before `co_extra`, the pointer right before `co_code_adaptive` (Include/cpython/code.h).
@@ -520,6 +529,11 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
             code_tag_mask: extras.code_tag_mask,
             shim_owners: extras.shim_owners,
             is_entry: None,
+            localsplus: fr("localsplus")?,
+            liveness: match extras.stacktop_after_instr {
+                true => Liveness::RunningStacktop(fr("instr_ptr")? + 8),
+                false => Liveness::Unknown,
+            },
         },
         code: CodeLayout {
             size: span(&code_fields).max(first_traceable + 4),
@@ -530,6 +544,8 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
             linetable: co("linetable")?,
             code_adaptive,
             first_traceable,
+            stacksize,
+            nlocalsplus,
         },
         unicode: UnicodeLayout {
             length: d.offset("unicode_object", "length")?,

@@ -108,6 +108,28 @@ pub struct FrameLayout {
     /// `owner` values of frames that are not Python functions (C-stack and interpreter
     /// shims); skipped.
     pub shim_owners: &'static [u8],
+    /// Offset of `localsplus`: a frame of code object `c` takes this plus
+    /// `8 * (c.co_nlocalsplus + c.co_stacksize)` bytes of the data stack, and the frame it
+    /// calls starts right after it.
+    pub localsplus: u64,
+    /// What tells a frame that runs or waits on its callee from one that has returned.
+    pub liveness: Liveness,
+}
+
+/// How a data-stack frame that is live (running, or waiting on the frame it called) is told
+/// from one that returned (its bytes stay until a new frame overwrites them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    /// Nothing in the frame tells for sure. 3.11 writes nothing when a frame returns or
+    /// resumes. 3.14+ clear `f_executable` when a frame returns, but a frame is linked to its
+    /// caller (and has its code) before it becomes the thread's current frame, and is unlinked
+    /// before it is cleared: a frame read in either window would look live, and a stopped
+    /// thread would show a frame the interpreter does not (measured).
+    Unknown,
+    /// 3.12, 3.13: `stacktop`, the `int` at this offset, is -1 while the eval loop runs the
+    /// frame (`_PyFrame_GetStackPointer`), and at least 0 while it waits on a Python callee
+    /// and once it returned (`_PyFrame_SetStackPointer`).
+    RunningStacktop(u64),
 }
 
 /// `FRAME_OWNED_BY_GENERATOR`, the same on every supported version: a generator's or
@@ -128,6 +150,10 @@ pub struct CodeLayout {
     /// Offset of `_co_firsttraceable` (an `int`): the index of the first instruction at
     /// which a frame of this code counts as started (see `FrameLayout`'s incomplete frames).
     pub first_traceable: u64,
+    /// Offsets of `co_stacksize` and `co_nlocalsplus` (`int`s): with the frame's
+    /// `localsplus`, the bytes a frame of this code takes in the data stack.
+    pub stacksize: u64,
+    pub nlocalsplus: u64,
 }
 
 /// `PyASCIIObject` / `PyCompactUnicodeObject` / `PyUnicodeObject`.

@@ -42,6 +42,9 @@ pub struct CodeInfo {
     /// started: a frame whose instruction pointer is before it is incomplete, and hidden
     /// (as `frame.f_back` and `sys._current_frames()` hide it).
     pub first_traceable: u32,
+    /// Bytes a frame of this code takes in the data stack (0: not believable); the frame it
+    /// calls starts right after.
+    pub frame_bytes: u32,
 }
 
 impl CodeInfo {
@@ -163,12 +166,27 @@ pub fn read_code<M: RemoteMemory>(
         .unwrap_or(Err(UnwindError::NotCode(addr)))
 }
 
+/// Most bytes believed for one frame (a code object's counts are the target's).
+const MAX_FRAME_BYTES: i64 = 1 << 20;
+
+/// Bytes of the data stack a frame of a code object with these counts takes; 0 for counts
+/// no real code object has.
+fn frame_bytes(nlocalsplus: i32, stacksize: i32, layout: &Layout) -> u32 {
+    let words = i64::from(nlocalsplus) + i64::from(stacksize);
+    let bytes = words * 8 + layout.frame.localsplus as i64;
+    match nlocalsplus >= 0 && stacksize >= 0 && bytes <= MAX_FRAME_BYTES {
+        true => bytes as u32,
+        false => 0,
+    }
+}
+
 /// Where a code object's parts are, from its header.
 struct CodeParts {
     strs: [u64; 3],
     table: u64,
     first_line: i32,
     first_traceable: u32,
+    frame_bytes: u32,
 }
 
 /// Reads many code objects in three syscalls whatever their number: all headers; then every
@@ -202,6 +220,7 @@ pub fn read_codes<M: RemoteMemory>(
                     .ok()
                     .filter(|&i| i <= MAX_FIRST_TRACEABLE)
                     .unwrap_or(0),
+                frame_bytes: frame_bytes(h.i32(c.nlocalsplus)?, h.i32(c.stacksize)?, layout),
             })
         })
         .collect();
@@ -293,6 +312,7 @@ pub fn read_codes<M: RemoteMemory>(
                 first_line: p.first_line,
                 lines: linetable::decode(take(table_len), p.first_line),
                 first_traceable: p.first_traceable,
+                frame_bytes: p.frame_bytes,
             })
         })
         .collect())

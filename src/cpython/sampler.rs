@@ -31,7 +31,7 @@
 //! `_Py_DebugOffsets` gives (validated), and never in `read_only` mode.
 
 use super::layout::{
-    CurrentFrame, GilLayout, Layout, CHUNK_DATA, CHUNK_PREVIOUS, CHUNK_SIZE, CHUNK_TOP,
+    CurrentFrame, GilLayout, Layout, Liveness, CHUNK_DATA, CHUNK_PREVIOUS, CHUNK_SIZE, CHUNK_TOP,
     OWNED_BY_GENERATOR,
 };
 use super::objects::{read_chunks, read_codes, CodeInfo};
@@ -89,6 +89,9 @@ const MARKER_SPAN: u64 = 2048;
 /// above a top frame that held still): a stack read whole in the first read is a sample of
 /// one instant, one that must be read again is a sample of a later one.
 const GROWTH: u64 = 8192;
+/// Room prefetched above a top frame that held still: enough to see the frame it calls next
+/// (see [`settle_top`]).
+const STILL_ROOM: u64 = 1024;
 /// Granularity of the kernel's work in `process_vm_readv` (pinning and copying a page).
 const PAGE: u64 = 4096;
 /// Most frames outside the data stack (generators, coroutines) prefetched per thread.
@@ -1153,16 +1156,33 @@ impl<M: RemoteMemory> Sampler<M> {
                             tc.cframes.truncate(MAX_CFRAMES - 1);
                             tc.cframes.insert(0, cf);
                         }
+                        // 3.12: an eval loop's C frame and its entry frame are locals of one
+                        // C function, so the C stack read around the innermost entry frame
+                        // mostly holds the word too (read after the frames: the frames then
+                        // tell whether the top moved, see `settle_top`).
+                        let near_entry = || {
+                            let e = tc.entries?;
+                            let (pos, len) = b.locate(Key::Entries(e))?;
+                            let off = at.checked_sub(e.saturating_sub(ENTRY_WINDOW))? as usize;
+                            (off.checked_add(8)? <= len).then_some(())?;
+                            b.buf.get(pos + off..pos + off + 8)
+                        };
                         match b.get(Key::Word(at)) {
                             _ if cf == 0 => 0,
                             Some(w) => Bytes(w).u64(0)?,
-                            // A C frame the prediction did not know: read later, its pointer
-                            // could be anything (the C frame may be gone). The thread is
-                            // read again with it.
-                            None => {
-                                top_unread = true;
-                                0
-                            }
+                            None => match near_entry()
+                                .filter(|_| l.frame.liveness != Liveness::Unknown)
+                                .and_then(|w| Bytes(w).u64(0).ok())
+                            {
+                                Some(w) if w != 0 => w,
+                                // A C frame the prediction did not know: read later, its
+                                // pointer could be anything (the C frame may be gone). The
+                                // thread is read again with it.
+                                _ => {
+                                    top_unread = true;
+                                    0
+                                }
+                            },
                         }
                     }
                 }
@@ -1256,16 +1276,19 @@ impl<M: RemoteMemory> Sampler<M> {
         let mut own: Option<Batch> = None;
         let mut reads = 1;
         loop {
-            let walked = match ts.top_unread {
+            // Without the pointer to the top (3.11/3.12: its C frame was not read), the
+            // frames read may still tell the top (see `settle_top`).
+            let walked = match ts.top_unread && self.layout.frame.liveness == Liveness::Unknown {
                 true => Err(UnwindError::Moved("the current frame's C frame")),
                 false => self.walk(own.as_ref().unwrap_or(b), &ts),
             };
             let err = match walked {
-                Ok(tail) => {
+                Ok((tail, top)) => {
                     if let Some(mut o) = own {
                         o.clear();
                         self.spare.reread = o;
                     }
+                    ts.current_frame = top;
                     return Ok((ts, tail));
                 }
                 Err(e) => e,
@@ -1326,8 +1349,9 @@ impl<M: RemoteMemory> Sampler<M> {
     }
 
     /// Walks one thread's frames into `self.raws`; returns the cached chain index from which
-    /// the rest of the stack is unchanged (3.15 marker), if any.
-    fn walk(&mut self, b: &Batch, ts: &Tstate) -> Result<Option<usize>, UnwindError> {
+    /// the rest of the stack is unchanged (3.15 marker), if any, and the top frame walked
+    /// from (see [`settle_top`]).
+    fn walk(&mut self, b: &Batch, ts: &Tstate) -> Result<(Option<usize>, u64), UnwindError> {
         self.chunks(ts)?;
         let f = self.layout.frame.clone();
         let fsize = f.size as usize;
@@ -1393,7 +1417,42 @@ impl<M: RemoteMemory> Sampler<M> {
         // one does not hold together.
         let mut missing = Missing::default();
 
+        // The top as of the read of the frames, not of the pointer to it (read earlier).
         let mut addr = ts.current_frame;
+        let settles = f.liveness != Liveness::Unknown;
+        let unread = ts.top_unread;
+        if settles && (in_chunk(addr) || unread) {
+            let adaptive = self.layout.code.code_adaptive;
+            let codes = &self.codes;
+            let header = |a: u64| {
+                let mut buf = [0u8; 256];
+                let out = buf.get_mut(..fsize)?;
+                if !find(&held, a, out) {
+                    out.copy_from_slice(b.get(Key::Frame(a))?.get(..fsize)?);
+                }
+                FrameHeader::parse(&f, out)
+            };
+            let size_of = |h: &FrameHeader| {
+                let e = codes.peek(&h.code)?;
+                let size = u64::from(e.info.frame_bytes);
+                (size > 0).then(|| (size, e.info.started(h.code, adaptive, h.instr)))
+            };
+            // Whether a pointer not in the cache is a code object's (one read; `true` when the
+            // code type is not known).
+            let (mem, code_type) = (&self.mem, self.code_type);
+            let is_code = |c: u64| match code_type {
+                Some(ty) => mem.read_u64(c.wrapping_add(8)).is_ok_and(|t| t == ty),
+                None => true,
+            };
+            // Without the pointer (its C frame unread), every frame of the last sample.
+            let below = |a: u64| a < addr || unread;
+            let anchors = chain
+                .iter()
+                .map(|c| c.addr)
+                .filter(|&a| below(a) && in_chunk(a));
+            addr = settle_top(addr, anchors, header, size_of, is_code, in_chunk);
+        }
+        let top = addr;
         let mut tail = None;
         let mut depth = 0usize;
         // Frames outside the data stack this walk meets, newest first; the thread's list keeps
@@ -1405,7 +1464,15 @@ impl<M: RemoteMemory> Sampler<M> {
         outside.clear();
         let walked_from = self.raws.len();
         let mut outside_frames = 0usize;
+        // Frames of the current chunk come lower and lower down the stack.
+        let mut last_in_chunk = u64::MAX;
         while addr != 0 {
+            if in_chunk(addr) {
+                if addr >= last_in_chunk {
+                    return Err(UnwindError::Cycle("frame chain"));
+                }
+                last_in_chunk = addr;
+            }
             depth += 1;
             if depth > MAX_DEPTH {
                 return Err(UnwindError::TooLong("frame chain", MAX_DEPTH));
@@ -1472,6 +1539,59 @@ impl<M: RemoteMemory> Sampler<M> {
             let fb = Bytes(&bytes);
             let previous = fb.u64(f.previous)?;
             let owner = fb.u8(f.owner)?;
+            // The entry frame of a C call into Python lives on the C stack, read at another
+            // time than the data stack: when it no longer names the frame the callee was pushed
+            // after (the C call returned, its stack was reused), that frame is the caller.
+            let from = self.raws[walked_from..].last().map(|r| r.addr);
+            if let Some(x) = from.filter(|&x| in_chunk(x) && !in_chunk(addr)) {
+                let header = |a: u64| {
+                    let mut buf = [0u8; 256];
+                    let out = buf.get_mut(..fsize)?;
+                    find(&held, a, out).then(|| FrameHeader::parse(&f, out))?
+                };
+                let adjacent = |a: u64| {
+                    header(a).is_some_and(|h| {
+                        !h.shim
+                            && self.codes.peek(&h.code).is_some_and(|e| {
+                                e.info.frame_bytes > 0
+                                    && a.wrapping_add(u64::from(e.info.frame_bytes)) == x
+                            })
+                    })
+                };
+                let fits = match f.shim_owners.contains(&owner) {
+                    // A generator's or coroutine's frame (they live outside), or a frame
+                    // object's.
+                    false => owner <= OWNED_BY_FRAME_OBJECT,
+                    true => {
+                        previous != addr
+                            && match in_chunk(previous) {
+                                // The thread's outermost entry frame.
+                                _ if previous == 0 => true,
+                                true => adjacent(previous),
+                                // A generator's frame (it called into C), read now if not prefetched.
+                                false => {
+                                    self.bytes(b, Key::Frame(previous), previous, fsize)
+                                        .ok()
+                                        .and_then(|g| Bytes(&g).u8(f.owner).ok())
+                                        == Some(OWNED_BY_GENERATOR)
+                                }
+                            }
+                    }
+                };
+                if !fits {
+                    let below = chain
+                        .iter()
+                        .map(|c| c.addr)
+                        .filter(|&a| a < x && in_chunk(a))
+                        .chain((1..=MAX_CALLER_SCAN / 8).map(|k| x.wrapping_sub(8 * k)))
+                        .find(|&a| in_chunk(a) && adjacent(a));
+                    if let Some(y) = below {
+                        // The stale entry frame is left out: what it says is another call's.
+                        addr = y;
+                        continue;
+                    }
+                }
+            }
             // An entry frame outside the data stack and the thread state (3.15's base frame
             // lives there) is on the C stack.
             if f.shim_owners.contains(&owner)
@@ -1492,6 +1612,15 @@ impl<M: RemoteMemory> Sampler<M> {
                     None => false,
                 },
             };
+            // A frame of a Python function without its code object returned (3.14+ clear it)
+            // after the pointer to it was read: leaving it out would count its caller for it
+            // (and only calls that end, never calls that begin, are seen that way).
+            if raw.code == 0 && !raw.shim {
+                return Err(UnwindError::BadObject {
+                    addr,
+                    what: "a frame that returned (read while it changed)".into(),
+                });
+            }
             if previous == addr {
                 return Err(UnwindError::Cycle("frame chain"));
             }
@@ -1507,7 +1636,9 @@ impl<M: RemoteMemory> Sampler<M> {
             }
             addr = previous;
         }
-        if missing.any() {
+        // The pointer to the top was not read and the frames did not tell the top.
+        let no_top = unread && top == 0;
+        if missing.any() || no_top {
             // Read this thread again, whole, in one read: what the cache predicted and what
             // this walk lacked (the top with room to move).
             self.raws.truncate(walked_from);
@@ -1527,7 +1658,10 @@ impl<M: RemoteMemory> Sampler<M> {
             self.spare.outside = outside;
             tc.entries = entries.or(tc.entries);
             self.spare.held = held;
-            return Err(UnwindError::Moved("frames outside the read"));
+            return Err(UnwindError::Moved(match no_top {
+                true => "the current frame's C frame",
+                false => "frames outside the read",
+            }));
         }
         // From 3.12 every entry into the interpreter pushes a C-stack shim frame, so a thread's
         // chain always ends in a shim. One that ends in a Python frame was read torn (a
@@ -1556,7 +1690,7 @@ impl<M: RemoteMemory> Sampler<M> {
         self.spare.outside = outside;
         tc.entries = entries;
         self.spare.held = held;
-        Ok(tail)
+        Ok((tail, top))
     }
 
     /// Makes sure every code object walked this sample is cached and valid: one batch of
@@ -1858,7 +1992,7 @@ impl<M: RemoteMemory> Sampler<M> {
                 let still = tc.last_top == top;
                 room = if still { 0 } else { GROWTH };
                 let growth = if still {
-                    0
+                    STILL_ROOM
                 } else {
                     // The stack moves: room for its next top, read right after the pointer
                     // to it (see `top_split`), so that a deeper top is in the first read.
@@ -1950,11 +2084,172 @@ impl<M: RemoteMemory> Sampler<M> {
     }
 }
 
-/// Where a data-stack region is split so that its newest part (the frames just below the
-/// last top, and the room above) is read first, right after the pointer to the top frame:
-/// the frames near the top change fastest, so the time between reading that pointer and them
-/// must be shortest. The older part follows (it changes only if the stack unwinds below it
-/// meanwhile). `None`: the last top is not in the region, or too near its start to matter.
+/// `FRAME_OWNED_BY_FRAME_OBJECT`, the highest `owner` of a Python function's frame (thread 0,
+/// generator 1) on every supported version.
+const OWNED_BY_FRAME_OBJECT: u8 = 2;
+/// How far below a frame its caller is looked for when the entry frame between them is stale.
+const MAX_CALLER_SCAN: u64 = 4096;
+/// Most frames [`settle_top`] moves the top by.
+const MAX_SETTLE: usize = 32;
+
+/// The fields of a frame's header that tell where it is in its thread's stack.
+#[derive(Debug, Clone, Copy)]
+struct FrameHeader {
+    code: u64,
+    previous: u64,
+    instr: u64,
+    /// Whether the eval loop runs the frame (see [`Liveness`]); `None`: nothing tells.
+    running: Option<bool>,
+    shim: bool,
+}
+
+impl FrameHeader {
+    fn parse(f: &super::layout::FrameLayout, bytes: &[u8]) -> Option<FrameHeader> {
+        let b = Bytes(bytes);
+        let owner = b.u8(f.owner).ok()?;
+        Some(FrameHeader {
+            code: b.u64(f.code).ok()? & !f.code_tag_mask,
+            previous: b.u64(f.previous).ok()?,
+            instr: b.u64(f.instr).ok()?,
+            running: match f.liveness {
+                Liveness::RunningStacktop(off) => Some(b.i32(off).ok()? == -1),
+                Liveness::Unknown => None,
+            },
+            shim: f.shim_owners.contains(&owner),
+        })
+    }
+}
+
+/// The thread's top frame at the time its data stack was read, from the top frame at the
+/// time its thread state was read (`hint`, a microsecond or so earlier; 3.12/3.13, which mark
+/// the frame their eval loop runs, see [`Liveness`]). A thread's frames in one chunk lie back
+/// to back, each right after its caller, so the frames read say by themselves how the stack
+/// changed since the hint:
+///
+/// - It grew: the frames after the hint (each `size_of` its caller further on) have started and
+///   name the one before as their caller, or a frame outside the chunk (the entry frame of a C
+///   call into Python, a generator's: read at other times, not followed here); the highest of
+///   them that runs is the top. A frame that runs is live, and so is every frame below it in
+///   the chunk (its callers).
+/// - It shrank: the hint neither runs nor waits on a running callee, and the frame now at its
+///   caller's place runs: that frame (or what it called since) is the top.
+/// - The hint's bytes are another frame's now (a larger frame was pushed below it): the same
+///   from the frames of the last sample below the hint (`anchors`, highest first), but only
+///   when that proves the top: a running frame whose next frame was read and is no callee.
+///
+/// Only frames whose bytes were read and whose code objects are known are believed; whatever
+/// does not hold together leaves the hint, which the walk then checks as before.
+fn settle_top(
+    hint: u64,
+    anchors: impl Iterator<Item = u64>,
+    header: impl Fn(u64) -> Option<FrameHeader>,
+    size_of: impl Fn(&FrameHeader) -> Option<(u64, bool)>,
+    is_code: impl Fn(u64) -> bool,
+    in_chunk: impl Fn(u64) -> bool,
+) -> u64 {
+    // The top found up from a frame and whether it is proven, or None when the frame's bytes
+    // are not a known frame's. `anchored`: `start` is a frame of the last sample, tried
+    // because the hint's bytes are no frame's (its place was overwritten): a frame after
+    // `start` that names a frame outside the chunk and has no code object is taken for such
+    // leftovers too.
+    let settle_from = |start: u64, anchored: bool| -> Option<(u64, bool)> {
+        let first = header(start).filter(|h| !h.shim)?;
+        size_of(&first)?;
+        // The highest running frame up the chain of callees, and whether the frame after the
+        // last of the chain was read and is no callee.
+        let mut top = (first.running == Some(true)).then_some(start);
+        let mut looked = false;
+        let (mut at, mut cur) = (start, first);
+        for _ in 0..MAX_SETTLE {
+            let Some((size, _)) = size_of(&cur) else {
+                break;
+            };
+            let child = at.wrapping_add(size);
+            let Some(c) = header(child).filter(|_| in_chunk(child)) else {
+                break;
+            };
+            if c.shim || c.code == 0 {
+                looked = true;
+                break;
+            }
+            // Its caller: this frame (a call), or a frame elsewhere: the entry frame of a C
+            // call into Python, a generator's (both read at other times than the chunk, so
+            // not followed here). A frame right after this one that runs, or waits on one
+            // that runs, was pushed on top of it: its way down leads here. One that names
+            // another frame of the chunk is another frame's callee, which returned.
+            if c.previous != at && in_chunk(c.previous) {
+                looked = true;
+                break;
+            }
+            if anchored && c.previous != at && size_of(&c).is_none() && !is_code(c.code) {
+                looked = true;
+                break;
+            }
+            // A frame that runs has no live callee of its own pushing: one that names it and
+            // does not run returned (or is not yet its thread's current frame).
+            if cur.running == Some(true) && c.previous == at && c.running == Some(false) {
+                looked = true;
+                break;
+            }
+            let known = match size_of(&c) {
+                Some((_, true)) => true,
+                // Pushed, not yet the thread's current frame.
+                Some((_, false)) => {
+                    looked = true;
+                    break;
+                }
+                // Its code object is new: what it calls, if anything, cannot be placed.
+                None => false,
+            };
+            if c.running == Some(true) {
+                top = Some(child);
+            }
+            if !known {
+                break;
+            }
+            at = child;
+            cur = c;
+        }
+        Some(top.map_or((start, false), |t| (t, looked)))
+    };
+    // Down: a frame that does not run may have returned, with its callers: the top is found
+    // from the first of them that proves it, short of a running one.
+    let settle = |start: u64, anchored: bool| -> Option<(u64, bool)> {
+        let first = settle_from(start, anchored)?;
+        let mut at = start;
+        for _ in 0..MAX_SETTLE {
+            match settle_from(at, anchored) {
+                Some((top, true)) => return Some((top, true)),
+                Some((top, false)) if top != at => break,
+                Some(_) => {}
+                None => break,
+            }
+            let Some(h) = header(at).filter(|h| h.running == Some(false)) else {
+                break;
+            };
+            // Not through a C call into Python: a frame that does not run may still be live
+            // there (in C code that stored its stack pointer), and its C caller runs.
+            at = match h.previous {
+                p if in_chunk(p) => p,
+                _ => break,
+            };
+        }
+        Some((first.0, false))
+    };
+    // Bytes not read at all are read again by the walk, and a frame of a code object not yet
+    // known is walked as it is; a hint of 0 (its C frame unread) tells nothing of what lies
+    // above the anchors.
+    let overwritten = hint != 0 && header(hint).is_some_and(|h| h.shim || !is_code(h.code));
+    match settle(hint, false) {
+        Some((top, _)) => top,
+        None if hint != 0 && !overwritten => hint,
+        None => anchors
+            .take(4)
+            .find_map(|a| settle(a, overwritten).filter(|&(_, proven)| proven))
+            .map_or(hint, |(top, _)| top),
+    }
+}
+
 /// What a cached code object costs in memory (roughly: its strings and decoded line table).
 fn entry_bytes(e: &CodeEntry) -> usize {
     let i = &e.info;
@@ -1966,6 +2261,11 @@ fn entry_bytes(e: &CodeEntry) -> usize {
         + i.lines.len() * std::mem::size_of::<crate::cpython::linetable::LineRange>()
 }
 
+/// Where a data-stack region is split so that its newest part (the frames just below the
+/// last top, and the room above) is read first, right after the pointer to the top frame:
+/// the frames near the top change fastest, so the time between reading that pointer and them
+/// must be shortest. The older part follows (it changes only if the stack unwinds below it
+/// meanwhile). `None`: the last top is not in the region, or too near its start to matter.
 fn top_split(start: u64, end: u64, last_top: u64) -> Option<u64> {
     let m = last_top.saturating_sub(TOP_BEHIND);
     (m > start.saturating_add(PAGE) && m < end).then_some(m)
@@ -2016,4 +2316,106 @@ fn fingerprint(bytes: &[u8]) -> u64 {
         w[..c.len()].copy_from_slice(c);
         (h ^ u64::from_le_bytes(w)).wrapping_mul(0x0000_0100_0000_01b3)
     })
+}
+
+#[cfg(test)]
+mod settle_tests {
+    use super::*;
+
+    const CHUNK: (u64, u64) = (0x1000, 0x2000);
+    // Code objects and the bytes their frames take.
+    const A: u64 = 0xa0;
+    const B: u64 = 0xb0;
+    const C: u64 = 0xc0;
+    fn size(code: u64) -> Option<u64> {
+        match code {
+            A => Some(0x60),
+            B => Some(0x80),
+            C => Some(0x70),
+            _ => None,
+        }
+    }
+    fn frame(code: u64, previous: u64, running: bool) -> FrameHeader {
+        FrameHeader {
+            code,
+            previous,
+            instr: 0,
+            running: Some(running),
+            shim: false,
+        }
+    }
+    fn settle(hint: u64, anchors: &[u64], frames: &[(u64, FrameHeader)]) -> u64 {
+        settle_top(
+            hint,
+            anchors.iter().copied(),
+            |a| frames.iter().find(|(at, _)| *at == a).map(|(_, h)| *h),
+            |h| size(h.code).map(|s| (s, true)),
+            |c| size(c).is_some(),
+            |a| a >= CHUNK.0 && a < CHUNK.1,
+        )
+    }
+
+    #[test]
+    fn the_top_moves_up_to_a_running_callee() {
+        let frames = [
+            (0x1000, frame(A, 0, false)),
+            (0x1060, frame(B, 0x1000, true)),
+            (0x10e0, frame(C, 0x1060, false)), // returned before
+        ];
+        assert_eq!(settle(0x1000, &[], &frames), 0x1060);
+        // Through an entry frame on the C stack (not followed).
+        let frames = [
+            (0x1000, frame(A, 0, true)),
+            (0x1060, frame(B, 0x7fff_0000, true)),
+        ];
+        assert_eq!(settle(0x1000, &[], &frames), 0x1060);
+    }
+
+    #[test]
+    fn a_callee_that_returned_is_not_the_top() {
+        let frames = [
+            (0x1000, frame(A, 0, true)),
+            (0x1060, frame(B, 0x1000, false)),
+        ];
+        assert_eq!(settle(0x1000, &[], &frames), 0x1000);
+        // The hint itself returned: its caller runs again.
+        assert_eq!(settle(0x1060, &[], &frames), 0x1000);
+    }
+
+    #[test]
+    fn a_frame_in_the_place_of_the_hints_caller_is_found() {
+        // The hint (B) returned, so did its caller; C now runs where its caller was (and has
+        // no callee: nothing after it).
+        let frames = [
+            (0x1000, frame(C, 0, true)),
+            (0x1060, frame(B, 0x1000, false)),
+            (0x1070, frame(0, 0, false)),
+        ];
+        assert_eq!(settle(0x1060, &[], &frames), 0x1000);
+        // The hint's bytes were overwritten: the last sample's frames prove the top.
+        let frames = [
+            (0x1000, frame(C, 0, true)),
+            (0x1060, frame(0xdead, 0x5, false)),
+            (0x1070, frame(0xbeef, 0x7fff_0000, true)),
+        ];
+        assert_eq!(settle(0x1060, &[0x1000], &frames), 0x1000);
+    }
+
+    #[test]
+    fn what_does_not_hold_together_keeps_the_hint() {
+        // Nothing runs: the hint stays (the walk checks it as before).
+        let frames = [
+            (0x1000, frame(A, 0, false)),
+            (0x1060, frame(B, 0x1000, false)),
+        ];
+        assert_eq!(settle(0x1060, &[], &frames), 0x1060);
+        // A frame after the hint that names another frame of the chunk is no callee.
+        let frames = [
+            (0x1000, frame(A, 0, false)),
+            (0x1060, frame(B, 0x1800, true)),
+        ];
+        assert_eq!(settle(0x1000, &[], &frames), 0x1000);
+        // Unknown bytes and no anchor that proves anything.
+        assert_eq!(settle(0x1234, &[0x1000], &frames), 0x1234);
+    }
 }

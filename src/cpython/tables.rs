@@ -9,7 +9,7 @@
 //! pyenv's 3.12.1. Internal layouts do not change within a minor release.
 
 use super::layout::{
-    BytesLayout, CodeLayout, CurrentFrame, FrameLayout, GilLayout, InterpLayout, Layout,
+    BytesLayout, CodeLayout, CurrentFrame, FrameLayout, GilLayout, InterpLayout, Layout, Liveness,
     ThreadLayout, UnicodeLayout, Version,
 };
 
@@ -27,6 +27,9 @@ pub struct Extras {
     pub shim_owners: &'static [u8],
     /// Tag bits of `_PyStackRef` to clear from `f_executable` (3.14+: `Py_TAG_BITS`).
     pub code_tag_mask: u64,
+    /// 3.13: the frame's `int stacktop` follows `instr_ptr` (-1 while the frame runs). 3.14+
+    /// have `_PyStackRef *stackpointer` there, set to NULL only in debug builds.
+    pub stacktop_after_instr: bool,
 }
 
 /// Extras for 3.13+ (`None` for versions not known).
@@ -41,6 +44,7 @@ pub fn extras(minor: u32) -> Option<Extras> {
             ascii_bit: 6,
             shim_owners: &[3],
             code_tag_mask: 0,
+            stacktop_after_instr: true,
         }),
         // Same unicode layout; FRAME_OWNED_BY_INTERPRETER = 3, FRAME_OWNED_BY_CSTACK = 4;
         // f_executable is a _PyStackRef whose low bits are tags (Py_TAG_BITS is 1 or 3
@@ -52,6 +56,7 @@ pub fn extras(minor: u32) -> Option<Extras> {
             ascii_bit: 6,
             shim_owners: &[3, 4],
             code_tag_mask: 3,
+            stacktop_after_instr: false,
         }),
         // 3.15 has no FRAME_OWNED_BY_CSTACK: entry frames are FRAME_OWNED_BY_INTERPRETER = 3.
         15 => Some(Extras {
@@ -61,6 +66,7 @@ pub fn extras(minor: u32) -> Option<Extras> {
             ascii_bit: 6,
             shim_owners: &[3],
             code_tag_mask: 3,
+            stacktop_after_instr: false,
         }),
         _ => None,
     }
@@ -114,6 +120,8 @@ fn layout_311(version: Version) -> Layout {
             code_tag_mask: 0,
             is_entry: Some(68), // frame.is_entry (bool)
             shim_owners: &[],   // 3.11 has no shim frames (entry frames carry is_entry)
+            localsplus: 72,     // frame.localsplus
+            liveness: Liveness::Unknown,
         },
         code: CodeLayout {
             size: 172,
@@ -124,6 +132,8 @@ fn layout_311(version: Version) -> Layout {
             linetable: 136,       // code.co_linetable
             code_adaptive: 184,   // code.co_code_adaptive
             first_traceable: 168, // code._co_firsttraceable
+            stacksize: 68,        // code.co_stacksize
+            nlocalsplus: 76,      // code.co_nlocalsplus
         },
         unicode: UnicodeLayout {
             length: 16,
@@ -182,6 +192,8 @@ fn layout_312(version: Version) -> Layout {
             code_tag_mask: 0,
             shim_owners: &[3], // FRAME_OWNED_BY_CSTACK
             is_entry: None,
+            localsplus: 72,                          // frame.localsplus
+            liveness: Liveness::RunningStacktop(64), // frame.stacktop (int)
         },
         code: CodeLayout {
             size: 180,
@@ -192,6 +204,8 @@ fn layout_312(version: Version) -> Layout {
             linetable: 136,       // code.co_linetable
             code_adaptive: 192,   // code.co_code_adaptive
             first_traceable: 176, // code._co_firsttraceable
+            stacksize: 64,        // code.co_stacksize
+            nlocalsplus: 72,      // code.co_nlocalsplus
         },
         unicode: UnicodeLayout {
             length: 16,

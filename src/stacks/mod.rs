@@ -158,6 +158,7 @@ mod tests {
             first_line,
             lines: Vec::new(),
             first_traceable: 0,
+            frame_bytes: 0,
         })
     }
 

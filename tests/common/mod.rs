@@ -297,6 +297,21 @@ pub fn process_state(pid: i32) -> Option<char> {
     task_state(Path::new(&format!("/proc/{pid}/stat")))
 }
 
+/// Whether the process's main thread stays asleep (state `S`) for `span`, looked at every
+/// millisecond. A thread that a pause (`--blocking`) woke from a lock wait sleeps again
+/// first waiting for the GIL, then runs a moment to take it and go back to its wait (up to
+/// the 5 ms switch interval later): one look at `S` does not tell that it is back.
+pub fn asleep_for(pid: i32, span: Duration) -> bool {
+    let end = Instant::now() + span;
+    while Instant::now() < end {
+        if process_state(pid) != Some('S') {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}
+
 /// Poll `cond` until it returns true; panic with `what` (and `diag()`) after `timeout`.
 pub fn wait_until(
     timeout: Duration,
