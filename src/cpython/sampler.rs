@@ -15,6 +15,13 @@
 //! data-stack chunks is copied and walked locally. Generator and coroutine frames live outside
 //! the chunks and are read (and next time prefetched) by address.
 //!
+//! The top frame: the thread state's pointer to it is read a microsecond or so before the
+//! frames, while the target runs. On 3.12 and 3.13, whose frames say whether their eval loop
+//! runs them, the top is the one the frames show when they were read ([`settle_top`]); the
+//! pointer only says where to look. Elsewhere the pointer is the top, and a walk that does
+//! not hold together (a frame without its code object, a chain that climbs, a stale C-stack
+//! entry frame that no frame before its callee replaces) is read again.
+//!
 //! Code objects: a bounded LRU keyed by address, loaded and validated in batches (three
 //! syscalls for any number of new code objects, one for all validations). 3.14+ validate with
 //! the interpreter's `code_object_generation`; older versions compare the object's name,
@@ -2239,15 +2246,17 @@ fn settle_top(
     // Bytes not read at all are read again by the walk, and a frame of a code object not yet
     // known is walked as it is; a hint of 0 (its C frame unread) tells nothing of what lies
     // above the anchors.
-    let overwritten = hint != 0 && header(hint).is_some_and(|h| h.shim || !is_code(h.code));
-    match settle(hint, false) {
-        Some((top, _)) => top,
-        None if hint != 0 && !overwritten => hint,
-        None => anchors
-            .take(4)
-            .find_map(|a| settle(a, overwritten).filter(|&(_, proven)| proven))
-            .map_or(hint, |(top, _)| top),
+    if let Some((top, _)) = settle(hint, false) {
+        return top;
     }
+    let overwritten = hint != 0 && header(hint).is_some_and(|h| h.shim || !is_code(h.code));
+    if hint != 0 && !overwritten {
+        return hint;
+    }
+    anchors
+        .take(4)
+        .find_map(|a| settle(a, overwritten).filter(|&(_, proven)| proven))
+        .map_or(hint, |(top, _)| top)
 }
 
 /// What a cached code object costs in memory (roughly: its strings and decoded line table).
