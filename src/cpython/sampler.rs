@@ -1566,9 +1566,14 @@ impl<M: RemoteMemory> Sampler<M> {
                     })
                 };
                 let fits = match f.shim_owners.contains(&owner) {
-                    // A generator's or coroutine's frame (they live outside), or a frame
-                    // object's.
-                    false => owner <= OWNED_BY_FRAME_OBJECT,
+                    // A generator's or coroutine's frame (they live outside), a frame
+                    // object's, or a thread's in an older chunk: a thread's frame elsewhere
+                    // is the stale C stack of a call that returned.
+                    false => match owner {
+                        OWNED_BY_GENERATOR | OWNED_BY_FRAME_OBJECT => true,
+                        OWNED_BY_THREAD => older.iter().any(|&(s, e)| addr >= s && addr < e),
+                        _ => false,
+                    },
                     true => {
                         previous != addr
                             && match in_chunk(previous) {
@@ -2091,8 +2096,9 @@ impl<M: RemoteMemory> Sampler<M> {
     }
 }
 
-/// `FRAME_OWNED_BY_FRAME_OBJECT`, the highest `owner` of a Python function's frame (thread 0,
-/// generator 1) on every supported version.
+/// `FRAME_OWNED_BY_THREAD` and `FRAME_OWNED_BY_FRAME_OBJECT` on every supported version (a
+/// thread's frame lives in its data stack, a frame object's in the object).
+const OWNED_BY_THREAD: u8 = 0;
 const OWNED_BY_FRAME_OBJECT: u8 = 2;
 /// How far below a frame its caller is looked for when the entry frame between them is stale.
 const MAX_CALLER_SCAN: u64 = 4096;
