@@ -1580,13 +1580,12 @@ impl<M: RemoteMemory> Sampler<M> {
                                 // The thread's outermost entry frame.
                                 _ if previous == 0 => true,
                                 true => adjacent(previous),
-                                // A generator's frame (it called into C), read now if not prefetched.
-                                false => {
-                                    self.bytes(b, Key::Frame(previous), previous, fsize)
-                                        .ok()
-                                        .and_then(|g| Bytes(&g).u8(f.owner).ok())
-                                        == Some(OWNED_BY_GENERATOR)
-                                }
+                                // A generator's frame (it called into C): when prefetched, it
+                                // must be one; else the walk reads it next (no read of its own
+                                // here: this runs every sample).
+                                false => b.get(Key::Frame(previous)).is_none_or(|g| {
+                                    Bytes(g).u8(f.owner).ok() == Some(OWNED_BY_GENERATOR)
+                                }),
                             }
                     }
                 };
