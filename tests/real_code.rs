@@ -207,6 +207,27 @@ fn counts(stderr: &str) -> (u64, u64) {
     (written, failed)
 }
 
+/// Records `target` without stopping it and with `--blocking` over the same seconds, into
+/// `dir/STEM-nb.folded` and `dir/STEM-b.folded`, then stops it. Returns the non-blocking
+/// record's output and both files, or what went wrong.
+fn record_both(
+    target: Target,
+    dir: &Path,
+    stem: &str,
+) -> Result<(RunOutput, PathBuf, PathBuf), String> {
+    let pid = target.0.id() as i32;
+    let nb_file = dir.join(format!("{stem}-nb.folded"));
+    let b_file = dir.join(format!("{stem}-b.folded"));
+    let nb = record(pid, &nb_file, false);
+    let b = record(pid, &b_file, true);
+    let (nb, b) = (nb.finish(), b.finish());
+    drop(target);
+    match nb.success() && b.success() {
+        true => Ok((nb, nb_file, b_file)),
+        false => Err(format!("{} / {}", nb.describe(), b.describe())),
+    }
+}
+
 fn record(pid: i32, out: &Path, blocking: bool) -> Running {
     let mut cmd = pinned(1, &pyfleet_exe());
     cmd.args(["record", "--pid", &pid.to_string()])
@@ -252,25 +273,14 @@ fn real_libraries_sampled_without_stopping_match_stop_the_world() {
         for &(workload, max_self, max_total) in WORKLOADS {
             let what = format!("[3.{} {workload}]", interp.minor);
             let target = start(&python, workload);
-            let pid = target.0.id() as i32;
-            let nb_file = dir
-                .path()
-                .join(format!("{}-{workload}-nb.folded", interp.minor));
-            let b_file = dir
-                .path()
-                .join(format!("{}-{workload}-b.folded", interp.minor));
-            let nb = record(pid, &nb_file, false);
-            let b = record(pid, &b_file, true);
-            let (nb, b) = (nb.finish(), b.finish());
-            drop(target);
-            if !nb.success() || !b.success() {
-                failures.push(format!(
-                    "{what} record failed: {} / {}",
-                    nb.describe(),
-                    b.describe()
-                ));
-                continue;
-            }
+            let stem = format!("{}-{workload}", interp.minor);
+            let (nb, nb_file, b_file) = match record_both(target, dir.path(), &stem) {
+                Ok(done) => done,
+                Err(e) => {
+                    failures.push(format!("{what} record failed: {e}"));
+                    continue;
+                }
+            };
             let (nb_written, nb_failed) = counts(&nb.stderr);
             let failed_pct = 100.0 * nb_failed as f64 / (nb_written + nb_failed).max(1) as f64;
             let (pn, pb) = (profile(&nb_file), profile(&b_file));
@@ -349,21 +359,14 @@ fn calls_shorter_than_a_read_are_counted_where_they_run() {
         done.push(interp.minor);
         let what = format!("[{}]", interp.label);
         let target = start_script(&interp.path, "short_calls.py", &[]);
-        let pid = target.0.id() as i32;
-        let nb_file = dir.path().join(format!("{}-nb.folded", interp.minor));
-        let b_file = dir.path().join(format!("{}-b.folded", interp.minor));
-        let nb = record(pid, &nb_file, false);
-        let b = record(pid, &b_file, true);
-        let (nb, b) = (nb.finish(), b.finish());
-        drop(target);
-        if !nb.success() || !b.success() {
-            failures.push(format!(
-                "{what} record failed: {} / {}",
-                nb.describe(),
-                b.describe()
-            ));
-            continue;
-        }
+        let stem = interp.minor.to_string();
+        let (_, nb_file, b_file) = match record_both(target, dir.path(), &stem) {
+            Ok(done) => done,
+            Err(e) => {
+                failures.push(format!("{what} record failed: {e}"));
+                continue;
+            }
+        };
         let (pn, pb) = (profile(&nb_file), profile(&b_file));
         let share = |p: &Profile, name: &str| {
             let n: u64 = p
