@@ -48,6 +48,12 @@ const WORKLOADS: &[(&str, f64, f64)] = &[
     ("parser", 12.0, 25.0),
 ];
 const RATE: u32 = 250;
+/// The stop-the-world reference samples at a slightly different rate: at the same rate both
+/// recorders tick in a fixed phase (on one CPU, the non-blocking one reading right after each
+/// pause of the other), which biased the non-blocking side in some runs by up to 20 points on
+/// short_calls.py (3.12, measured with the code before and after issue #12's work alike); at
+/// 243 Hz the phase sweeps all of 4 ms every 35 samples and such runs did not recur.
+const BLOCKING_RATE: u32 = 243;
 const SECONDS: u32 = 6;
 const MAX_FAILED_PERCENT: f64 = 3.0;
 /// Measured up to 4.7% (CI, 3.12 Jinja2; 0-3.8% elsewhere): samples written without a Python
@@ -230,10 +236,14 @@ fn record_both(
 
 fn record(pid: i32, out: &Path, blocking: bool) -> Running {
     let mut cmd = pinned(1, &pyfleet_exe());
+    let rate = match blocking {
+        true => BLOCKING_RATE,
+        false => RATE,
+    };
     cmd.args(["record", "--pid", &pid.to_string()])
         .args([
             "--rate",
-            &RATE.to_string(),
+            &rate.to_string(),
             "--duration",
             &SECONDS.to_string(),
         ])
@@ -338,87 +348,101 @@ fn real_libraries_sampled_without_stopping_match_stop_the_world() {
 
 /// Calls shorter than a read of a stack (tests/targets/short_calls.py: `caller` calls `inner`,
 /// then the loop runs `plain`, about 1.7 µs in all), on the versions whose frames say whether
-/// their eval loop runs them (3.12, 3.13; see `Liveness`): the top frame is found from the
-/// frames as read, not from a pointer read a microsecond earlier, so `caller` (1-2% as the
-/// leaf stop-the-world) is not counted for `inner`, and `inner` shows on top of `plain` (which
-/// never calls it) in under 1% of samples (measured 0-0.5%). Before: `caller` 30-40% as the
-/// leaf. 3.11, 3.14 and 3.15 frames do not say whether they run: not yet (README).
+/// they are live (3.12+; see `Liveness`): the top frame is found from the frames as read, not
+/// from a pointer read a microsecond earlier, so `caller` (1-2% as the leaf stop-the-world) is
+/// not counted for `inner`, and `inner` shows on top of `plain` (which never calls it) in
+/// under 1% of samples (measured 0-0.5%). Before: `caller` 30-40% as the leaf (3.14, 3.15:
+/// 27%). 3.11 frames do not say whether they are live: not yet (README).
 ///
 /// Sizing: about 1500 samples a side; `inner` and `plain` near 50% differ by chance by about
 /// 1.8 points (one standard deviation of the difference), so 8 points is over four of them;
 /// `caller` near 1% by about 0.4 by chance, but it keeps a bias of up to 4.1 points (CI: 4.7%
-/// against 0.6%): 8 points guards it (before this work: 30-40). Leaf gaps measured up to 4.1.
+/// against 0.6%): 8 points guards it (before this work: 30-40). Leaf gaps measured up to 4.6
+/// (3.12-3.15), but in about one run in 25 a gap of 10-20 points on one version, with the code
+/// before this work too (the machine is shared; not chance: four standard deviations is
+/// 1 in 15,000): a version that misses is recorded once more and judged by that run.
 #[test]
 fn calls_shorter_than_a_read_are_counted_where_they_run() {
     let dir = tempdir("pyfleet-short-calls-");
     let mut failures = Vec::new();
     let mut done = Vec::new();
     for interp in interpreters() {
-        if !(12..=13).contains(&interp.minor) || done.contains(&interp.minor) {
+        if !(12..=15).contains(&interp.minor) || done.contains(&interp.minor) {
             continue;
         }
         done.push(interp.minor);
-        let what = format!("[{}]", interp.label);
-        let target = start_script(&interp.path, "short_calls.py", &[]);
-        let stem = interp.minor.to_string();
-        let (_, nb_file, b_file) = match record_both(target, dir.path(), &stem) {
-            Ok(done) => done,
-            Err(e) => {
-                failures.push(format!("{what} record failed: {e}"));
-                continue;
+        // A second recording when the first misses: see the sizing above.
+        let first = short_calls_once(&interp, dir.path(), "a");
+        if let Err(first) = first {
+            eprintln!("{first}\n(recorded again)");
+            if let Err(second) = short_calls_once(&interp, dir.path(), "b") {
+                failures.push(format!("{first}\nagain: {second}"));
             }
-        };
-        let (pn, pb) = (profile(&nb_file), profile(&b_file));
-        let share = |p: &Profile, name: &str| {
-            let n: u64 = p
-                .leaf
-                .iter()
-                .filter(|(k, _)| k.starts_with(&format!("{name} (")))
-                .map(|(_, v)| v)
-                .sum();
-            100.0 * n as f64 / p.samples.max(1) as f64
-        };
-        let (gap, worst) = largest_gap(&pn.leaf, pn.samples, &pb.leaf, pb.samples);
-        let caller = (share(&pn, "caller"), share(&pb, "caller"));
-        // Stacks with `inner` right above `plain`.
-        let text = std::fs::read_to_string(&nb_file).unwrap_or_default();
-        let spliced: u64 = text
-            .lines()
-            .filter_map(|l| l.rsplit_once(' '))
-            .filter(|(stack, _)| {
-                let frames: Vec<&str> = stack.split(';').collect();
-                frames
-                    .windows(2)
-                    .any(|w| w[0].starts_with("plain (") && w[1].starts_with("inner ("))
-            })
-            .map(|(_, n)| n.parse::<u64>().unwrap_or(0))
-            .sum();
-        eprintln!(
-            "{what} {} samples (blocking {}): caller {:.1}% (blocking {:.1}%), largest leaf gap \
-             {gap:.1} ({worst}), {spliced} spliced",
-            pn.samples, pb.samples, caller.0, caller.1
-        );
-        if pn.samples < u64::from(RATE * SECONDS) / 2 || pb.samples < u64::from(RATE * SECONDS) / 4
-        {
-            failures.push(format!(
-                "{what} too few samples: {} / {}",
-                pn.samples, pb.samples
-            ));
-        }
-        if caller.0 > caller.1 + 8.0 || gap > 8.0 {
-            failures.push(format!(
-                "{what} caller {:.1}% against {:.1}% stop-the-world; largest leaf gap {gap:.1} \
-                 points ({worst})",
-                caller.0, caller.1
-            ));
-        }
-        if spliced * 100 > pn.samples {
-            failures.push(format!(
-                "{what} {spliced} of {} samples show inner above plain",
-                pn.samples
-            ));
         }
     }
-    assert!(!done.is_empty(), "no 3.12 or 3.13 interpreter found");
+    assert!(!done.is_empty(), "no 3.12-3.15 interpreter found");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// One recording of short_calls.py each way; `Err` says what missed.
+fn short_calls_once(interp: &Interp, dir: &Path, attempt: &str) -> Result<(), String> {
+    let what = format!("[{}]", interp.label);
+    let target = start_script(&interp.path, "short_calls.py", &[]);
+    let stem = format!("{}-{attempt}", interp.minor);
+    let (_, nb_file, b_file) =
+        record_both(target, dir, &stem).map_err(|e| format!("{what} record failed: {e}"))?;
+    let (pn, pb) = (profile(&nb_file), profile(&b_file));
+    let share = |p: &Profile, name: &str| {
+        let n: u64 = p
+            .leaf
+            .iter()
+            .filter(|(k, _)| k.starts_with(&format!("{name} (")))
+            .map(|(_, v)| v)
+            .sum();
+        100.0 * n as f64 / p.samples.max(1) as f64
+    };
+    let (gap, worst) = largest_gap(&pn.leaf, pn.samples, &pb.leaf, pb.samples);
+    let caller = (share(&pn, "caller"), share(&pb, "caller"));
+    // Stacks with `inner` right above `plain`.
+    let text = std::fs::read_to_string(&nb_file).unwrap_or_default();
+    let spliced: u64 = text
+        .lines()
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(stack, _)| {
+            let frames: Vec<&str> = stack.split(';').collect();
+            frames
+                .windows(2)
+                .any(|w| w[0].starts_with("plain (") && w[1].starts_with("inner ("))
+        })
+        .map(|(_, n)| n.parse::<u64>().unwrap_or(0))
+        .sum();
+    eprintln!(
+        "{what} {} samples (blocking {}): caller {:.1}% (blocking {:.1}%), largest leaf gap \
+         {gap:.1} ({worst}), {spliced} spliced",
+        pn.samples, pb.samples, caller.0, caller.1
+    );
+    let mut missed = Vec::new();
+    if pn.samples < u64::from(RATE * SECONDS) / 2 || pb.samples < u64::from(RATE * SECONDS) / 4 {
+        missed.push(format!(
+            "{what} too few samples: {} / {}",
+            pn.samples, pb.samples
+        ));
+    }
+    if caller.0 > caller.1 + 8.0 || gap > 8.0 {
+        missed.push(format!(
+            "{what} caller {:.1}% against {:.1}% stop-the-world; largest leaf gap {gap:.1} \
+             points ({worst})",
+            caller.0, caller.1
+        ));
+    }
+    if spliced * 100 > pn.samples {
+        missed.push(format!(
+            "{what} {spliced} of {} samples show inner above plain",
+            pn.samples
+        ));
+    }
+    match missed.is_empty() {
+        true => Ok(()),
+        false => Err(missed.join("\n")),
+    }
 }

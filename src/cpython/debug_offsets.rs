@@ -435,11 +435,20 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
     ];
     tstate_fields.extend(frame_marker.iter().flat_map(|&(m, s)| [m, s]));
     tstate_fields.extend(holds_gil);
+    let liveness = match extras.stacktop_after_instr {
+        true => Liveness::RunningStacktop(fr("instr_ptr")? + 8),
+        false => Liveness::ClearedCode(fr("stackpointer")?),
+    };
+    let liveness_field = match liveness {
+        Liveness::RunningStacktop(o) | Liveness::ClearedCode(o) => o,
+        Liveness::Unknown => 0,
+    };
     let frame_fields = [
         fr("previous")?,
         fr("executable")?,
         fr("instr_ptr")?,
         fr("owner")?,
+        liveness_field,
     ];
     // `co_stacksize` and `co_nlocalsplus` are not in the table: in every version they are the
     // `int`s right before and right after `co_firstlineno` (Include/cpython/code.h).
@@ -530,10 +539,7 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
             shim_owners: extras.shim_owners,
             is_entry: None,
             localsplus: fr("localsplus")?,
-            liveness: match extras.stacktop_after_instr {
-                true => Liveness::RunningStacktop(fr("instr_ptr")? + 8),
-                false => Liveness::Unknown,
-            },
+            liveness,
         },
         code: CodeLayout {
             size: span(&code_fields).max(first_traceable + 4),

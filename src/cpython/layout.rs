@@ -120,16 +120,19 @@ pub struct FrameLayout {
 /// from one that returned (its bytes stay until a new frame overwrites them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Liveness {
-    /// Nothing in the frame tells for sure. 3.11 writes nothing when a frame returns or
-    /// resumes. 3.14+ clear `f_executable` when a frame returns, but a frame is linked to its
-    /// caller (and has its code) before it becomes the thread's current frame, and is unlinked
-    /// before it is cleared: a frame read in either window would look live, and a stopped
-    /// thread would show a frame the interpreter does not (measured).
+    /// Nothing in the frame tells: 3.11 writes nothing when a frame returns or resumes.
     Unknown,
     /// 3.12, 3.13: `stacktop`, the `int` at this offset, is -1 while the eval loop runs the
     /// frame (`_PyFrame_GetStackPointer`), and at least 0 while it waits on a Python callee
     /// and once it returned (`_PyFrame_SetStackPointer`).
     RunningStacktop(u64),
+    /// 3.14+: a frame that returned has its `f_executable` cleared, and one being cleared (it
+    /// was unlinked first) has `_PyStackRef *stackpointer`, at this offset, at its first
+    /// local (`_PyFrame_ClearLocals`), where no live frame with locals has it. Every other
+    /// frame of the chunk with a code object is live: running, waiting on its callee or in a
+    /// C call; or linked to its caller and not yet the thread's current frame (pushed, its
+    /// arguments being bound), a window only a stopped thread shows for long.
+    ClearedCode(u64),
 }
 
 /// `FRAME_OWNED_BY_GENERATOR`, the same on every supported version: a generator's or

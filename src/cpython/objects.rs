@@ -45,6 +45,10 @@ pub struct CodeInfo {
     /// Bytes a frame of this code takes in the data stack (0: not believable); the frame it
     /// calls starts right after.
     pub frame_bytes: u32,
+    /// Whether its frames have local, cell or free variable slots (`co_nlocalsplus > 0`):
+    /// a 3.14+ frame being cleared then has its stack pointer at the first of them, where no
+    /// live frame of this code has it (see `Liveness::ClearedCode`).
+    pub has_locals: bool,
 }
 
 impl CodeInfo {
@@ -65,6 +69,18 @@ impl CodeInfo {
             .wrapping_add(code_adaptive)
             .wrapping_add(2 * u64::from(self.first_traceable));
         instr >= first
+    }
+
+    /// Whether a frame of this code at `instr` has run past its first traceable instruction
+    /// (`RESUME`) to one inside its bytecode. A frame that has not may be pushed and linked to
+    /// its caller but not yet be its thread's current frame (its arguments being bound), or be
+    /// half initialised (its instruction pointer another frame's): its callers' view of the
+    /// stack does not show it yet.
+    pub fn resumed(&self, code_addr: u64, code_adaptive: u64, instr: u64) -> bool {
+        let start = code_addr.wrapping_add(code_adaptive);
+        let first = start.wrapping_add(2 * u64::from(self.first_traceable));
+        let end = start.wrapping_add(self.lines.last().map_or(0, |r| u64::from(r.end)));
+        instr > first && instr < end
     }
 }
 
@@ -187,6 +203,7 @@ struct CodeParts {
     first_line: i32,
     first_traceable: u32,
     frame_bytes: u32,
+    has_locals: bool,
 }
 
 /// Reads many code objects in three syscalls whatever their number: all headers; then every
@@ -221,6 +238,7 @@ pub fn read_codes<M: RemoteMemory>(
                     .filter(|&i| i <= MAX_FIRST_TRACEABLE)
                     .unwrap_or(0),
                 frame_bytes: frame_bytes(h.i32(c.nlocalsplus)?, h.i32(c.stacksize)?, layout),
+                has_locals: h.i32(c.nlocalsplus)? > 0,
             })
         })
         .collect();
@@ -313,6 +331,7 @@ pub fn read_codes<M: RemoteMemory>(
                 lines: linetable::decode(take(table_len), p.first_line),
                 first_traceable: p.first_traceable,
                 frame_bytes: p.frame_bytes,
+                has_locals: p.has_locals,
             })
         })
         .collect())

@@ -16,11 +16,16 @@
 //! the chunks and are read (and next time prefetched) by address.
 //!
 //! The top frame: the thread state's pointer to it is read a microsecond or so before the
-//! frames, while the target runs. On 3.12 and 3.13, whose frames say whether their eval loop
-//! runs them, the top is the one the frames show when they were read ([`settle_top`]); the
-//! pointer only says where to look. Elsewhere the pointer is the top, and a walk that does
-//! not hold together (a frame without its code object, a chain that climbs, a stale C-stack
-//! entry frame that no frame before its callee replaces) is read again.
+//! frames, while the target runs. On 3.12+, whose frames say whether they are live
+//! ([`Liveness`]), the top is the one the frames show when they were read ([`settle_top`]);
+//! the pointer only says where to look. On 3.11, and for a thread paused by `blocking`, the
+//! pointer is the top. A walk that does not hold together (a frame without its code object, a
+//! chain that climbs, a stale C-stack entry frame that no frame before its callee replaces) is
+//! read again.
+//!
+//! With the 3.15 marker, the next read of a thread starts at its outermost frame near the top
+//! whatever frame the marker is on: a loop's call that returns and is made again between two
+//! samples leaves the top where it was but takes the marker down with it.
 //!
 //! Code objects: a bounded LRU keyed by address, loaded and validated in batches (three
 //! syscalls for any number of new code objects, one for all validations). 3.14+ validate with
@@ -1426,8 +1431,9 @@ impl<M: RemoteMemory> Sampler<M> {
 
         // The top as of the read of the frames, not of the pointer to it (read earlier).
         let mut addr = ts.current_frame;
-        let settles = f.liveness != Liveness::Unknown;
         let unread = ts.top_unread;
+        // A paused thread's pointer is its top: nothing moved after it was read.
+        let settles = f.liveness != Liveness::Unknown && (unread || self.pauser.is_none());
         if settles && (in_chunk(addr) || unread) {
             let adaptive = self.layout.code.code_adaptive;
             let codes = &self.codes;
@@ -1437,12 +1443,29 @@ impl<M: RemoteMemory> Sampler<M> {
                 if !find(&held, a, out) {
                     out.copy_from_slice(b.get(Key::Frame(a))?.get(..fsize)?);
                 }
-                FrameHeader::parse(&f, out)
+                let mut h = FrameHeader::parse(&f, a, out)?;
+                // A frame without locals has its stack pointer there while it waits on its
+                // callee with an empty stack too.
+                let known = codes.peek(&h.code);
+                if h.emptied && h.code != 0 && known.is_some_and(|e| !e.info.has_locals) {
+                    h.running = Some(true);
+                }
+                // 3.14+ tell live frames by a code object that is set, which leftovers of
+                // older, larger frames (whatever values they held) mostly have too: a frame
+                // that names none of the chunk (an entry frame's callee) is believed live
+                // only with a code object already known.
+                if matches!(f.liveness, Liveness::ClearedCode(_))
+                    && !in_chunk(h.previous)
+                    && known.is_none()
+                {
+                    h.running = Some(false);
+                }
+                Some(h)
             };
             let size_of = |h: &FrameHeader| {
                 let e = codes.peek(&h.code)?;
                 let size = u64::from(e.info.frame_bytes);
-                (size > 0).then(|| (size, e.info.started(h.code, adaptive, h.instr)))
+                (size > 0).then(|| (size, e.info.resumed(h.code, adaptive, h.instr)))
             };
             // Whether a pointer not in the cache is a code object's (one read; `true` when the
             // code type is not known).
@@ -1554,7 +1577,7 @@ impl<M: RemoteMemory> Sampler<M> {
                 let header = |a: u64| {
                     let mut buf = [0u8; 256];
                     let out = buf.get_mut(..fsize)?;
-                    find(&held, a, out).then(|| FrameHeader::parse(&f, out))?
+                    find(&held, a, out).then(|| FrameHeader::parse(&f, a, out))?
                 };
                 let adjacent = |a: u64| {
                     header(a).is_some_and(|h| {
@@ -2023,18 +2046,19 @@ impl<M: RemoteMemory> Sampler<M> {
                         (in_chunk(m_now) && m_now <= base && base - m_now <= 2 * MARKER_SPAN)
                             .then_some(j)
                     });
+                    let outermost_near = tc.chain[a..]
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, c)| in_chunk(c.addr))
+                        .take_while(|(_, c)| c.addr <= base && base - c.addr <= MARKER_SPAN)
+                        .map(|(j, _)| a + j)
+                        .last();
                     let j = if still {
                         Some(a)
                     } else if kept.is_some() {
                         kept
                     } else {
-                        tc.chain[a..]
-                            .iter()
-                            .enumerate()
-                            .filter(|(_, c)| in_chunk(c.addr))
-                            .take_while(|(_, c)| c.addr <= base && base - c.addr <= MARKER_SPAN)
-                            .map(|(j, _)| a + j)
-                            .last()
+                        outermost_near
                     };
                     if let (Some(j), Some((m_now, seq_now))) = (j, w.ts.marker) {
                         let m = tc.chain[j].addr;
@@ -2055,7 +2079,12 @@ impl<M: RemoteMemory> Sampler<M> {
                             }
                         }
                         tc.marker = Some((m, seq_now, j));
-                        tc.regions.push((m.min(base), end));
+                        // From the outermost frame near the anchor whatever the marker: a top
+                        // that looked still may have returned and been called again in
+                        // between (a loop's call), taking the marker down with it to frames
+                        // a read from the anchor alone would lack.
+                        let low = outermost_near.map_or(base, |o| tc.chain[o].addr);
+                        tc.regions.push((m.min(base).min(low), end));
                     } else {
                         tc.marker = None;
                         tc.regions
@@ -2110,41 +2139,53 @@ struct FrameHeader {
     code: u64,
     previous: u64,
     instr: u64,
-    /// Whether the eval loop runs the frame (see [`Liveness`]); `None`: nothing tells.
+    /// Whether the frame is live (see [`Liveness`]; 3.12/3.13: runs, a frame waiting on its
+    /// callee does not); `None`: nothing tells.
     running: Option<bool>,
+    /// 3.14+: its stack pointer is at its first local (being cleared, unless it has none).
+    emptied: bool,
     shim: bool,
 }
 
 impl FrameHeader {
-    fn parse(f: &super::layout::FrameLayout, bytes: &[u8]) -> Option<FrameHeader> {
+    fn parse(f: &super::layout::FrameLayout, addr: u64, bytes: &[u8]) -> Option<FrameHeader> {
         let b = Bytes(bytes);
         let owner = b.u8(f.owner).ok()?;
+        let code = b.u64(f.code).ok()? & !f.code_tag_mask;
+        let emptied = match f.liveness {
+            Liveness::ClearedCode(off) => b.u64(off).ok()? == addr.wrapping_add(f.localsplus),
+            _ => false,
+        };
         Some(FrameHeader {
-            code: b.u64(f.code).ok()? & !f.code_tag_mask,
+            code,
             previous: b.u64(f.previous).ok()?,
             instr: b.u64(f.instr).ok()?,
             running: match f.liveness {
                 Liveness::RunningStacktop(off) => Some(b.i32(off).ok()? == -1),
+                Liveness::ClearedCode(_) => Some(code != 0 && !emptied),
                 Liveness::Unknown => None,
             },
+            emptied,
             shim: f.shim_owners.contains(&owner),
         })
     }
 }
 
 /// The thread's top frame at the time its data stack was read, from the top frame at the
-/// time its thread state was read (`hint`, a microsecond or so earlier; 3.12/3.13, which mark
-/// the frame their eval loop runs, see [`Liveness`]). A thread's frames in one chunk lie back
-/// to back, each right after its caller, so the frames read say by themselves how the stack
-/// changed since the hint:
+/// time its thread state was read (`hint`, a microsecond or so earlier; 3.12+, whose frames
+/// say whether they are live, see [`Liveness`]). A thread's frames in one chunk lie back to
+/// back, each right after its caller, so the frames read say by themselves how the stack
+/// changed since the hint. "Runs" below is [`FrameHeader::running`]: on 3.12/3.13 the frame
+/// the eval loop runs, on 3.14+ any live frame.
 ///
 /// - It grew: the frames after the hint (each `size_of` its caller further on) have started and
 ///   name the one before as their caller, or a frame outside the chunk (the entry frame of a C
 ///   call into Python, a generator's: read at other times, not followed here); the highest of
 ///   them that runs is the top. A frame that runs is live, and so is every frame below it in
 ///   the chunk (its callers).
-/// - It shrank: the hint neither runs nor waits on a running callee, and the frame now at its
-///   caller's place runs: that frame (or what it called since) is the top.
+/// - It shrank: the hint neither runs nor waits on a running callee (or lost its code object
+///   when it returned, 3.14+), and the frame now at its caller's place runs: that frame (or
+///   what it called since) is the top.
 /// - The hint's bytes are another frame's now (a larger frame was pushed below it): the same
 ///   from the frames of the last sample below the hint (`anchors`, highest first), but only
 ///   when that proves the top: a running frame whose next frame was read and is no callee.
@@ -2227,13 +2268,16 @@ fn settle_top(
     // Down: a frame that does not run may have returned, with its callers: the top is found
     // from the first of them that proves it, short of a running one.
     let settle = |start: u64, anchored: bool| -> Option<(u64, bool)> {
-        let first = settle_from(start, anchored)?;
+        let first = settle_from(start, anchored);
         let mut at = start;
         for _ in 0..MAX_SETTLE {
             match settle_from(at, anchored) {
                 Some((top, true)) => return Some((top, true)),
                 Some((top, false)) if top != at => break,
                 Some(_) => {}
+                // A frame that returned and lost its code object (3.14+): its caller may run
+                // again.
+                None if header(at).is_some_and(|h| h.code == 0 && !h.shim) => {}
                 None => break,
             }
             let Some(h) = header(at).filter(|h| h.running == Some(false)) else {
@@ -2242,11 +2286,11 @@ fn settle_top(
             // Not through a C call into Python: a frame that does not run may still be live
             // there (in C code that stored its stack pointer), and its C caller runs.
             at = match h.previous {
-                p if in_chunk(p) => p,
+                p if in_chunk(p) && p < at => p,
                 _ => break,
             };
         }
-        Some((first.0, false))
+        first.map(|(top, _)| (top, false))
     };
     // Bytes not read at all are read again by the walk, and a frame of a code object not yet
     // known is walked as it is; a hint of 0 (its C frame unread) tells nothing of what lies
@@ -2355,6 +2399,7 @@ mod settle_tests {
             previous,
             instr: 0,
             running: Some(running),
+            emptied: false,
             shim: false,
         }
     }
@@ -2383,6 +2428,24 @@ mod settle_tests {
             (0x1060, frame(B, 0x7fff_0000, true)),
         ];
         assert_eq!(settle(0x1000, &[], &frames), 0x1060);
+    }
+
+    #[test]
+    fn a_cleared_hint_settles_to_its_live_caller() {
+        // 3.14+: frames that returned lost their code objects (B called C; both returned).
+        let frames = [
+            (0x1000, frame(A, 0, true)),
+            (0x1060, frame(0, 0x1000, false)),
+            (0x10e0, frame(0, 0x1060, false)),
+        ];
+        assert_eq!(settle(0x10e0, &[], &frames), 0x1000);
+        assert_eq!(settle(0x1060, &[], &frames), 0x1000);
+        // A caller that names a frame above itself is no caller.
+        let frames = [
+            (0x1000, frame(A, 0, true)),
+            (0x1060, frame(0, 0x1100, false)),
+        ];
+        assert_eq!(settle(0x1060, &[], &frames), 0x1060);
     }
 
     #[test]

@@ -28,7 +28,8 @@ pub struct Extras {
     /// Tag bits of `_PyStackRef` to clear from `f_executable` (3.14+: `Py_TAG_BITS`).
     pub code_tag_mask: u64,
     /// 3.13: the frame's `int stacktop` follows `instr_ptr` (-1 while the frame runs). 3.14+
-    /// have `_PyStackRef *stackpointer` there, set to NULL only in debug builds.
+    /// have `_PyStackRef *stackpointer` there, set to NULL only in debug builds (liveness is
+    /// then told by the cleared code object, see `Liveness::ClearedCode`).
     pub stacktop_after_instr: bool,
 }
 

@@ -159,6 +159,7 @@ mod tests {
             lines: Vec::new(),
             first_traceable: 0,
             frame_bytes: 0,
+            has_locals: false,
         })
     }
 
