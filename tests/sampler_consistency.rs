@@ -1,7 +1,7 @@
 //! The frame cache must never change what is sampled: on targets whose stacks change between
 //! samples, a sampler with the 3.15 frame cache, one without it, a read-only one and a fresh
-//! one must give the same frames at the same instant (the target stopped), sample after
-//! sample, on every version.
+//! one must give the same frames at the same instant (the target stopped, and the samplers
+//! told so: `target_stopped`), sample after sample, on every version.
 
 mod common;
 
@@ -46,6 +46,7 @@ fn full_reader(pid: i32, label: &str) -> cpython::Sampler<pyfleet::memory::Proce
             frame_cache: false,
             read_only: true,
             skip_idle: false,
+            target_stopped: true,
             ..Default::default()
         },
     )
@@ -66,6 +67,8 @@ fn frame_cache_and_read_only_give_the_same_frames() {
                 SamplerOptions {
                     frame_cache,
                     read_only,
+                    // Every round reads the target stopped: the top is the pointer's.
+                    target_stopped: true,
                     ..Default::default()
                 },
             )

@@ -144,6 +144,11 @@ pub struct SamplerOptions {
     /// [`Pauser`](crate::memory::Pauser)): the stack is one instant's by construction. Pausing
     /// wakes sleeping threads, so it implies reading every thread (no `skip_idle`).
     pub blocking: bool,
+    /// The caller keeps the target stopped while it samples (SIGSTOP, a debugger's stop):
+    /// each thread's pointer to its top frame is its top, as with `blocking`, instead of the
+    /// top the frames show (a frame is linked before it becomes the current one and unlinked
+    /// before it is cleared: a thread stopped in between shows it).
+    pub target_stopped: bool,
     /// Code objects kept in the cache.
     pub code_cache_capacity: usize,
     /// Distinct stacks interned before the table starts afresh (and 2.5 times as many
@@ -159,6 +164,7 @@ impl Default for SamplerOptions {
             cpu_status: false,
             skip_idle: true,
             blocking: false,
+            target_stopped: false,
             code_cache_capacity: 4096,
             max_interned_stacks: 20_000,
         }
@@ -1433,7 +1439,8 @@ impl<M: RemoteMemory> Sampler<M> {
         let mut addr = ts.current_frame;
         let unread = ts.top_unread;
         // A paused thread's pointer is its top: nothing moved after it was read.
-        let settles = f.liveness != Liveness::Unknown && (unread || self.pauser.is_none());
+        let stopped = self.pauser.is_some() || self.opts.target_stopped;
+        let settles = f.liveness != Liveness::Unknown && (unread || !stopped);
         if settles && (in_chunk(addr) || unread) {
             let adaptive = self.layout.code.code_adaptive;
             let codes = &self.codes;
@@ -2244,17 +2251,13 @@ fn settle_top(
                 looked = true;
                 break;
             }
-            let known = match size_of(&c) {
-                Some((_, true)) => true,
-                // Pushed, not yet the thread's current frame.
-                Some((_, false)) => {
-                    looked = true;
-                    break;
-                }
-                // Its code object is new: what it calls, if anything, cannot be placed.
-                None => false,
-            };
-            if c.running == Some(true) {
+            // Its code object is new: what it calls, if anything, cannot be placed.
+            let (known, resumed) = size_of(&c).map_or((false, true), |(_, r)| (true, r));
+            // One that has not run past its `RESUME` is pushed but not yet its thread's
+            // current frame, or a trampoline that waits on its own callee (the 3.13+ clean-up
+            // frame of a class call, whose `__init__` runs on top of it): only what it calls
+            // can be the top.
+            if c.running == Some(true) && resumed {
                 top = Some(child);
             }
             if !known {
@@ -2393,6 +2396,8 @@ mod settle_tests {
             _ => None,
         }
     }
+    /// The instruction pointer of a frame that has not run past its `RESUME`.
+    const NOT_RESUMED: u64 = 1;
     fn frame(code: u64, previous: u64, running: bool) -> FrameHeader {
         FrameHeader {
             code,
@@ -2408,7 +2413,7 @@ mod settle_tests {
             hint,
             anchors.iter().copied(),
             |a| frames.iter().find(|(at, _)| *at == a).map(|(_, h)| *h),
-            |h| size(h.code).map(|s| (s, true)),
+            |h| size(h.code).map(|s| (s, h.instr != NOT_RESUMED)),
             |c| size(c).is_some(),
             |a| a >= CHUNK.0 && a < CHUNK.1,
         )
@@ -2446,6 +2451,24 @@ mod settle_tests {
             (0x1060, frame(0, 0x1100, false)),
         ];
         assert_eq!(settle(0x1060, &[], &frames), 0x1060);
+    }
+
+    #[test]
+    fn a_callee_not_yet_resumed_is_passed_through_but_not_the_top() {
+        let pushed = FrameHeader {
+            instr: NOT_RESUMED,
+            ..frame(B, 0x1000, true)
+        };
+        // Pushed, its arguments being bound: its caller is the top.
+        let frames = [(0x1000, frame(A, 0, true)), (0x1060, pushed)];
+        assert_eq!(settle(0x1000, &[], &frames), 0x1000);
+        // A trampoline (the clean-up frame of a class call) whose `__init__` runs on top.
+        let frames = [
+            (0x1000, frame(A, 0, true)),
+            (0x1060, pushed),
+            (0x10e0, frame(C, 0x1060, true)),
+        ];
+        assert_eq!(settle(0x1000, &[], &frames), 0x10e0);
     }
 
     #[test]
