@@ -120,11 +120,12 @@ pub struct FrameLayout {
 /// from one that returned (its bytes stay until a new frame overwrites them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Liveness {
-    /// Nothing in the frame tells: 3.11 writes nothing when a frame returns or resumes.
+    /// Nothing in the frame tells (a layout that names no such field).
     Unknown,
-    /// 3.12, 3.13: `stacktop`, the `int` at this offset, is -1 while the eval loop runs the
-    /// frame (`_PyFrame_GetStackPointer`), and at least 0 while it waits on a Python callee
-    /// and once it returned (`_PyFrame_SetStackPointer`).
+    /// 3.11-3.13: `stacktop`, the `int` at this offset, is -1 while the eval loop runs the
+    /// frame (3.11: `SET_LOCALS_FROM_FRAME`; 3.12+: `_PyFrame_GetStackPointer`), and at least
+    /// 0 while it waits on a Python callee and once it returned (`_PyFrame_SetStackPointer`).
+    /// On 3.11 a frame that resumed a generator runs too (the generator is called from C).
     RunningStacktop(u64),
     /// 3.14+: a frame that returned has its `f_executable` cleared, and one being cleared (it
     /// was unlinked first) has `_PyStackRef *stackpointer`, at this offset, at its first

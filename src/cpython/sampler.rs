@@ -16,10 +16,10 @@
 //! the chunks and are read (and next time prefetched) by address.
 //!
 //! The top frame: the thread state's pointer to it is read a microsecond or so before the
-//! frames, while the target runs. On 3.12+, whose frames say whether they are live
-//! ([`Liveness`]), the top is the one the frames show when they were read ([`settle_top`]);
-//! the pointer only says where to look. On 3.11, and for a thread paused by `blocking`, the
-//! pointer is the top. A walk that does not hold together (a frame without its code object, a
+//! frames, while the target runs. Frames say whether they are live ([`Liveness`]), so the top
+//! is the one the frames show when they were read ([`settle_top`]); the pointer only says
+//! where to look. For a thread paused by `blocking` (or `target_stopped`), the pointer is the
+//! top. A walk that does not hold together (a frame without its code object, a
 //! chain that climbs, a stale C-stack entry frame that no frame before its callee replaces) is
 //! read again.
 //!
@@ -1295,8 +1295,12 @@ impl<M: RemoteMemory> Sampler<M> {
         let mut reads = 1;
         loop {
             // Without the pointer to the top (3.11/3.12: its C frame was not read), the
-            // frames read may still tell the top (see `settle_top`).
-            let walked = match ts.top_unread && self.layout.frame.liveness == Liveness::Unknown {
+            // frames read may still tell the top (see `settle_top`); not on 3.11, where a
+            // frame that resumed a generator (from C) runs, while the generator's frame, the
+            // top, lives outside the chunk.
+            let l = &self.layout.frame;
+            let untold = l.liveness == Liveness::Unknown || l.is_entry.is_some();
+            let walked = match ts.top_unread && untold {
                 true => Err(UnwindError::Moved("the current frame's C frame")),
                 false => self.walk(own.as_ref().unwrap_or(b), &ts),
             };
@@ -2146,7 +2150,7 @@ struct FrameHeader {
     code: u64,
     previous: u64,
     instr: u64,
-    /// Whether the frame is live (see [`Liveness`]; 3.12/3.13: runs, a frame waiting on its
+    /// Whether the frame is live (see [`Liveness`]; 3.11-3.13: runs, a frame waiting on its
     /// callee does not); `None`: nothing tells.
     running: Option<bool>,
     /// 3.14+: its stack pointer is at its first local (being cleared, unless it has none).
@@ -2179,10 +2183,10 @@ impl FrameHeader {
 }
 
 /// The thread's top frame at the time its data stack was read, from the top frame at the
-/// time its thread state was read (`hint`, a microsecond or so earlier; 3.12+, whose frames
-/// say whether they are live, see [`Liveness`]). A thread's frames in one chunk lie back to
+/// time its thread state was read (`hint`, a microsecond or so earlier; frames say whether
+/// they are live, see [`Liveness`]). A thread's frames in one chunk lie back to
 /// back, each right after its caller, so the frames read say by themselves how the stack
-/// changed since the hint. "Runs" below is [`FrameHeader::running`]: on 3.12/3.13 the frame
+/// changed since the hint. "Runs" below is [`FrameHeader::running`]: on 3.11-3.13 the frame
 /// the eval loop runs, on 3.14+ any live frame.
 ///
 /// - It grew: the frames after the hint (each `size_of` its caller further on) have started and
@@ -2307,7 +2311,7 @@ fn settle_top(
     }
     anchors
         .take(4)
-        .find_map(|a| settle(a, overwritten).filter(|&(_, proven)| proven))
+        .find_map(|a| settle(a, overwritten || hint == 0).filter(|&(_, proven)| proven))
         .map_or(hint, |(top, _)| top)
 }
 

@@ -122,7 +122,9 @@ fn layout_311(version: Version) -> Layout {
             is_entry: Some(68), // frame.is_entry (bool)
             shim_owners: &[],   // 3.11 has no shim frames (entry frames carry is_entry)
             localsplus: 72,     // frame.localsplus
-            liveness: Liveness::Unknown,
+            // frame.stacktop (int): -1 while the eval loop runs the frame
+            // (SET_LOCALS_FROM_FRAME in Python/ceval.c), as on 3.12 and 3.13.
+            liveness: Liveness::RunningStacktop(64),
         },
         code: CodeLayout {
             size: 172,
