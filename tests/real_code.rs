@@ -22,11 +22,11 @@
 //! The share bounds are NOT the 2 and 3 points issue #12 asks for; they sit above what is
 //! measured so that this test guards failures, shortened samples and the size of the bias
 //! against regressions while that work goes on. SymPy and pyparsing: self gaps measured up to
-//! 8 points, total up to 17.5. Jinja2: self up to 22 points, the time of macros and of
-//! `Markup.__new__` (C calling back into Python, calls shorter than a microsecond) counted to
-//! their callers (`Context.call`, `escape`): a read of a thread takes longer than such calls
-//! (about 0.4-0.6 µs per range read, README), and the top pointer read first no longer
-//! matches the frames read after it (see the README's "Consistent samples").
+//! 8.9 points, total up to 17.5. Jinja2: self up to 22 points before the top was told by the
+//! frames (README, "Exactness on real code"), the time of macros and of `Markup.__new__` (C
+//! calling back into Python, calls shorter than a microsecond) counted to their callers
+//! (`Context.call`, `escape`); now 1.3-5.5 from 3.12 on (bound [`JINJA_MAX_SELF_312`]), still
+//! 9-16 on 3.11 (its top pointer is often unread: the README says why).
 //!
 //! The targets run on CPU 0 and pyfleet on CPU 1 when the machine has two (`taskset`): then
 //! the target runs while it is read, the hard case.
@@ -47,6 +47,8 @@ const WORKLOADS: &[(&str, f64, f64)] = &[
     ("jinja", 30.0, 25.0),
     ("parser", 12.0, 25.0),
 ];
+/// Jinja2's self bound from 3.12 on, where the top is told by the frames even across C calls.
+const JINJA_MAX_SELF_312: f64 = 15.0;
 const RATE: u32 = 250;
 /// The stop-the-world reference samples at a slightly different rate: at the same rate both
 /// recorders tick in a fixed phase (on one CPU, the non-blocking one reading right after each
@@ -281,6 +283,11 @@ fn real_libraries_sampled_without_stopping_match_stop_the_world() {
             continue; // one run per minor version (3.11 has two interpreters)
         }
         for &(workload, max_self, max_total) in WORKLOADS {
+            // Jinja2's `Context.call` bias is gone from 3.12 on (measured up to 5.5 points).
+            let max_self = match (workload, interp.minor) {
+                ("jinja", 12..) => JINJA_MAX_SELF_312,
+                _ => max_self,
+            };
             let what = format!("[3.{} {workload}]", interp.minor);
             let target = start(&python, workload);
             let stem = format!("{}-{workload}", interp.minor);
