@@ -3,6 +3,7 @@
 //!   /proc/PID/maps points (`tests/targets/trap_fifo.py`): `list`, `dump` and the daemon must
 //!   neither block on it nor miss a normal Python process beside it, and the daemon must stop at
 //!   `--duration` and within two seconds of SIGTERM;
+//! - the same trap with a symlink to /dev/zero and a 1 TiB sparse file in the FIFO's place;
 //! - a Python process whose 300 code objects, all on the stack, share one 1,000,000-character
 //!   name (`tests/targets/name_bomb.py`, 4 MB of text): `record` keeps every sample, names are
 //!   cut to 256 characters, and its peak RSS stays under 64 MiB;
@@ -32,9 +33,71 @@ fn busy(interp: &Interp, token: &str) -> Proc {
 }
 
 fn trap(interp: &Interp, token: &str) -> Proc {
-    let mut p = Proc::python(&interp.label, &interp.path, "trap_fifo.py", &[token]);
+    trap_of(interp, token, "fifo")
+}
+
+/// `tests/targets/trap_fifo.py` planting `mode` (fifo, zero, sparse) at its mapped path.
+fn trap_of(interp: &Interp, token: &str, mode: &str) -> Proc {
+    let mut p = Proc::python(&interp.label, &interp.path, "trap_fifo.py", &[token, mode]);
     p.wait_for_file("ready", READY_TIMEOUT);
     p
+}
+
+/// The same trap with endless or huge contents instead of a FIFO: a symlink to /dev/zero and
+/// a 1 TiB sparse file at the mapped path. `list` and `dump` answer within their deadlines
+/// and still list the normal process beside it (files named by a target are read through
+/// /proc/PID/map_files, regular files only, sizes capped).
+#[test]
+fn endless_or_huge_files_at_a_mapped_path_blind_nothing() {
+    let interp = any_interpreter();
+    for mode in ["zero", "sparse"] {
+        let token = unique_token(&format!("{mode}trap"));
+        let mut trap = trap_of(&interp, &token, mode);
+        let mut normal = busy(&interp, &token);
+        let planted = trap.dir().join("libpython3.12.so.1.0 (deleted)");
+        assert!(
+            std::fs::symlink_metadata(&planted).is_ok(),
+            "[{mode}] the trap's file is in place"
+        );
+        let started = Instant::now();
+        let out = run_with_timeout(pyfleet_command(&["list"]), Duration::from_secs(20));
+        assert!(out.success(), "[{mode}] list: {}", out.describe());
+        for p in [&normal, &trap] {
+            assert!(
+                out.stdout.contains(&p.pid().to_string()),
+                "[{mode}] list misses pid {} ({}):\n{}",
+                p.pid(),
+                p.what,
+                out.stdout
+            );
+        }
+        let dump = run_with_timeout(
+            pyfleet_command(&["dump", "--pid", &trap.pid().to_string()]),
+            Duration::from_secs(20),
+        );
+        assert!(
+            dump.success(),
+            "[{mode}] dump of the trap: {}",
+            dump.describe()
+        );
+        let dump = run_with_timeout(
+            pyfleet_command(&["dump", "--pid", &normal.pid().to_string()]),
+            Duration::from_secs(20),
+        );
+        assert!(
+            dump.success(),
+            "[{mode}] dump beside the trap: {}",
+            dump.describe()
+        );
+        assert!(
+            dump.stdout.contains("spin"),
+            "[{mode}] dump beside the trap: {}",
+            dump.describe()
+        );
+        eprintln!("[{mode}] list and dumps in {:?}", started.elapsed());
+        trap.kill();
+        normal.kill();
+    }
 }
 
 #[test]
