@@ -441,7 +441,6 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
     };
     let liveness_field = match liveness {
         Liveness::RunningStacktop(o) | Liveness::ClearedCode(o) => o,
-        Liveness::Unknown => 0,
     };
     let frame_fields = [
         fr("previous")?,

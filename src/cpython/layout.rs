@@ -120,8 +120,6 @@ pub struct FrameLayout {
 /// from one that returned (its bytes stay until a new frame overwrites them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Liveness {
-    /// Nothing in the frame tells (a layout that names no such field).
-    Unknown,
     /// 3.11-3.13: `stacktop`, the `int` at this offset, is -1 while the eval loop runs the
     /// frame (3.11: `SET_LOCALS_FROM_FRAME`; 3.12+: `_PyFrame_GetStackPointer`), and at least
     /// 0 while it waits on a Python callee and once it returned (`_PyFrame_SetStackPointer`).

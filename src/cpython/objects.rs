@@ -65,10 +65,12 @@ impl CodeInfo {
     /// we. Its own shims are such frames: the 3.13+ `__init__` clean-up frame of a class call,
     /// the 3.12 interpreter trampoline. Generator frames are always complete.
     pub fn started(&self, code_addr: u64, code_adaptive: u64, instr: u64) -> bool {
-        let first = code_addr
-            .wrapping_add(code_adaptive)
-            .wrapping_add(2 * u64::from(self.first_traceable));
-        instr >= first
+        instr >= self.first_traceable_at(code_addr.wrapping_add(code_adaptive))
+    }
+
+    /// Where its first traceable instruction is, for bytecode starting at `start`.
+    fn first_traceable_at(&self, start: u64) -> u64 {
+        start.wrapping_add(2 * u64::from(self.first_traceable))
     }
 
     /// Whether a frame of this code at `instr` has run past its first traceable instruction
@@ -78,9 +80,8 @@ impl CodeInfo {
     /// stack does not show it yet.
     pub fn resumed(&self, code_addr: u64, code_adaptive: u64, instr: u64) -> bool {
         let start = code_addr.wrapping_add(code_adaptive);
-        let first = start.wrapping_add(2 * u64::from(self.first_traceable));
         let end = start.wrapping_add(self.lines.last().map_or(0, |r| u64::from(r.end)));
-        instr > first && instr < end
+        instr > self.first_traceable_at(start) && instr < end
     }
 }
 
@@ -228,6 +229,7 @@ pub fn read_codes<M: RemoteMemory>(
             if code_type.is_some_and(|ty| h.u64(8) != Ok(ty)) {
                 return Err(UnwindError::NotCode(addr));
             }
+            let nlocalsplus = h.i32(c.nlocalsplus)?;
             Ok(CodeParts {
                 strs: [h.u64(c.name)?, h.u64(c.qualname)?, h.u64(c.filename)?],
                 table: h.u64(c.linetable)?,
@@ -237,8 +239,8 @@ pub fn read_codes<M: RemoteMemory>(
                     .ok()
                     .filter(|&i| i <= MAX_FIRST_TRACEABLE)
                     .unwrap_or(0),
-                frame_bytes: frame_bytes(h.i32(c.nlocalsplus)?, h.i32(c.stacksize)?, layout),
-                has_locals: h.i32(c.nlocalsplus)? > 0,
+                frame_bytes: frame_bytes(nlocalsplus, h.i32(c.stacksize)?, layout),
+                has_locals: nlocalsplus > 0,
             })
         })
         .collect();

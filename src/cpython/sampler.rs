@@ -1188,10 +1188,7 @@ impl<M: RemoteMemory> Sampler<M> {
                         match b.get(Key::Word(at)) {
                             _ if cf == 0 => 0,
                             Some(w) => Bytes(w).u64(0)?,
-                            None => match near_entry()
-                                .filter(|_| l.frame.liveness != Liveness::Unknown)
-                                .and_then(|w| Bytes(w).u64(0).ok())
-                            {
+                            None => match near_entry().and_then(|w| Bytes(w).u64(0).ok()) {
                                 Some(w) if w != 0 => w,
                                 // A C frame the prediction did not know: read later, its
                                 // pointer could be anything (the C frame may be gone). The
@@ -1298,9 +1295,7 @@ impl<M: RemoteMemory> Sampler<M> {
             // frames read may still tell the top (see `settle_top`); not on 3.11, where a
             // frame that resumed a generator (from C) runs, while the generator's frame, the
             // top, lives outside the chunk.
-            let l = &self.layout.frame;
-            let untold = l.liveness == Liveness::Unknown || l.is_entry.is_some();
-            let walked = match ts.top_unread && untold {
+            let walked = match ts.top_unread && self.layout.frame.is_entry.is_some() {
                 true => Err(UnwindError::Moved("the current frame's C frame")),
                 false => self.walk(own.as_ref().unwrap_or(b), &ts),
             };
@@ -1444,7 +1439,7 @@ impl<M: RemoteMemory> Sampler<M> {
         let unread = ts.top_unread;
         // A paused thread's pointer is its top: nothing moved after it was read.
         let stopped = self.pauser.is_some() || self.opts.target_stopped;
-        let settles = f.liveness != Liveness::Unknown && (unread || !stopped);
+        let settles = unread || !stopped;
         if settles && (in_chunk(addr) || unread) {
             let adaptive = self.layout.code.code_adaptive;
             let codes = &self.codes;
@@ -1459,7 +1454,7 @@ impl<M: RemoteMemory> Sampler<M> {
                 // callee with an empty stack too.
                 let known = codes.peek(&h.code);
                 if h.emptied && h.code != 0 && known.is_some_and(|e| !e.info.has_locals) {
-                    h.running = Some(true);
+                    h.running = true;
                 }
                 // 3.14+ tell live frames by a code object that is set, which leftovers of
                 // older, larger frames (whatever values they held) mostly have too: a frame
@@ -1469,7 +1464,7 @@ impl<M: RemoteMemory> Sampler<M> {
                     && !in_chunk(h.previous)
                     && known.is_none()
                 {
-                    h.running = Some(false);
+                    h.running = false;
                 }
                 Some(h)
             };
@@ -2151,8 +2146,8 @@ struct FrameHeader {
     previous: u64,
     instr: u64,
     /// Whether the frame is live (see [`Liveness`]; 3.11-3.13: runs, a frame waiting on its
-    /// callee does not); `None`: nothing tells.
-    running: Option<bool>,
+    /// callee does not).
+    running: bool,
     /// 3.14+: its stack pointer is at its first local (being cleared, unless it has none).
     emptied: bool,
     shim: bool,
@@ -2172,9 +2167,8 @@ impl FrameHeader {
             previous: b.u64(f.previous).ok()?,
             instr: b.u64(f.instr).ok()?,
             running: match f.liveness {
-                Liveness::RunningStacktop(off) => Some(b.i32(off).ok()? == -1),
-                Liveness::ClearedCode(_) => Some(code != 0 && !emptied),
-                Liveness::Unknown => None,
+                Liveness::RunningStacktop(off) => b.i32(off).ok()? == -1,
+                Liveness::ClearedCode(_) => code != 0 && !emptied,
             },
             emptied,
             shim: f.shim_owners.contains(&owner),
@@ -2221,7 +2215,7 @@ fn settle_top(
         size_of(&first)?;
         // The highest running frame up the chain of callees, and whether the frame after the
         // last of the chain was read and is no callee.
-        let mut top = (first.running == Some(true)).then_some(start);
+        let mut top = first.running.then_some(start);
         let mut looked = false;
         let (mut at, mut cur) = (start, first);
         for _ in 0..MAX_SETTLE {
@@ -2251,7 +2245,7 @@ fn settle_top(
             }
             // A frame that runs has no live callee of its own pushing: one that names it and
             // does not run returned (or is not yet its thread's current frame).
-            if cur.running == Some(true) && c.previous == at && c.running == Some(false) {
+            if cur.running && c.previous == at && !c.running {
                 looked = true;
                 break;
             }
@@ -2261,7 +2255,7 @@ fn settle_top(
             // current frame, or a trampoline that waits on its own callee (the 3.13+ clean-up
             // frame of a class call, whose `__init__` runs on top of it): only what it calls
             // can be the top.
-            if c.running == Some(true) && resumed {
+            if c.running && resumed {
                 top = Some(child);
             }
             if !known {
@@ -2287,7 +2281,7 @@ fn settle_top(
                 None if header(at).is_some_and(|h| h.code == 0 && !h.shim) => {}
                 None => break,
             }
-            let Some(h) = header(at).filter(|h| h.running == Some(false)) else {
+            let Some(h) = header(at).filter(|h| !h.running) else {
                 break;
             };
             // Not through a C call into Python: a frame that does not run may still be live
@@ -2407,7 +2401,7 @@ mod settle_tests {
             code,
             previous,
             instr: 0,
-            running: Some(running),
+            running,
             emptied: false,
             shim: false,
         }
