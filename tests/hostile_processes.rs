@@ -43,6 +43,30 @@ fn trap_of(interp: &Interp, token: &str, mode: &str) -> Proc {
     p
 }
 
+/// `list` returns and lists both the trap and the normal process; `dump` of the trap returns.
+fn list_and_dump_beside(trap: &Proc, normal: &Proc, mode: &str) {
+    let out = run_with_timeout(pyfleet_command(&["list"]), Duration::from_secs(20));
+    assert!(out.success(), "[{mode}] list: {}", out.describe());
+    for p in [normal, trap] {
+        assert!(
+            out.stdout.contains(&p.pid().to_string()),
+            "[{mode}] list misses pid {} ({}):\n{}",
+            p.pid(),
+            p.what,
+            out.stdout
+        );
+    }
+    let dump = run_with_timeout(
+        pyfleet_command(&["dump", "--pid", &trap.pid().to_string()]),
+        Duration::from_secs(20),
+    );
+    assert!(
+        dump.success(),
+        "[{mode}] dump of the trap: {}",
+        dump.describe()
+    );
+}
+
 /// The same trap with endless or huge contents instead of a FIFO: a symlink to /dev/zero and
 /// a 1 TiB sparse file at the mapped path. `list` and `dump` answer within their deadlines
 /// and still list the normal process beside it (files named by a target are read through
@@ -60,26 +84,7 @@ fn endless_or_huge_files_at_a_mapped_path_blind_nothing() {
             "[{mode}] the trap's file is in place"
         );
         let started = Instant::now();
-        let out = run_with_timeout(pyfleet_command(&["list"]), Duration::from_secs(20));
-        assert!(out.success(), "[{mode}] list: {}", out.describe());
-        for p in [&normal, &trap] {
-            assert!(
-                out.stdout.contains(&p.pid().to_string()),
-                "[{mode}] list misses pid {} ({}):\n{}",
-                p.pid(),
-                p.what,
-                out.stdout
-            );
-        }
-        let dump = run_with_timeout(
-            pyfleet_command(&["dump", "--pid", &trap.pid().to_string()]),
-            Duration::from_secs(20),
-        );
-        assert!(
-            dump.success(),
-            "[{mode}] dump of the trap: {}",
-            dump.describe()
-        );
+        list_and_dump_beside(&trap, &normal, mode);
         let dump = run_with_timeout(
             pyfleet_command(&["dump", "--pid", &normal.pid().to_string()]),
             Duration::from_secs(20),
@@ -109,23 +114,7 @@ fn a_fifo_planted_at_a_mapped_path_blinds_nothing() {
     let fifo = trap.dir().join("libpython3.12.so.1.0 (deleted)");
     assert!(fifo.exists(), "the trap's FIFO is in place");
 
-    let out = run_with_timeout(pyfleet_command(&["list"]), Duration::from_secs(20));
-    assert!(out.success(), "list: {}", out.describe());
-    for p in [&normal, &trap] {
-        assert!(
-            out.stdout.contains(&p.pid().to_string()),
-            "list misses pid {} ({}):\n{}",
-            p.pid(),
-            p.what,
-            out.stdout
-        );
-    }
-
-    let dump = run_with_timeout(
-        pyfleet_command(&["dump", "--pid", &trap.pid().to_string()]),
-        Duration::from_secs(20),
-    );
-    assert!(dump.success(), "dump of the trap: {}", dump.describe());
+    list_and_dump_beside(&trap, &normal, "fifo");
 
     // The daemon: samples the normal process and stops at --duration.
     let dir = tempdir("pyfleet-fifotrap-");
