@@ -1440,7 +1440,7 @@ impl<M: RemoteMemory> Sampler<M> {
         // A paused thread's pointer is its top: nothing moved after it was read.
         let stopped = self.pauser.is_some() || self.opts.target_stopped;
         let settles = unread || !stopped;
-        if settles && (in_chunk(addr) || unread) {
+        if settles {
             let adaptive = self.layout.code.code_adaptive;
             let codes = &self.codes;
             let header = |a: u64| {
@@ -1480,13 +1480,31 @@ impl<M: RemoteMemory> Sampler<M> {
                 Some(ty) => mem.read_u64(c.wrapping_add(8)).is_ok_and(|t| t == ty),
                 None => true,
             };
-            // Without the pointer (its C frame unread), every frame of the last sample.
-            let below = |a: u64| a < addr || unread;
-            let anchors = chain
-                .iter()
-                .map(|c| c.addr)
-                .filter(|&a| below(a) && in_chunk(a));
-            addr = settle_top(addr, anchors, header, size_of, is_code, in_chunk);
+            // A pointer to an entry frame on the C stack (3.12+): the C call's Python callee
+            // returned, and the eval loop is about to leave, or left already and its C stack
+            // was reused (the frame's owner overwritten: not a frame of this thread's data
+            // stack, nor a generator's or a frame object's). Either way the thread runs, or
+            // will, in the entry frame's caller: the top is settled from there.
+            if !unread && addr != 0 && !in_chunk(addr) {
+                let in_older = older.iter().any(|&(s, e)| addr >= s && addr < e);
+                if let Some(h) = header(addr).filter(|h| {
+                    h.shim || (h.owner == OWNED_BY_THREAD && !in_older && h.previous != 0)
+                }) {
+                    if in_chunk(h.previous) {
+                        addr = h.previous;
+                    }
+                }
+            }
+            if in_chunk(addr) || unread {
+                // Without the pointer (its C frame unread), every frame of the last sample.
+                let below = |a: u64| a < addr || unread;
+                let anchors = chain
+                    .iter()
+                    .map(|c| c.addr)
+                    .filter(|&a| below(a) && in_chunk(a));
+                let in_older = |a: u64| older.iter().any(|&(s, e)| a >= s && a < e);
+                addr = settle_top(addr, anchors, header, size_of, is_code, in_chunk, in_older);
+            }
         }
         let top = addr;
         let mut tail = None;
@@ -1579,6 +1597,27 @@ impl<M: RemoteMemory> Sampler<M> {
             // time than the data stack: when it no longer names the frame the callee was pushed
             // after (the C call returned, its stack was reused), that frame is the caller.
             let from = self.raws[walked_from..].last().map(|r| r.addr);
+            // A thread's frames lie back to back in its chunk: a caller that does not end
+            // where its callee begins was pushed after the callee was read (the callee and its
+            // caller returned meanwhile). Their chain would splice two instants.
+            if let Some(x) = from.filter(|&x| in_chunk(x) && in_chunk(addr)) {
+                let code = fb.u64(f.code)? & !f.code_tag_mask;
+                let size = match f.shim_owners.contains(&owner) {
+                    true => None,
+                    false => self
+                        .codes
+                        .peek(&code)
+                        .map(|e| u64::from(e.info.frame_bytes)),
+                };
+                if size.is_some_and(|size| size > 0 && addr.wrapping_add(size) != x) {
+                    return Err(UnwindError::BadObject {
+                        addr: x,
+                        what: "a frame whose caller does not end where it begins (read while \
+                               it changed)"
+                            .into(),
+                    });
+                }
+            }
             if let Some(x) = from.filter(|&x| in_chunk(x) && !in_chunk(addr)) {
                 let header = |a: u64| {
                     let mut buf = [0u8; 256];
@@ -2151,6 +2190,7 @@ struct FrameHeader {
     /// 3.14+: its stack pointer is at its first local (being cleared, unless it has none).
     emptied: bool,
     shim: bool,
+    owner: u8,
 }
 
 impl FrameHeader {
@@ -2172,6 +2212,7 @@ impl FrameHeader {
             },
             emptied,
             shim: f.shim_owners.contains(&owner),
+            owner,
         })
     }
 }
@@ -2199,11 +2240,12 @@ impl FrameHeader {
 /// does not hold together leaves the hint, which the walk then checks as before.
 fn settle_top(
     hint: u64,
-    anchors: impl Iterator<Item = u64>,
+    anchors: impl Iterator<Item = u64> + Clone,
     header: impl Fn(u64) -> Option<FrameHeader>,
     size_of: impl Fn(&FrameHeader) -> Option<(u64, bool)>,
     is_code: impl Fn(u64) -> bool,
     in_chunk: impl Fn(u64) -> bool,
+    in_older: impl Fn(u64) -> bool,
 ) -> u64 {
     // The top found up from a frame and whether it is proven, or None when the frame's bytes
     // are not a known frame's. `anchored`: `start` is a frame of the last sample, tried
@@ -2269,7 +2311,7 @@ fn settle_top(
     // Down: a frame that does not run may have returned, with its callers: the top is found
     // from the first of them that proves it, short of a running one.
     let settle = |start: u64, anchored: bool| -> Option<(u64, bool)> {
-        let first = settle_from(start, anchored);
+        let mut first = settle_from(start, anchored);
         let mut at = start;
         for _ in 0..MAX_SETTLE {
             match settle_from(at, anchored) {
@@ -2284,11 +2326,48 @@ fn settle_top(
             let Some(h) = header(at).filter(|h| !h.running) else {
                 break;
             };
-            // Not through a C call into Python: a frame that does not run may still be live
-            // there (in C code that stored its stack pointer), and its C caller runs.
             at = match h.previous {
-                p if in_chunk(p) && p < at => p,
-                _ => break,
+                p if in_chunk(p) && p < at => {
+                    // Its caller's place holds another frame now (one that does not end where
+                    // `at` begins): `at` returned with its caller, and that frame was pushed
+                    // since. What `start` said is void: the top is found from that frame.
+                    let size = header(p).and_then(|c| size_of(&c)).map(|(size, _)| size);
+                    if size.is_some_and(|size| p.wrapping_add(size) != at) {
+                        first = settle_from(p, anchored);
+                    }
+                    p
+                }
+                // Through a C call into Python only when the call's eval loop left `at`: it
+                // went back to its entry frame (3.12/3.13: that frame runs; 3.14+: `at`, not
+                // running, returned), or left it and its C stack was reused (the entry frame
+                // is no frame now: not a shim, a generator's or one of an older chunk; the
+                // caller is then the frame that ends where `at` begins).
+                // A frame that does not run may still be live otherwise (in C code that
+                // stored its stack pointer), and its C caller runs.
+                e => {
+                    let caller = match header(e) {
+                        Some(eh) if eh.shim => eh.running.then_some(eh.previous),
+                        Some(eh) if eh.owner == OWNED_BY_GENERATOR || in_older(e) => None,
+                        Some(_) => anchors
+                            .clone()
+                            .chain((1..=MAX_CALLER_SCAN / 8).map(|k| at.wrapping_sub(8 * k)))
+                            .find(|&a| {
+                                in_chunk(a)
+                                    && header(a)
+                                        .filter(|h| !h.shim)
+                                        .and_then(|h| size_of(&h))
+                                        .is_some_and(|(size, _)| a.wrapping_add(size) == at)
+                            }),
+                        None => None,
+                    };
+                    match caller {
+                        Some(p) if in_chunk(p) && p < at => {
+                            first = settle_from(p, anchored);
+                            p
+                        }
+                        _ => break,
+                    }
+                }
             };
         }
         first.map(|(top, _)| (top, false))
@@ -2304,6 +2383,7 @@ fn settle_top(
         return hint;
     }
     anchors
+        .clone()
         .take(4)
         .find_map(|a| settle(a, overwritten || hint == 0).filter(|&(_, proven)| proven))
         .map_or(hint, |(top, _)| top)
@@ -2404,6 +2484,7 @@ mod settle_tests {
             running,
             emptied: false,
             shim: false,
+            owner: OWNED_BY_THREAD,
         }
     }
     fn settle(hint: u64, anchors: &[u64], frames: &[(u64, FrameHeader)]) -> u64 {
@@ -2414,6 +2495,7 @@ mod settle_tests {
             |h| size(h.code).map(|s| (s, h.instr != NOT_RESUMED)),
             |c| size(c).is_some(),
             |a| a >= CHUNK.0 && a < CHUNK.1,
+            |_| false,
         )
     }
 
@@ -2497,6 +2579,50 @@ mod settle_tests {
             (0x1070, frame(0xbeef, 0x7fff_0000, true)),
         ];
         assert_eq!(settle(0x1060, &[0x1000], &frames), 0x1000);
+    }
+
+    #[test]
+    fn a_hint_whose_callers_place_holds_another_frame_is_void() {
+        // B returned, and so did its caller; C (called from C code: its caller is an entry
+        // frame on the C stack) now runs where B's caller was, and ends below B.
+        let frames = [
+            (0x1000, frame(C, 0x7fff_0000, true)),
+            (0x1060, frame(B, 0x1000, false)),
+        ];
+        assert_eq!(settle(0x1060, &[], &frames), 0x1000);
+    }
+
+    #[test]
+    fn a_returned_callee_of_a_c_call_gives_way_to_the_c_caller() {
+        const ENTRY: u64 = 0x7fff_0000;
+        let entry = |running: bool| FrameHeader {
+            shim: true,
+            owner: 3,
+            ..frame(0x5, 0x1000, running)
+        };
+        // A called C code that called B; B returned, and the C call's eval loop went back to
+        // its entry frame (which then runs).
+        let with = |e: FrameHeader| {
+            [
+                (0x1000, frame(A, 0, true)),
+                (0x1060, frame(B, ENTRY, false)),
+                (ENTRY, e),
+            ]
+        };
+        assert_eq!(settle(0x1060, &[], &with(entry(true))), 0x1000);
+        // The entry frame does not run: B may still be live (in C code that stored its stack
+        // pointer).
+        assert_eq!(settle(0x1060, &[], &with(entry(false))), 0x1060);
+        // The C call returned and its C stack was reused: the caller is the frame that ends
+        // where B begins.
+        let reused = frame(0x77, 0x4242, false);
+        assert_eq!(settle(0x1060, &[], &with(reused)), 0x1000);
+        // A generator's frame called B: it is not followed.
+        let generator = FrameHeader {
+            owner: OWNED_BY_GENERATOR,
+            ..frame(C, 0, true)
+        };
+        assert_eq!(settle(0x1060, &[], &with(generator)), 0x1060);
     }
 
     #[test]
