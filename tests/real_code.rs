@@ -25,8 +25,8 @@
 //! 8.9 points, total up to 17.5. Jinja2: self up to 22 points before the top was told by the
 //! frames (README, "Exactness on real code"), the time of macros and of `Markup.__new__` (C
 //! calling back into Python, calls shorter than a microsecond) counted to their callers
-//! (`Context.call`, `escape`); now 1.3-5.5 from 3.12 on (bound [`JINJA_MAX_SELF_312`]), still
-//! 9-16 on 3.11 (its top pointer is often unread: the README says why).
+//! (`Context.call`, `escape`); now 1.3-5.5 on every version (3.11 since a callee of C code,
+//! waiting on its own callee, is no longer taken for a frame that returned).
 //!
 //! The targets run on CPU 0 and pyfleet on CPU 1 when the machine has two (`taskset`): then
 //! the target runs while it is read, the hard case.
@@ -44,11 +44,9 @@ use std::time::Duration;
 /// share gap, in points.
 const WORKLOADS: &[(&str, f64, f64)] = &[
     ("sympy", 12.0, 25.0),
-    ("jinja", 30.0, 25.0),
+    ("jinja", 12.0, 25.0),
     ("parser", 12.0, 25.0),
 ];
-/// Jinja2's self bound from 3.12 on, where the top is told by the frames even across C calls.
-const JINJA_MAX_SELF_312: f64 = 15.0;
 const RATE: u32 = 250;
 /// The stop-the-world reference samples at a slightly different rate: at the same rate both
 /// recorders tick in a fixed phase (on one CPU, the non-blocking one reading right after each
@@ -283,11 +281,6 @@ fn real_libraries_sampled_without_stopping_match_stop_the_world() {
             continue; // one run per minor version (3.11 has two interpreters)
         }
         for &(workload, max_self, max_total) in WORKLOADS {
-            // Jinja2's `Context.call` bias is gone from 3.12 on (measured up to 5.5 points).
-            let max_self = match (workload, interp.minor) {
-                ("jinja", 12..) => JINJA_MAX_SELF_312,
-                _ => max_self,
-            };
             let what = format!("[3.{} {workload}]", interp.minor);
             let target = start(&python, workload);
             let stem = format!("{}-{workload}", interp.minor);

@@ -74,6 +74,10 @@ const TOP_BEHIND: u64 = 2048;
 const TOP_OVERLAP: u64 = 256;
 /// 3.12+: bytes of C stack prefetched below a thread's innermost entry frame.
 const ENTRY_WINDOW: u64 = 8192;
+/// Code objects loaded after a sample because a frame of theirs stopped the search for a top.
+const MAX_CALLEE_CODES: usize = 4;
+/// Addresses remembered as no code object's (so that they are not read again each sample).
+const MAX_NOT_CODE: usize = 64;
 /// 3.11/3.12: C frames of a thread whose current-frame words are prefetched.
 const MAX_CFRAMES: usize = 4;
 /// Most reads of a whole sample (see `Sampler::sample`).
@@ -589,6 +593,11 @@ pub struct Sampler<M: RemoteMemory> {
     /// The distinct code objects of the last sample: their validation fields are prefetched
     /// with the next sample's batch (before 3.14), so validating costs no syscall of its own.
     prev_codes: Vec<u64>,
+    /// Code objects of frames that stopped the search for a top (see `walk`), loaded after
+    /// the sample (at most [`MAX_CALLEE_CODES`]), and addresses found to be none (the newest
+    /// [`MAX_NOT_CODE`]).
+    callee_codes: Vec<u64>,
+    not_code: Vec<u64>,
     /// Which threads ran since they were read (`skip_idle`), the epoch of the last sample
     /// read in full that succeeded (`out` holds it), and how many samples in a row were
     /// kept whole since.
@@ -664,6 +673,8 @@ impl<M: RemoteMemory> Sampler<M> {
             chain_new: Vec::new(),
             codes_changed: false,
             prev_codes: Vec::new(),
+            callee_codes: Vec::new(),
+            not_code: Vec::new(),
             watch: if opts.skip_idle && !opts.blocking {
                 RunWatch::new(pid)
             } else {
@@ -1004,6 +1015,7 @@ impl<M: RemoteMemory> Sampler<M> {
             self.finish(&mut work)
         });
         self.work = work;
+        self.load_callee_codes();
         r
     }
 
@@ -1440,6 +1452,7 @@ impl<M: RemoteMemory> Sampler<M> {
         // A paused thread's pointer is its top: nothing moved after it was read.
         let stopped = self.pauser.is_some() || self.opts.target_stopped;
         let settles = unread || !stopped;
+        let mut unknown_callee = None;
         if settles {
             let adaptive = self.layout.code.code_adaptive;
             let codes = &self.codes;
@@ -1504,7 +1517,25 @@ impl<M: RemoteMemory> Sampler<M> {
                     .filter(|&a| below(a) && in_chunk(a));
                 let in_older = |a: u64| older.iter().any(|&(s, e)| a >= s && a < e);
                 addr = settle_top(addr, anchors, header, size_of, is_code, in_chunk, in_older);
+                // A frame after the top that names it, with a code object not known yet,
+                // stopped the search there (its size is unknown): its code object is loaded
+                // after the sample, so that the next reads look past it.
+                unknown_callee = header(addr)
+                    .and_then(|h| size_of(&h))
+                    .map(|(size, _)| addr.wrapping_add(size))
+                    .filter(|&c| in_chunk(c))
+                    .and_then(&header)
+                    .filter(|c| c.previous == addr && c.code != 0 && !c.shim)
+                    .map(|c| c.code)
+                    .filter(|c| codes.peek(c).is_none());
             }
+        }
+        if let Some(code) = unknown_callee.filter(|c| {
+            !self.not_code.contains(c)
+                && !self.callee_codes.contains(c)
+                && self.callee_codes.len() < MAX_CALLEE_CODES
+        }) {
+            self.callee_codes.push(code);
         }
         let top = addr;
         let mut tail = None;
@@ -1897,6 +1928,51 @@ impl<M: RemoteMemory> Sampler<M> {
         }
     }
 
+    /// Loads, best effort, the code objects of frames that stopped the search for a top
+    /// (their size was unknown, see `walk`); what is no code object is remembered as such.
+    fn load_callee_codes(&mut self) {
+        let mut pending = std::mem::take(&mut self.callee_codes);
+        pending.retain(|c| self.codes.peek(c).is_none());
+        if pending.is_empty() {
+            self.callee_codes = pending;
+            return;
+        }
+        let (fp_lo, fp_len) = self.fingerprint_span();
+        let mut fps = vec![0u8; fp_len * pending.len()];
+        let read = read_codes(&self.mem, &self.layout, self.code_type, &pending).and_then(|i| {
+            let spans = pending.iter().map(|&a| (a.wrapping_add(fp_lo), fp_len));
+            read_chunks(&self.mem, spans, &mut fps).map(|_| i)
+        });
+        let infos: Vec<Option<_>> = match read {
+            Ok(infos) => infos.into_iter().map(Some).collect(),
+            Err(_) => pending.iter().map(|_| None).collect(),
+        };
+        for ((&a, info), fp) in pending.iter().zip(infos).zip(fps.chunks_exact(fp_len)) {
+            match info {
+                Some(Ok(info)) => {
+                    let info = Arc::new(info);
+                    let function = self.table.function(&info);
+                    // Validated as any cached one before its first use in a stack.
+                    let entry = CodeEntry {
+                        function,
+                        info,
+                        fingerprint: fingerprint(fp),
+                        valid_at: 0,
+                    };
+                    self.cache_code(a, entry);
+                }
+                _ => {
+                    if self.not_code.len() >= MAX_NOT_CODE {
+                        self.not_code.remove(0);
+                    }
+                    self.not_code.push(a);
+                }
+            }
+        }
+        pending.clear();
+        self.callee_codes = pending;
+    }
+
     /// Caches a code object, the least recently used ones leaving first when the cache would
     /// hold more than [`MAX_CODE_CACHE_BYTES`] (or its entry count).
     fn cache_code(&mut self, addr: u64, entry: CodeEntry) {
@@ -2191,6 +2267,8 @@ struct FrameHeader {
     emptied: bool,
     shim: bool,
     owner: u8,
+    /// 3.11: the first frame its eval loop ran (a C call into Python, or a generator).
+    entry: bool,
 }
 
 impl FrameHeader {
@@ -2213,6 +2291,10 @@ impl FrameHeader {
             emptied,
             shim: f.shim_owners.contains(&owner),
             owner,
+            entry: match f.is_entry {
+                Some(off) => b.u8(off).ok()? != 0,
+                None => false,
+            },
         })
     }
 }
@@ -2286,8 +2368,10 @@ fn settle_top(
                 break;
             }
             // A frame that runs has no live callee of its own pushing: one that names it and
-            // does not run returned (or is not yet its thread's current frame).
-            if cur.running && c.previous == at && !c.running {
+            // does not run returned (or is not yet its thread's current frame). But for a
+            // callee of C code it called (3.11: such callees name it, and are entry frames),
+            // which waits on a callee of its own as any frame does.
+            if cur.running && c.previous == at && !c.running && !c.entry {
                 looked = true;
                 break;
             }
@@ -2485,6 +2569,7 @@ mod settle_tests {
             emptied: false,
             shim: false,
             owner: OWNED_BY_THREAD,
+            entry: false,
         }
     }
     fn settle(hint: u64, anchors: &[u64], frames: &[(u64, FrameHeader)]) -> u64 {
@@ -2549,6 +2634,29 @@ mod settle_tests {
             (0x10e0, frame(C, 0x1060, true)),
         ];
         assert_eq!(settle(0x1000, &[], &frames), 0x10e0);
+    }
+
+    #[test]
+    fn a_callee_of_c_code_waits_on_its_own_callee() {
+        // 3.11: A called C code that called B (an entry frame naming A); B waits on C, which
+        // runs. A runs too (its eval loop is in the C call).
+        let entry = |code, previous, running| FrameHeader {
+            entry: true,
+            ..frame(code, previous, running)
+        };
+        let frames = [
+            (0x1000, frame(A, 0, true)),
+            (0x1060, entry(B, 0x1000, false)),
+            (0x10e0, frame(C, 0x1060, true)),
+        ];
+        assert_eq!(settle(0x1000, &[], &frames), 0x10e0);
+        // Not an entry frame: B returned, and what is above it is older still.
+        let frames = [
+            (0x1000, frame(A, 0, true)),
+            (0x1060, frame(B, 0x1000, false)),
+            (0x10e0, frame(C, 0x1060, true)),
+        ];
+        assert_eq!(settle(0x1000, &[], &frames), 0x1000);
     }
 
     #[test]
