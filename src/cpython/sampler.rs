@@ -1498,10 +1498,10 @@ impl<M: RemoteMemory> Sampler<M> {
             // was reused (the frame's owner overwritten: not a frame of this thread's data
             // stack, nor a generator's or a frame object's). Either way the thread runs, or
             // will, in the entry frame's caller: the top is settled from there.
+            let in_older = |a: u64| older.iter().any(|&(s, e)| a >= s && a < e);
             if !unread && addr != 0 && !in_chunk(addr) {
-                let in_older = older.iter().any(|&(s, e)| addr >= s && addr < e);
                 if let Some(h) = header(addr).filter(|h| {
-                    h.shim || (h.owner == OWNED_BY_THREAD && !in_older && h.previous != 0)
+                    h.shim || (h.owner == OWNED_BY_THREAD && !in_older(addr) && h.previous != 0)
                 }) {
                     if in_chunk(h.previous) {
                         addr = h.previous;
@@ -1515,7 +1515,6 @@ impl<M: RemoteMemory> Sampler<M> {
                     .iter()
                     .map(|c| c.addr)
                     .filter(|&a| below(a) && in_chunk(a));
-                let in_older = |a: u64| older.iter().any(|&(s, e)| a >= s && a < e);
                 addr = settle_top(addr, anchors, header, size_of, is_code, in_chunk, in_older);
                 // A frame after the top that names it, with a code object not known yet,
                 // stopped the search there (its size is unknown): its code object is loaded
@@ -1689,12 +1688,8 @@ impl<M: RemoteMemory> Sampler<M> {
                     }
                 };
                 if !fits {
-                    let below = chain
-                        .iter()
-                        .map(|c| c.addr)
-                        .filter(|&a| a < x && in_chunk(a))
-                        .chain((1..=MAX_CALLER_SCAN / 8).map(|k| x.wrapping_sub(8 * k)))
-                        .find(|&a| in_chunk(a) && adjacent(a));
+                    let last = chain.iter().map(|c| c.addr).filter(|&a| a < x);
+                    let below = caller_below(x, last, in_chunk, adjacent);
                     if let Some(y) = below {
                         // The stale entry frame is left out: what it says is another call's.
                         addr = y;
@@ -1890,33 +1885,12 @@ impl<M: RemoteMemory> Sampler<M> {
         let over = load.len() > MAX_CODES_PER_SAMPLE;
         load.truncate(MAX_CODES_PER_SAMPLE);
         if !load.is_empty() {
-            let infos = read_codes(&self.mem, &self.layout, self.code_type, &load)?;
-            let mut fps = vec![0u8; fp_len * load.len()];
-            read_chunks(
-                &self.mem,
-                load.iter().map(|&a| (a.wrapping_add(fp_lo), fp_len)),
-                &mut fps,
-            )?;
-            for ((&a, info), fp) in load.iter().zip(infos).zip(fps.chunks_exact(fp_len)) {
-                match info {
-                    Ok(info) => {
-                        let info = Arc::new(info);
-                        let function = self.table.function(&info);
-                        self.cache_code(
-                            a,
-                            CodeEntry {
-                                function,
-                                info,
-                                fingerprint: fingerprint(fp),
-                                valid_at: stamp,
-                            },
-                        );
-                    }
-                    // Every frame but the interpreter's shims runs a code object: one that
-                    // does not was read while it changed (its bytes are another frame's, or
-                    // none), and the sample is read again or fails; it is never shortened.
-                    Err(e) => return Err(e),
-                }
+            let entries = self.read_code_entries(&load, stamp)?;
+            for (&a, entry) in load.iter().zip(entries) {
+                // Every frame but the interpreter's shims runs a code object: one that does
+                // not was read while it changed (its bytes are another frame's, or none), and
+                // the sample is read again or fails; it is never shortened.
+                self.cache_code(a, entry?);
             }
         }
         self.spare.codes = std::mem::replace(&mut self.prev_codes, distinct);
@@ -1928,6 +1902,33 @@ impl<M: RemoteMemory> Sampler<M> {
         }
     }
 
+    /// Reads code objects (what a stack needs of them, and their fingerprints) into cache
+    /// entries valid at `stamp`: one per address, or why it is no code object.
+    fn read_code_entries(
+        &mut self,
+        addrs: &[u64],
+        stamp: u64,
+    ) -> Result<Vec<Result<CodeEntry, UnwindError>>, UnwindError> {
+        let infos = read_codes(&self.mem, &self.layout, self.code_type, addrs)?;
+        let (fp_lo, fp_len) = self.fingerprint_span();
+        let mut fps = vec![0u8; fp_len * addrs.len()];
+        let spans = addrs.iter().map(|&a| (a.wrapping_add(fp_lo), fp_len));
+        read_chunks(&self.mem, spans, &mut fps)?;
+        Ok(infos
+            .into_iter()
+            .zip(fps.chunks_exact(fp_len))
+            .map(|(info, fp)| {
+                let info = Arc::new(info?);
+                Ok(CodeEntry {
+                    function: self.table.function(&info),
+                    info,
+                    fingerprint: fingerprint(fp),
+                    valid_at: stamp,
+                })
+            })
+            .collect())
+    }
+
     /// Loads, best effort, the code objects of frames that stopped the search for a top
     /// (their size was unknown, see `walk`); what is no code object is remembered as such.
     fn load_callee_codes(&mut self) {
@@ -1937,30 +1938,14 @@ impl<M: RemoteMemory> Sampler<M> {
             self.callee_codes = pending;
             return;
         }
-        let (fp_lo, fp_len) = self.fingerprint_span();
-        let mut fps = vec![0u8; fp_len * pending.len()];
-        let read = read_codes(&self.mem, &self.layout, self.code_type, &pending).and_then(|i| {
-            let spans = pending.iter().map(|&a| (a.wrapping_add(fp_lo), fp_len));
-            read_chunks(&self.mem, spans, &mut fps).map(|_| i)
-        });
-        let infos: Vec<Option<_>> = match read {
-            Ok(infos) => infos.into_iter().map(Some).collect(),
+        // Stamped 0: validated as any cached one before its first use in a stack.
+        let entries: Vec<Option<_>> = match self.read_code_entries(&pending, 0) {
+            Ok(entries) => entries.into_iter().map(Some).collect(),
             Err(_) => pending.iter().map(|_| None).collect(),
         };
-        for ((&a, info), fp) in pending.iter().zip(infos).zip(fps.chunks_exact(fp_len)) {
-            match info {
-                Some(Ok(info)) => {
-                    let info = Arc::new(info);
-                    let function = self.table.function(&info);
-                    // Validated as any cached one before its first use in a stack.
-                    let entry = CodeEntry {
-                        function,
-                        info,
-                        fingerprint: fingerprint(fp),
-                        valid_at: 0,
-                    };
-                    self.cache_code(a, entry);
-                }
+        for (&a, entry) in pending.iter().zip(entries) {
+            match entry {
+                Some(Ok(entry)) => self.cache_code(a, entry),
                 _ => {
                     if self.not_code.len() >= MAX_NOT_CODE {
                         self.not_code.remove(0);
@@ -2432,16 +2417,12 @@ fn settle_top(
                     let caller = match header(e) {
                         Some(eh) if eh.shim => eh.running.then_some(eh.previous),
                         Some(eh) if eh.owner == OWNED_BY_GENERATOR || in_older(e) => None,
-                        Some(_) => anchors
-                            .clone()
-                            .chain((1..=MAX_CALLER_SCAN / 8).map(|k| at.wrapping_sub(8 * k)))
-                            .find(|&a| {
-                                in_chunk(a)
-                                    && header(a)
-                                        .filter(|h| !h.shim)
-                                        .and_then(|h| size_of(&h))
-                                        .is_some_and(|(size, _)| a.wrapping_add(size) == at)
-                            }),
+                        Some(_) => caller_below(at, anchors.clone(), &in_chunk, |a| {
+                            header(a)
+                                .filter(|h| !h.shim)
+                                .and_then(|h| size_of(&h))
+                                .is_some_and(|(size, _)| a.wrapping_add(size) == at)
+                        }),
                         None => None,
                     };
                     match caller {
@@ -2471,6 +2452,20 @@ fn settle_top(
         .take(4)
         .find_map(|a| settle(a, overwritten || hint == 0).filter(|&(_, proven)| proven))
         .map_or(hint, |(top, _)| top)
+}
+
+/// The frame of the chunk right before `callee` (it ends where `callee` begins, by `ends_at`):
+/// among `known` frames (the last sample's), then word by word down to [`MAX_CALLER_SCAN`]
+/// bytes below. Used when what links them (an entry frame on the C stack) is gone.
+fn caller_below(
+    callee: u64,
+    known: impl Iterator<Item = u64>,
+    in_chunk: impl Fn(u64) -> bool,
+    ends_at: impl Fn(u64) -> bool,
+) -> Option<u64> {
+    known
+        .chain((1..=MAX_CALLER_SCAN / 8).map(|k| callee.wrapping_sub(8 * k)))
+        .find(|&a| in_chunk(a) && ends_at(a))
 }
 
 /// What a cached code object costs in memory (roughly: its strings and decoded line table).
