@@ -206,10 +206,10 @@ impl StackSource for UnwinderSource {
                 .iter()
                 .filter_map(|&f| {
                     let key = table.frame_key(f)?;
-                    let code = table.function_info(key.function)?;
+                    let (qualname, filename) = table.function_names(key.function)?;
                     Some(FrameInfo {
-                        function: code.qualname.clone(),
-                        file: code.filename.clone(),
+                        function: qualname.clone(),
+                        file: filename.clone(),
                         line: key.line,
                     })
                 })

@@ -18,7 +18,7 @@ use std::time::SystemTime;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
-use crate::snapshot::{ProcessProfile, Snapshot, TRUNCATED_FUNCTION, UNKNOWN_FUNCTION};
+use crate::snapshot::{Frames, ProcessProfile, Snapshot, TRUNCATED_FUNCTION, UNKNOWN_FUNCTION};
 use crate::source::{FrameInfo, ThreadStatus};
 
 /// What a sampler sends every batch interval, and once more when it ends.
@@ -43,8 +43,6 @@ pub(crate) enum AggregatorMsg {
     Batch(Batch),
     TakeSnapshot(RpcReplyPort<Snapshot>),
 }
-
-type Frames = Arc<[FrameInfo]>;
 
 struct Life {
     epoch: u64,
@@ -74,11 +72,7 @@ pub(crate) struct Aggregation {
 }
 
 fn single_frame(function: &str) -> Frames {
-    Arc::from(vec![FrameInfo {
-        function: function.to_string(),
-        file: String::new(),
-        line: None,
-    }])
+    Arc::from(vec![FrameInfo::new(function, "", None)])
 }
 
 impl Aggregation {
@@ -166,9 +160,9 @@ impl Aggregation {
                     let c = merged.entry(key).or_default();
                     *c = c.saturating_add(n);
                 }
-                let mut samples: Vec<(ThreadStatus, Vec<FrameInfo>, u64)> = merged
+                let mut samples: Vec<(ThreadStatus, Frames, u64)> = merged
                     .into_iter()
-                    .map(|((status, frames), n)| (status, frames.to_vec(), n))
+                    .map(|((status, frames), n)| (status, frames, n))
                     .collect();
                 samples.sort_by(|a, b| {
                     b.2.cmp(&a.2)
@@ -236,17 +230,13 @@ mod tests {
 
     fn frames(name: &str) -> Vec<FrameInfo> {
         vec![
-            FrameInfo {
-                function: name.to_string(),
-                file: "a.py".to_string(),
-                line: Some(1),
-            },
-            FrameInfo {
-                function: "<module>".to_string(),
-                file: "a.py".to_string(),
-                line: None,
-            },
+            FrameInfo::new(name, "a.py", Some(1)),
+            FrameInfo::new("<module>", "a.py", None),
         ]
+    }
+
+    fn shared(name: &str) -> Frames {
+        frames(name).into()
     }
 
     const CPU: ThreadStatus = ThreadStatus {
@@ -290,13 +280,13 @@ mod tests {
         assert_eq!((p.pid, p.name.as_str()), (7, "app"));
         assert_eq!(
             p.samples,
-            vec![(CPU, frames("f"), 9), (IDLE, frames("g"), 1)]
+            vec![(CPU, shared("f"), 9), (IDLE, shared("g"), 1)]
         );
         // The next window starts empty, but the live sampler's frames are remembered.
         assert!(agg.take(SystemTime::UNIX_EPOCH).processes.is_empty());
         agg.add(batch(1, vec![(11, IDLE, 5)]));
         let snap = agg.take(SystemTime::UNIX_EPOCH);
-        assert_eq!(snap.processes[0].samples, vec![(IDLE, frames("g"), 5)]);
+        assert_eq!(snap.processes[0].samples, vec![(IDLE, shared("g"), 5)]);
     }
 
     #[test]
@@ -326,7 +316,7 @@ mod tests {
         let truncated: Vec<_> = p
             .samples
             .iter()
-            .filter(|s| s.1[0].function == TRUNCATED_FUNCTION)
+            .filter(|s| &*s.1[0].function == TRUNCATED_FUNCTION)
             .map(|s| (s.0, s.2))
             .collect();
         assert_eq!(truncated, vec![(CPU, 5), (IDLE, 2)]);
@@ -343,11 +333,11 @@ mod tests {
         b.epoch = 1;
         agg.add(b);
         let p = &agg.take(SystemTime::UNIX_EPOCH).processes[0];
-        assert!(p.samples.contains(&(CPU, frames("f"), 1)));
+        assert!(p.samples.contains(&(CPU, shared("f"), 1)));
         assert!(p
             .samples
             .iter()
-            .any(|s| s.1[0].function == UNKNOWN_FUNCTION && s.2 == 1));
+            .any(|s| &*s.1[0].function == UNKNOWN_FUNCTION && s.2 == 1));
     }
 
     #[test]

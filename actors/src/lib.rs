@@ -52,7 +52,7 @@ mod supervisor;
 mod timing;
 
 pub use fleet::{Fleet, FleetConfig, FleetError, FleetStatus, ProcessState, ProcessStatus};
-pub use snapshot::{ProcessProfile, Snapshot, SnapshotWriter};
+pub use snapshot::{Frames, ProcessProfile, Snapshot, SnapshotWriter};
 pub use source::{
     Discovery, FrameInfo, ProcessInfo, SampleError, SampledThread, SourceFactory, SourceStats,
     StackSource, ThreadStatus,

@@ -592,11 +592,7 @@ impl Tally {
 }
 
 fn unknown_stack() -> Vec<FrameInfo> {
-    vec![FrameInfo {
-        function: UNKNOWN_FUNCTION.to_string(),
-        file: String::new(),
-        line: None,
-    }]
+    vec![FrameInfo::new(UNKNOWN_FUNCTION, "", None)]
 }
 
 /// The per-process metric handles of one sampler, registered once.

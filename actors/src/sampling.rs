@@ -369,8 +369,8 @@ mod tests {
 
         fn resolve(&self, _stack: u64) -> Option<Vec<FrameInfo>> {
             Some(vec![FrameInfo {
-                function: "f".to_string(),
-                file: "f.py".to_string(),
+                function: "f".into(),
+                file: "f.py".into(),
                 line: Some(1),
             }])
         }

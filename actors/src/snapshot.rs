@@ -6,9 +6,14 @@
 //! package's `output/`.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::source::{FrameInfo, ThreadStatus};
+
+/// A stack's frames, innermost first; shared between the aggregator, snapshots and a
+/// recording (a clone copies no frame).
+pub type Frames = Arc<[FrameInfo]>;
 
 /// Everything sampled in one window, across the fleet.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,7 +33,7 @@ pub struct ProcessProfile {
     /// `(status, frames innermost first, count)`, one entry per distinct (status, frames),
     /// highest count first. A stack of the single frame [`TRUNCATED_FUNCTION`] holds the
     /// samples that did not fit under the per-process cap of distinct stacks.
-    pub samples: Vec<(ThreadStatus, Vec<FrameInfo>, u64)>,
+    pub samples: Vec<(ThreadStatus, Frames, u64)>,
 }
 
 /// Function name of the frame that stands for the samples over the distinct-stack cap.

@@ -8,6 +8,8 @@
 //! This module must not do any work itself: no I/O, no threads, no metrics. Whoever implements
 //! the traits decides how; the actors decide when.
 
+use std::sync::Arc;
+
 /// One process that [`Discovery::scan`] found and that should be profiled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcessInfo {
@@ -31,17 +33,23 @@ pub trait Discovery: Send + 'static {
     fn scan(&mut self) -> Vec<ProcessInfo>;
 }
 
-/// One frame of a resolved stack.
+/// One frame of a resolved stack. The names are shared (a source hands out the same
+/// `Arc` for every frame of one function), so a stack of deep frames costs a few words a
+/// frame wherever it is copied, not its strings.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FrameInfo {
-    pub function: String,
-    pub file: String,
+    pub function: Arc<str>,
+    pub file: Arc<str>,
     /// `None` when the instruction has no line (CPython's location table allows that).
     pub line: Option<i32>,
 }
 
 impl FrameInfo {
-    pub fn new(function: impl Into<String>, file: impl Into<String>, line: Option<i32>) -> Self {
+    pub fn new(
+        function: impl Into<Arc<str>>,
+        file: impl Into<Arc<str>>,
+        line: Option<i32>,
+    ) -> Self {
         FrameInfo {
             function: function.into(),
             file: file.into(),

@@ -251,7 +251,7 @@ async fn snapshots_count_per_stack_and_status_with_the_mode_applied() {
     assert_eq!((profile.pid, profile.name.as_str()), (501, "modes"));
     for (_, frames, _) in &profile.samples {
         let stack: u64 = frames[0].function[1..].parse().unwrap();
-        assert_eq!(*frames, frames_of(stack));
+        assert_eq!(frames[..], frames_of(stack)[..]);
     }
     assert!(p.resolves.lock().unwrap().values().all(|n| *n == 1));
 

@@ -104,7 +104,8 @@ mod tests {
                     vec![
                         FrameInfo::new("leaf", "/a.py", Some(3)),
                         FrameInfo::new("main", "/a.py", None),
-                    ],
+                    ]
+                    .into(),
                     2,
                 ),
                 (
@@ -112,13 +113,14 @@ mod tests {
                     vec![
                         FrameInfo::new("leaf", "/a.py", Some(3)),
                         FrameInfo::new("main", "/a.py", None),
-                    ],
+                    ]
+                    .into(),
                     3,
                 ),
-                (busy, vec![], 9),
+                (busy, vec![].into(), 9),
                 (
                     busy,
-                    vec![FrameInfo::new("evil;x\n1 2", "/b;c.py", Some(1))],
+                    vec![FrameInfo::new("evil;x\n1 2", "/b;c.py", Some(1))].into(),
                     1,
                 ),
             ],

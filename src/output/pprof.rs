@@ -197,9 +197,9 @@ pub fn build(snap: &Snapshot, ctx: &RenderContext) -> Profile {
                 continue;
             }
             let mut locs = Vec::with_capacity(frames.len());
-            for f in frames {
+            for f in frames.iter() {
                 let fid = *function_ids
-                    .entry((f.function.as_str(), f.file.as_str()))
+                    .entry((&*f.function, &*f.file))
                     .or_insert_with(|| {
                         let name = strings.get(&f.function);
                         let id = functions.len() as u64 + 1;
@@ -352,15 +352,19 @@ mod tests {
                     pid: 7,
                     name: "app".into(),
                     samples: vec![
-                        (gil, vec![leaf.clone(), main.clone()], 2),
-                        (ThreadStatus::default(), vec![leaf.clone(), main.clone()], 3),
-                        (gil, vec![], 9),
+                        (gil, vec![leaf.clone(), main.clone()].into(), 2),
+                        (
+                            ThreadStatus::default(),
+                            vec![leaf.clone(), main.clone()].into(),
+                            3,
+                        ),
+                        (gil, vec![].into(), 9),
                     ],
                 },
                 ProcessProfile {
                     pid: 8,
                     name: "other".into(),
-                    samples: vec![(gil, vec![main.clone()], 4)],
+                    samples: vec![(gil, vec![main.clone()].into(), 4)],
                 },
             ],
         };

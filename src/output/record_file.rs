@@ -181,10 +181,10 @@ pub fn merge(acc: &mut Snapshot, window: &Snapshot) {
         let mut added: Vec<(usize, u64)> = Vec::new();
         let mut fresh = Vec::new();
         for (i, (status, frames, _)) in target.samples.iter().enumerate() {
-            index.insert((*status, frames.as_slice()), i);
+            index.insert((*status, &frames[..]), i);
         }
         for (status, frames, n) in &p.samples {
-            match index.get(&(*status, frames.as_slice())) {
+            match index.get(&(*status, &frames[..])) {
                 Some(&i) => added.push((i, *n)),
                 None => fresh.push((*status, frames.clone(), *n)),
             }
@@ -220,7 +220,8 @@ mod tests {
                         function: function.into(),
                         file: "/a.py".into(),
                         line: Some(1),
-                    }],
+                    }]
+                    .into(),
                     n,
                 )],
             }],

@@ -282,7 +282,8 @@ mod tests {
                         function: "handle".into(),
                         file: "/srv/app.py".into(),
                         line: Some(7),
-                    }],
+                    }]
+                    .into(),
                     5,
                 )],
             }],

@@ -136,10 +136,14 @@ mod tests {
                     pid: 7,
                     name: "app".into(),
                     samples: vec![
-                        (gil, vec![leaf.clone(), main.clone()], 2),
-                        (ThreadStatus::default(), vec![leaf.clone(), main.clone()], 3),
-                        (gil, vec![main.clone()], 1),
-                        (gil, vec![], 9),
+                        (gil, vec![leaf.clone(), main.clone()].into(), 2),
+                        (
+                            ThreadStatus::default(),
+                            vec![leaf.clone(), main.clone()].into(),
+                            3,
+                        ),
+                        (gil, vec![main.clone()].into(), 1),
+                        (gil, vec![].into(), 9),
                     ],
                 },
                 ProcessProfile {

@@ -40,6 +40,8 @@ struct FunctionKey {
 pub struct StackTable {
     function_ids: HashMap<FunctionKey, FunctionId>,
     functions: Vec<Arc<CodeInfo>>,
+    /// The interned names of `functions[i]`, shared by every frame handed out.
+    function_keys: Vec<FunctionKey>,
     frame_ids: HashMap<FrameKey, FrameId>,
     frames: Vec<FrameKey>,
     stack_ids: HashMap<Box<[FrameId]>, StackId>,
@@ -71,6 +73,7 @@ impl StackTable {
             lines: Vec::new(),
             ..(**code).clone()
         }));
+        self.function_keys.push(key.clone());
         self.function_ids.insert(key, id);
         id
     }
@@ -102,6 +105,13 @@ impl StackTable {
         self.functions.get(id as usize)
     }
 
+    /// A function's qualified name and file, shared (cloning them does not copy the strings).
+    pub fn function_names(&self, id: FunctionId) -> Option<(&Arc<str>, &Arc<str>)> {
+        self.function_keys
+            .get(id as usize)
+            .map(|k| (&k.qualname, &k.filename))
+    }
+
     pub fn frame_key(&self, id: FrameId) -> Option<FrameKey> {
         self.frames.get(id as usize).copied()
     }
@@ -118,6 +128,7 @@ impl StackTable {
         self.stack_base = self.stack_base.wrapping_add(self.stacks.len() as StackId);
         self.function_ids.clear();
         self.functions.clear();
+        self.function_keys.clear();
         self.frame_ids.clear();
         self.frames.clear();
         self.stack_ids.clear();

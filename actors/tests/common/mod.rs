@@ -149,13 +149,13 @@ fn thread_name() -> String {
 pub fn frames_of(stack: u64) -> Vec<FrameInfo> {
     vec![
         FrameInfo {
-            function: format!("f{stack}"),
-            file: "fake.py".to_string(),
+            function: format!("f{stack}").into(),
+            file: "fake.py".into(),
             line: Some(stack as i32),
         },
         FrameInfo {
-            function: "<module>".to_string(),
-            file: "fake.py".to_string(),
+            function: "<module>".into(),
+            file: "fake.py".into(),
             line: None,
         },
     ]
@@ -433,7 +433,7 @@ pub fn counts(snaps: &[Snapshot], pid: i32) -> BTreeMap<(ThreadStatus, String), 
     for snap in snaps {
         for p in snap.processes.iter().filter(|p| p.pid == pid) {
             for (status, frames, n) in &p.samples {
-                *out.entry((*status, frames[0].function.clone()))
+                *out.entry((*status, frames[0].function.to_string()))
                     .or_default() += n;
             }
         }
