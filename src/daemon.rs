@@ -28,6 +28,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
         mode: settings.mode,
         rate: settings.rate.clone(),
         restart: settings.restart.clone(),
+        stop_timeout: STOP_GRACE,
         ..FleetConfig::default()
     };
     config.validate().map_err(|e| anyhow!("{e}"))?;
@@ -132,10 +133,9 @@ pub fn run(opts: RunOptions) -> Result<()> {
 
         let why = wait_for_end(settings.duration).await?;
         tracing::info!("{why}: writing the final snapshot");
-        let last = tokio::time::timeout(SHUTDOWN_GRACE, fleet.shutdown())
+        let last = stop_and_write(fleet)
             .await
-            .map_err(|_| anyhow!("{why}, but the fleet did not stop within {SHUTDOWN_GRACE:?}"))?
-            .map_err(|e| anyhow!("{e}"))?;
+            .map_err(|e| anyhow!("{why}, but {e}"))?;
         eprintln!("pyfleet: {why}; last snapshot {}", last.display());
         Ok(())
     });
@@ -144,8 +144,23 @@ pub fn run(opts: RunOptions) -> Result<()> {
     result
 }
 
-/// Longest the fleet is given to stop and write its last snapshot or file once told to end.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_millis(1500);
+/// Longest the fleet's samplers are given to stop once told to end (the daemon's and
+/// `record`'s `stop_timeout`); the final snapshot or file is written after.
+pub const STOP_GRACE: Duration = Duration::from_millis(1500);
+
+/// Stops the fleet (its samplers within [`STOP_GRACE`], what is stuck left behind) and writes
+/// its final snapshot or file, however long that takes: it holds everything sampled. A
+/// SIGINT or SIGTERM meanwhile abandons the write.
+pub async fn stop_and_write(fleet: Fleet) -> Result<std::path::PathBuf> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    tokio::select! {
+        written = fleet.shutdown() => written.map_err(|e| anyhow!("{e}")),
+        _ = term.recv() => Err(anyhow!("SIGTERM came while the final output was written: not written")),
+        _ = int.recv() => Err(anyhow!("SIGINT came while the final output was written: not written")),
+    }
+}
 
 /// The async runtime of the fleet's actors (the daemon's and `record`'s): two workers,
 /// since sampling itself runs on its own thread.

@@ -195,6 +195,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
             .unwrap_or(Duration::from_secs(3600)),
         mode: plan.mode,
         rate: plan.rate.clone(),
+        stop_timeout: crate::daemon::STOP_GRACE,
         ..FleetConfig::default()
     };
     config.validate().map_err(|e| anyhow!("{e}"))?;
@@ -265,15 +266,19 @@ pub fn run(opts: RecordOptions) -> Result<()> {
             // The rate came down under the CPU budget: time values would be guesses.
             writer.forget_rate();
         }
-        tokio::time::timeout(crate::daemon::SHUTDOWN_GRACE, fleet.shutdown())
-            .await
-            .map_err(|_| {
-                anyhow!(
-                    "the recording did not stop within {:?}",
-                    crate::daemon::SHUTDOWN_GRACE
-                )
-            })?
-            .map_err(|e| anyhow!("{e}"))?;
+        if progress {
+            let mut err = std::io::stderr().lock();
+            let line = format!("pyfleet: writing {}…", writer.path().display());
+            let _ = write!(err, "{}", pyfleet::output::for_terminal(&line));
+            let _ = err.flush();
+        }
+        let written = crate::daemon::stop_and_write(fleet).await;
+        if progress {
+            let mut err = std::io::stderr().lock();
+            let _ = write!(err, "\r\x1b[2K");
+            let _ = err.flush();
+        }
+        written?;
         Ok::<_, anyhow::Error>(why)
     });
     // Blocking work still running (a probe stuck on a target's file) is not waited for.

@@ -12,9 +12,10 @@
 //!
 //! Shutdown order: the supervisor stops every sampler actor, each of which has its slot
 //! removed from the sampling thread and waits until the slot's final batch is sent; then the
-//! sampling threads stop (finishing any slot still there) and are joined, bounded by
-//! `stop_timeout`; then the sink writes the final snapshot, which therefore holds every
-//! sample taken; then the sink and the aggregator stop.
+//! sampling threads stop (finishing any slot still there) and are joined, all of it bounded
+//! by `stop_timeout`; then the sink writes the final snapshot, which therefore holds every
+//! sample taken (not bounded: cut short, it would lose everything); then the sink and the
+//! aggregator stop.
 //!
 //! Owns [`FleetConfig`] (every knob of the actors, with the daemon's defaults), the start and
 //! shutdown order, and the status query. It must not parse command lines, install signal
@@ -60,7 +61,8 @@ pub struct FleetConfig {
     /// A sampler running this long counts as healthy: its next failure backs off from the
     /// initial backoff again (default 10 s).
     pub healthy_after: Duration,
-    /// How long a stopping sampler may take to send its final batch (default 5 s).
+    /// How long stopping may take as a whole: every sampler's final batch sent, the sampling
+    /// threads joined (default 5 s). The final snapshot is written after, whatever it takes.
     pub stop_timeout: Duration,
     /// OS threads that sample the fleet (default 1; at least 1). Every process is sampled by
     /// one of them, at the same ticks; a new process goes to the one with the fewest. One
@@ -290,32 +292,40 @@ impl Fleet {
     /// Stops the supervisor and every sampler (each sends its last partial batch) and the
     /// sampling threads, writes the final snapshot from everything aggregated since the last
     /// one, stops the remaining actors, and only then returns, with where the final snapshot
-    /// went.
+    /// went. Stopping is bounded by `stop_timeout` as a whole (what has not stopped by then is
+    /// left detached); the write is not: it is pyfleet's own work on data it bounds, and
+    /// cutting it short would lose the whole recording.
     pub async fn shutdown(self) -> Result<PathBuf, FleetError> {
+        let deadline = tokio::time::Instant::now() + self.stop_timeout;
         // Samplers first: each has its slot's final batch sent before it stops, so the
         // aggregator has them queued before the sink's request below.
-        let wait = self.stop_timeout * 3;
-        match self
-            .supervisor
-            .call(SupervisorMsg::Shutdown, Some(wait))
-            .await
-        {
-            Ok(CallResult::Success(())) => {}
-            _ => tracing::warn!("the supervisor did not confirm that every sampler stopped"),
+        let confirmed = tokio::time::timeout_at(
+            deadline,
+            self.supervisor
+                .call(SupervisorMsg::Shutdown, Some(self.stop_timeout)),
+        )
+        .await;
+        if !matches!(confirmed, Ok(Ok(CallResult::Success(())))) {
+            tracing::warn!("the supervisor did not confirm that every sampler stopped");
         }
-        let _ = self.supervisor.stop_and_wait(None, Some(wait)).await;
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let _ = self.supervisor.stop_and_wait(None, Some(left)).await;
         // Every slot is gone by now, unless a sampler gave up waiting for its removal: the
         // threads finish what is left (final batches first) before they end.
-        self.sampling.shutdown(self.stop_timeout).await;
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        self.sampling.shutdown(left).await;
 
         let written = match self.sink.call(SinkMsg::Final, None).await {
             Ok(CallResult::Success(result)) => result.map_err(FleetError::Snapshot),
             _ => Err(FleetError::ActorGone("snapshot sink")),
         };
-        let _ = self.sink.stop_and_wait(None, Some(wait)).await;
-        let _ = self.aggregator.stop_and_wait(None, Some(wait)).await;
+        let _ = self.sink.stop_and_wait(None, Some(self.stop_timeout)).await;
+        let _ = self
+            .aggregator
+            .stop_and_wait(None, Some(self.stop_timeout))
+            .await;
         for handle in self.handles {
-            let _ = handle.await;
+            let _ = tokio::time::timeout(self.stop_timeout, handle).await;
         }
         written
     }
