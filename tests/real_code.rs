@@ -3,30 +3,32 @@
 //! own `--blocking` ones (every thread paused for each read: one instant by construction),
 //! recorded over the same seconds of the same process.
 //!
-//! What must hold, per version and library:
-//! - failed samples at most [`MAX_FAILED_PERCENT`] of those attempted, non-blocking (the
-//!   issue's goal is 1%; measured 0-1.9% on CI, SymPy on 3.11 and 3.12 the highest);
-//! - samples shortened or empty (the target has one busy thread, so every sample written must
-//!   hold Python frames and end at the script's `<module>`) at most [`MAX_SHORT_PERCENT`]
-//!   non-blocking, none blocking;
-//! - every function's self and total share within the workload's bounds ([`WORKLOADS`]) of
-//!   the blocking reference.
+//! What must hold, per version and library (issue #12):
+//! - failed samples at most [`MAX_FAILED_PERCENT`] (1%) of those attempted, non-blocking
+//!   (beyond chance: [`Z`] binomial standard errors, about 0.46 points at 7,500 attempts);
+//! - no sample shortened: the target has one busy thread, so every sample written must hold
+//!   Python frames and end at the script's `<module>` (at most [`MAX_SHORT_PERCENT`]
+//!   non-blocking, none blocking);
+//! - every function's self share within [`SELF_GOAL`] (2) points and its total share within
+//!   [`TOTAL_GOAL`] (3) points of the blocking reference, as a statistical test (below). Not
+//!   met yet: the test bounds the gaps at the goals plus [`SELF_ALLOWANCE`] and
+//!   [`TOTAL_ALLOWANCE`], and prints how far each cell is from the goals themselves.
 //!
-//! Sizing: each side takes about `RATE * SECONDS` = 1500 samples. Two samplers of the same
-//! seconds differ by chance by about sqrt(2 p (1 - p) / 1500): under 1.1 points for a self
-//! share (p at most 10% here) and under 1.8 for a total share (p up to 50%); samples close in
-//! time are correlated, which the concurrent recording mostly cancels (both see the same
-//! phases); the largest of some hundred functions by chance alone stays under about 4.5
-//! points (self) in the README's measurements.
+//! Sizing. A share measured from `n` samples differs from the share of the same seconds by
+//! chance; two recorders of the same seconds differ by about `se = sqrt(p (1 - p) (1/n1 +
+//! 1/n2))` (p the pooled share), less where both see the same long phases (the concurrent
+//! recording cancels what the workload does slowly, so this binomial figure is an upper
+//! bound; `PYFLEET_REAL_CODE_NULL=1` replaces the blocking reference by a second non-blocking
+//! recorder to show chance alone). A function fails only when its gap exceeds the goal by more
+//! than [`Z`] (4) times `se`: a function whose true gap is the goal fails by chance less than
+//! once in 30,000, one with no bias never (the gap would be the goal plus 4 se). With
+//! [`SECONDS`] (30) at 250 Hz non-blocking and 487 Hz blocking (about 7,500 and 14,600
+//! samples), `se` is 0.43 points for a 10% share and 0.71 for a 50% one, so the test fails
+//! a self gap of about 3.7 points and a total gap of about 5.9 at those shares, and smaller
+//! gaps of smaller shares; the gaps themselves are printed for every cell.
 //!
-//! The share bounds are NOT the 2 and 3 points issue #12 asks for; they sit above what is
-//! measured so that this test guards failures, shortened samples and the size of the bias
-//! against regressions while that work goes on. SymPy and pyparsing: self gaps measured up to
-//! 8.9 points, total up to 17.5. Jinja2: self up to 22 points before the top was told by the
-//! frames (README, "Exactness on real code"), the time of macros and of `Markup.__new__` (C
-//! calling back into Python, calls shorter than a microsecond) counted to their callers
-//! (`Context.call`, `escape`); now 1.3-5.5 on every version (3.11 since a callee of C code,
-//! waiting on its own callee, is no longer taken for a frame that returned).
+//! `PYFLEET_REAL_CODE_SECONDS` and `PYFLEET_REAL_CODE_ONLY` (`3.12:parser,3.15:jinja`) are
+//! for measuring by hand; CI sets neither.
 //!
 //! The targets run on CPU 0 and pyfleet on CPU 1 when the machine has two (`taskset`): then
 //! the target runs while it is read, the hard case.
@@ -40,25 +42,39 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-/// Workloads (tests/targets/real_<name>.py) and their bounds on the largest self and total
-/// share gap, in points.
-const WORKLOADS: &[(&str, f64, f64)] = &[
-    ("sympy", 12.0, 25.0),
-    ("jinja", 12.0, 25.0),
-    ("parser", 12.0, 25.0),
-];
+/// Workloads: tests/targets/real_<name>.py.
+const WORKLOADS: &[&str] = &["sympy", "jinja", "parser"];
+/// The non-blocking recorder's rate (the short-calls test's too).
 const RATE: u32 = 250;
-/// The stop-the-world reference samples at a slightly different rate: at the same rate both
+/// The stop-the-world reference's rate. Not a multiple of [`RATE`]: at the same rate both
 /// recorders tick in a fixed phase (on one CPU, the non-blocking one reading right after each
 /// pause of the other), which biased the non-blocking side in some runs by up to 20 points on
-/// short_calls.py (3.12, measured with the code before and after issue #12's work alike); at
-/// 243 Hz the phase sweeps all of 4 ms every 35 samples and such runs did not recur.
-const BLOCKING_RATE: u32 = 243;
-const SECONDS: u32 = 6;
-const MAX_FAILED_PERCENT: f64 = 3.0;
-/// Measured up to 4.7% (CI, 3.12 Jinja2; 0-3.8% elsewhere): samples written without a Python
-/// frame, torn reads the checks do not yet catch (issue #12).
-const MAX_SHORT_PERCENT: f64 = 6.0;
+/// short_calls.py; at a rate that is not a multiple the phase sweeps the whole interval. A
+/// blocking sample stops the target about 0.2 ms: at 487 Hz it is stopped about 10% of the
+/// time (a non-blocking sample that lands then reads a still stack).
+const BLOCKING_RATE: u32 = 487;
+/// The short-calls test's reference rate (see [`BLOCKING_RATE`]).
+const SHORT_CALLS_BLOCKING_RATE: u32 = 243;
+/// Seconds each real-library cell records (`PYFLEET_REAL_CODE_SECONDS` overrides).
+const SECONDS: u32 = 30;
+/// Seconds each short-calls recording takes.
+const SHORT_CALLS_SECONDS: u32 = 6;
+const MAX_FAILED_PERCENT: f64 = 1.0;
+/// Samples written without a Python frame or not ending at `<module>`: torn reads the checks
+/// do not catch.
+const MAX_SHORT_PERCENT: f64 = 1.0;
+/// Issue #12's goals, points of share.
+const SELF_GOAL: f64 = 2.0;
+const TOTAL_GOAL: f64 = 3.0;
+/// What the goals are not met by yet (issue #12 is open): the test fails a gap past its goal
+/// plus this allowance (plus chance, [`Z`]). Largest gaps measured on this design (debug
+/// build, 30 s): self +3.6 points (3.12 Jinja2 `escape`: C calling back into Python), total
+/// +10.7 (3.11 Jinja2 `Macro._invoke`), +7.4 (3.11 SymPy), -4.2 (3.15 Jinja2's generator
+/// `root`). Each is printed for every cell, as is how far it is past the goal itself.
+const SELF_ALLOWANCE: f64 = 2.0;
+const TOTAL_ALLOWANCE: f64 = 8.0;
+/// Standard errors a gap must exceed its bound by to fail (see the module doc).
+const Z: f64 = 4.0;
 
 /// `${PYFLEET_VENVS:-~/.cache/pyfleet/venvs}/libs-3.X/bin/python` (scripts/setup-libs.sh).
 fn venv_python(minor: u32) -> Option<PathBuf> {
@@ -178,16 +194,79 @@ fn largest_gap(
     b: &BTreeMap<String, u64>,
     nb: u64,
 ) -> (f64, String) {
-    let share = |m: &BTreeMap<String, u64>, n: u64, k: &str| {
-        100.0 * *m.get(k).unwrap_or(&0) as f64 / n.max(1) as f64
-    };
-    a.keys()
-        .chain(b.keys())
-        .map(|k| ((share(a, na, k) - share(b, nb, k)).abs(), k.clone()))
+    gaps(a, na, b, nb)
+        .into_iter()
+        .map(|g| (g.points.abs(), g.function))
         .fold(
             (0.0, String::new()),
             |best, x| if x.0 > best.0 { x } else { best },
         )
+}
+
+/// One function's share in two profiles: the difference (points, first minus second) and the
+/// standard error of that difference by chance alone (points; see the module doc).
+struct Gap {
+    function: String,
+    points: f64,
+    se: f64,
+}
+
+impl Gap {
+    /// Standard errors by which the gap exceeds `goal` (negative: within it).
+    fn excess(&self, goal: f64) -> f64 {
+        (self.points.abs() - goal) / self.se.max(1e-9)
+    }
+}
+
+fn gaps(a: &BTreeMap<String, u64>, na: u64, b: &BTreeMap<String, u64>, nb: u64) -> Vec<Gap> {
+    let (na, nb) = (na.max(1) as f64, nb.max(1) as f64);
+    let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    keys.into_iter()
+        .map(|k| {
+            let (ka, kb) = (
+                *a.get(k).unwrap_or(&0) as f64,
+                *b.get(k).unwrap_or(&0) as f64,
+            );
+            let pooled = (ka + kb) / (na + nb);
+            Gap {
+                function: k.clone(),
+                points: 100.0 * (ka / na - kb / nb),
+                se: 100.0 * (pooled * (1.0 - pooled) * (1.0 / na + 1.0 / nb)).sqrt(),
+            }
+        })
+        .collect()
+}
+
+/// The gap of largest size, and the one that exceeds `goal` by most standard errors.
+fn worst(gaps: &[Gap], goal: f64) -> (&Gap, &Gap) {
+    let largest = gaps
+        .iter()
+        .max_by(|x, y| x.points.abs().total_cmp(&y.points.abs()));
+    let most_excess = gaps
+        .iter()
+        .max_by(|x, y| x.excess(goal).total_cmp(&y.excess(goal)));
+    match (largest, most_excess) {
+        (Some(l), Some(m)) => (l, m),
+        _ => panic!("no function in either profile"),
+    }
+}
+
+/// `+2.65 ± 0.91 (+0.7 se past 2) ABCMeta.__instancecheck__ (abc)`: the function with its
+/// file's last component.
+fn describe_gap(g: &Gap, goal: f64) -> String {
+    let function = match g.function.rsplit_once(" (") {
+        Some((name, file)) => {
+            let file = file.rsplit('/').next().unwrap_or(file);
+            format!("{name} ({file})")
+        }
+        None => g.function.clone(),
+    };
+    format!(
+        "{:+.2} ± {:.2} ({:+.1} se past {goal}) {function}",
+        g.points,
+        g.se,
+        g.excess(goal),
+    )
 }
 
 /// (samples written, failed samples) from record's last line.
@@ -213,6 +292,16 @@ fn counts(stderr: &str) -> (u64, u64) {
     (written, failed)
 }
 
+/// How a target is recorded both ways.
+#[derive(Clone, Copy)]
+struct Plan {
+    seconds: u32,
+    blocking_rate: u32,
+    /// The reference is a second non-blocking recorder (`--read-only`, so that two samplers
+    /// do not share the 3.15 marker): chance alone, for measuring by hand.
+    null: bool,
+}
+
 /// Records `target` without stopping it and with `--blocking` over the same seconds, into
 /// `dir/STEM-nb.folded` and `dir/STEM-b.folded`, then stops it. Returns the non-blocking
 /// record's output and both files, or what went wrong.
@@ -220,12 +309,17 @@ fn record_both(
     target: Target,
     dir: &Path,
     stem: &str,
+    plan: Plan,
 ) -> Result<(RunOutput, PathBuf, PathBuf), String> {
     let pid = target.0.id() as i32;
     let nb_file = dir.join(format!("{stem}-nb.folded"));
     let b_file = dir.join(format!("{stem}-b.folded"));
-    let nb = record(pid, &nb_file, false);
-    let b = record(pid, &b_file, true);
+    let nb = record(pid, &nb_file, RATE, &[], plan.seconds);
+    let reference: &[&str] = match plan.null {
+        true => &["--read-only"],
+        false => &["--blocking"],
+    };
+    let b = record(pid, &b_file, plan.blocking_rate, reference, plan.seconds);
     let (nb, b) = (nb.finish(), b.finish());
     drop(target);
     match nb.success() && b.success() {
@@ -234,33 +328,53 @@ fn record_both(
     }
 }
 
-fn record(pid: i32, out: &Path, blocking: bool) -> Running {
+fn record(pid: i32, out: &Path, rate: u32, flags: &[&str], seconds: u32) -> Running {
     let mut cmd = pinned(1, &pyfleet_exe());
-    let rate = match blocking {
-        true => BLOCKING_RATE,
-        false => RATE,
-    };
     cmd.args(["record", "--pid", &pid.to_string()])
         .args([
             "--rate",
             &rate.to_string(),
             "--duration",
-            &SECONDS.to_string(),
+            &seconds.to_string(),
         ])
+        .args(flags)
         .arg("-o")
         .arg(out);
-    if blocking {
-        cmd.arg("--blocking");
-    }
-    Running::start(cmd, Duration::from_secs(u64::from(SECONDS) + 60))
+    Running::start(cmd, Duration::from_secs(u64::from(seconds) + 60))
+}
+
+/// The real-library plan, and which cells to run: CI's unless the environment says otherwise
+/// (see the module doc).
+fn real_code_plan() -> (Plan, Option<Vec<String>>) {
+    let seconds = std::env::var("PYFLEET_REAL_CODE_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(SECONDS);
+    let only = std::env::var("PYFLEET_REAL_CODE_ONLY")
+        .ok()
+        .map(|s| s.split(',').map(str::to_string).collect());
+    let null = std::env::var("PYFLEET_REAL_CODE_NULL").is_ok_and(|v| v == "1");
+    let plan = Plan {
+        seconds,
+        blocking_rate: match null {
+            true => RATE - 7,
+            false => BLOCKING_RATE,
+        },
+        null,
+    };
+    (plan, only)
 }
 
 #[test]
 fn real_libraries_sampled_without_stopping_match_stop_the_world() {
     let dir = tempdir("pyfleet-real-code-");
+    let (plan, only) = real_code_plan();
     let mut failures = Vec::new();
-    let mut report = Vec::new();
+    let mut done = Vec::new();
     for interp in interpreters() {
+        if done.contains(&interp.minor) {
+            continue; // one run per minor version (3.11 has two interpreters)
+        }
         let Some(python) = venv_python(interp.minor) else {
             if std::env::var("PYFLEET_ALLOW_MISSING").is_ok_and(|v| v == "1") {
                 eprintln!(
@@ -274,17 +388,16 @@ fn real_libraries_sampled_without_stopping_match_stop_the_world() {
                 interp.minor
             );
         };
-        if report
-            .iter()
-            .any(|(v, ..): &(u32, String, String)| *v == interp.minor)
-        {
-            continue; // one run per minor version (3.11 has two interpreters)
-        }
-        for &(workload, max_self, max_total) in WORKLOADS {
-            let what = format!("[3.{} {workload}]", interp.minor);
+        done.push(interp.minor);
+        for &workload in WORKLOADS {
+            let cell = format!("3.{}:{workload}", interp.minor);
+            if only.as_ref().is_some_and(|o| !o.contains(&cell)) {
+                continue;
+            }
+            let what = format!("[{cell}]");
             let target = start(&python, workload);
             let stem = format!("{}-{workload}", interp.minor);
-            let (nb, nb_file, b_file) = match record_both(target, dir.path(), &stem) {
+            let (nb, nb_file, b_file) = match record_both(target, dir.path(), &stem, plan) {
                 Ok(done) => done,
                 Err(e) => {
                     failures.push(format!("{what} record failed: {e}"));
@@ -294,55 +407,63 @@ fn real_libraries_sampled_without_stopping_match_stop_the_world() {
             let (nb_written, nb_failed) = counts(&nb.stderr);
             let failed_pct = 100.0 * nb_failed as f64 / (nb_written + nb_failed).max(1) as f64;
             let (pn, pb) = (profile(&nb_file), profile(&b_file));
-            let (self_gap, self_fn) = largest_gap(&pn.leaf, pn.samples, &pb.leaf, pb.samples);
-            let (total_gap, total_fn) =
-                largest_gap(&pn.anywhere, pn.samples, &pb.anywhere, pb.samples);
-            report.push((
-                interp.minor,
-                workload.to_string(),
-                format!(
-                    "{what} {} samples, {failed_pct:.2}% failed, {} shortened; blocking {} \
-                     samples; largest self gap {self_gap:.2} ({self_fn}), total gap \
-                     {total_gap:.2} ({total_fn})",
-                    pn.samples,
-                    nb_written.saturating_sub(pn.samples) + pn.unrooted,
-                    pb.samples
-                ),
-            ));
-            if pn.samples < u64::from(RATE * SECONDS) / 2
-                || pb.samples < u64::from(RATE * SECONDS) / 4
-            {
+            let short = nb_written.saturating_sub(pn.samples) + pn.unrooted;
+            let short_pct = 100.0 * short as f64 / nb_written.max(1) as f64;
+            let self_gaps = gaps(&pn.leaf, pn.samples, &pb.leaf, pb.samples);
+            let total_gaps = gaps(&pn.anywhere, pn.samples, &pb.anywhere, pb.samples);
+            let (self_largest, self_worst) = worst(&self_gaps, SELF_GOAL);
+            let (total_largest, total_worst) = worst(&total_gaps, TOTAL_GOAL);
+            eprintln!(
+                "{what} {} samples, {failed_pct:.2}% failed, {short} shortened; reference {} \
+                 samples\n  self: largest {}; most past the goal {}\n  total: largest {}; \
+                 most past the goal {}",
+                pn.samples,
+                pb.samples,
+                describe_gap(self_largest, SELF_GOAL),
+                describe_gap(self_worst, SELF_GOAL),
+                describe_gap(total_largest, TOTAL_GOAL),
+                describe_gap(total_worst, TOTAL_GOAL),
+            );
+            let expected = u64::from(RATE * plan.seconds);
+            if pn.samples < expected / 2 || pb.samples < expected / 2 {
                 failures.push(format!(
                     "{what} too few samples: {} / {}",
                     pn.samples, pb.samples
                 ));
             }
-            if failed_pct > MAX_FAILED_PERCENT {
+            // Failures come in bursts (a phase of the workload that moves fast): failed by
+            // more than [`Z`] binomial standard errors past the goal.
+            let attempts = (nb_written + nb_failed).max(1) as f64;
+            let failed_se = 100.0 * (0.01 * 0.99 / attempts).sqrt();
+            if failed_pct > MAX_FAILED_PERCENT + Z * failed_se {
                 failures.push(format!(
                     "{what} {failed_pct:.2}% of samples failed: {}",
                     nb.stderr.trim()
                 ));
             }
-            let short = nb_written.saturating_sub(pn.samples) + pn.unrooted;
-            let short_pct = 100.0 * short as f64 / nb_written.max(1) as f64;
             if short_pct > MAX_SHORT_PERCENT || pb.unrooted > 0 {
                 failures.push(format!(
                     "{what} shortened samples: {} written, {} with frames; not ending at \
-                     <module>: {} non-blocking, {} blocking",
+                     <module>: {} non-blocking, {} reference",
                     nb_written, pn.samples, pn.unrooted, pb.unrooted
                 ));
             }
-            if self_gap > max_self || total_gap > max_total {
-                failures.push(format!(
-                    "{what} shares differ from the blocking reference: self {self_gap:.2} \
-                     points ({self_fn}), total {total_gap:.2} points ({total_fn})"
-                ));
+            for (gaps, bound, kind) in [
+                (&self_gaps, SELF_GOAL + SELF_ALLOWANCE, "self"),
+                (&total_gaps, TOTAL_GOAL + TOTAL_ALLOWANCE, "total"),
+            ] {
+                let (_, worst) = worst(gaps, bound);
+                if worst.excess(bound) > Z {
+                    failures.push(format!(
+                        "{what} a {kind} share differs from the reference by more than \
+                         {bound} points beyond chance: {}",
+                        describe_gap(worst, bound)
+                    ));
+                }
             }
         }
     }
-    for (.., line) in &report {
-        eprintln!("{line}");
-    }
+    assert!(!done.is_empty(), "no 3.11-3.15 interpreter found");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -389,8 +510,13 @@ fn short_calls_once(interp: &Interp, dir: &Path, attempt: &str) -> Result<(), St
     let what = format!("[{}]", interp.label);
     let target = start_script(&interp.path, "short_calls.py", &[]);
     let stem = format!("{}-{attempt}", interp.minor);
+    let plan = Plan {
+        seconds: SHORT_CALLS_SECONDS,
+        blocking_rate: SHORT_CALLS_BLOCKING_RATE,
+        null: false,
+    };
     let (_, nb_file, b_file) =
-        record_both(target, dir, &stem).map_err(|e| format!("{what} record failed: {e}"))?;
+        record_both(target, dir, &stem, plan).map_err(|e| format!("{what} record failed: {e}"))?;
     let (pn, pb) = (profile(&nb_file), profile(&b_file));
     let share = |p: &Profile, name: &str| {
         let n: u64 = p
@@ -422,7 +548,8 @@ fn short_calls_once(interp: &Interp, dir: &Path, attempt: &str) -> Result<(), St
         pn.samples, pb.samples, caller.0, caller.1
     );
     let mut missed = Vec::new();
-    if pn.samples < u64::from(RATE * SECONDS) / 2 || pb.samples < u64::from(RATE * SECONDS) / 4 {
+    let expected = u64::from(RATE * SHORT_CALLS_SECONDS);
+    if pn.samples < expected / 2 || pb.samples < expected / 4 {
         missed.push(format!(
             "{what} too few samples: {} / {}",
             pn.samples, pb.samples
