@@ -8,7 +8,8 @@
 #   - chromium, go tool pprof (Debian), speedscope's schema (npm), jsonschema (PyPI venv) for
 #     the output formats' test;
 #   - Rust dependencies (cargo fetches them);
-#   - formatting, clippy, unit and integration tests against real interpreters 3.11-3.15;
+#   - formatting, clippy, unit and integration tests against real interpreters 3.11-3.15
+#     (the real-code exactness test measures the release build);
 #   - cargo-fuzz (crates.io) and a short run of every fuzz target (scripts/fuzz.sh).
 # Every interpreter must be present: a missing one fails the run, it is not skipped.
 set -euo pipefail
@@ -36,6 +37,10 @@ cargo fmt --all -- --check
 
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "release build (the binary tests/real_code.rs measures: the one users run)"
+cargo build --release --locked --bin pyfleet
+export PYFLEET_EXACTNESS_BIN="$PWD/target/release/pyfleet"
 
 step "cargo test"
 cargo test --workspace --locked "$@"
