@@ -2250,6 +2250,9 @@ struct FrameHeader {
     running: bool,
     /// 3.14+: its stack pointer is at its first local (being cleared, unless it has none).
     emptied: bool,
+    /// 3.11-3.13: `running` tells a frame that runs from one that waits on a callee (3.14+:
+    /// both are live).
+    tells_waiting: bool,
     shim: bool,
     owner: u8,
     /// 3.11: the first frame its eval loop ran (a C call into Python, or a generator).
@@ -2274,6 +2277,7 @@ impl FrameHeader {
                 Liveness::ClearedCode(_) => code != 0 && !emptied,
             },
             emptied,
+            tells_waiting: matches!(f.liveness, Liveness::RunningStacktop(_)),
             shim: f.shim_owners.contains(&owner),
             owner,
             entry: match f.is_entry {
@@ -2414,6 +2418,18 @@ fn settle_top(
                 // A frame that does not run may still be live otherwise (in C code that
                 // stored its stack pointer), and its C caller runs.
                 e => {
+                    // Called by a generator (its frame lives outside the chunk) read with the
+                    // chunk: when the generator runs (3.11-3.13), or lives while `at` lost its
+                    // code object or is being cleared (3.14+), `at` returned to it, and it is
+                    // the top.
+                    if header(e).is_some_and(|eh| {
+                        eh.owner == OWNED_BY_GENERATOR
+                            && eh.running
+                            && eh.code != 0
+                            && (h.tells_waiting || h.code == 0 || h.emptied)
+                    }) {
+                        return Some((e, true));
+                    }
                     let caller = match header(e) {
                         Some(eh) if eh.shim => eh.running.then_some(eh.previous),
                         Some(eh) if eh.owner == OWNED_BY_GENERATOR || in_older(e) => None,
@@ -2562,10 +2578,58 @@ mod settle_tests {
             instr: 0,
             running,
             emptied: false,
+            tells_waiting: false,
             shim: false,
             owner: OWNED_BY_THREAD,
             entry: false,
         }
+    }
+    fn generator(code: u64, previous: u64, running: bool) -> FrameHeader {
+        FrameHeader {
+            owner: OWNED_BY_GENERATOR,
+            ..frame(code, previous, running)
+        }
+    }
+
+    #[test]
+    fn a_callee_of_a_generator_that_runs_again_returned() {
+        // A generator's frame (outside the chunk) called B and runs again: B returned.
+        const G: u64 = 0x7fff_0000;
+        // 3.14+: B lost its code object; the generator lives.
+        let frames = [
+            (0x1000, frame(A, 0, true)),
+            (G, generator(C, 0x1000, true)),
+            (0x1060, frame(0, G, false)),
+        ];
+        assert_eq!(settle(0x1060, &[], &frames), G);
+        // 3.11-3.13: B does not run, the generator does.
+        let waits = |h: FrameHeader| FrameHeader {
+            tells_waiting: true,
+            ..h
+        };
+        let frames = [
+            (0x1000, waits(frame(A, 0, false))),
+            (G, waits(generator(C, 0x1000, true))),
+            (0x1060, waits(frame(B, G, false))),
+        ];
+        assert_eq!(settle(0x1060, &[], &frames), G);
+        // 3.11-3.13: the generator waits (on B, which waits on its own callee): B stays.
+        let frames = [
+            (0x1000, waits(frame(A, 0, false))),
+            (G, waits(generator(C, 0x1000, false))),
+            (0x1060, waits(frame(B, G, false))),
+        ];
+        assert_eq!(settle(0x1060, &[], &frames), 0x1060);
+        // 3.14+: B is live (its code object known): the generator waits on it.
+        let frames = [
+            (0x1000, frame(A, 0, true)),
+            (G, generator(C, 0x1000, true)),
+            (0x1060, frame(B, G, true)),
+        ];
+        assert_eq!(settle(0x1060, &[], &frames), 0x1060);
+        // A generator whose frame was not read tells nothing.
+        let frames = [(0x1000, frame(A, 0, true)), (0x1060, frame(0, G, false))];
+        assert_eq!(settle(0x1060, &[], &frames), 0x1060);
     }
     fn settle(hint: u64, anchors: &[u64], frames: &[(u64, FrameHeader)]) -> u64 {
         settle_top(
