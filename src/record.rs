@@ -257,26 +257,17 @@ pub fn run(opts: RecordOptions) -> Result<()> {
                 draw(&what, &plan, started.elapsed(), &counters, status.as_ref());
             }
         };
-        if progress {
-            let mut err = std::io::stderr().lock();
-            let _ = write!(err, "\r\x1b[2K");
-            let _ = err.flush();
-        }
         if rate_changed {
             // The rate came down under the CPU budget: time values would be guesses.
             writer.forget_rate();
         }
         if progress {
-            let mut err = std::io::stderr().lock();
             let line = format!("pyfleet: writing {}…", writer.path().display());
-            let _ = write!(err, "{}", pyfleet::output::for_terminal(&line));
-            let _ = err.flush();
+            status_line(&pyfleet::output::for_terminal(&line));
         }
         let written = crate::daemon::stop_and_write(fleet).await;
         if progress {
-            let mut err = std::io::stderr().lock();
-            let _ = write!(err, "\r\x1b[2K");
-            let _ = err.flush();
+            status_line("");
         }
         written?;
         Ok::<_, anyhow::Error>(why)
@@ -392,14 +383,18 @@ fn draw(
     } else {
         what.to_string()
     };
-    let mut err = std::io::stderr().lock();
-    let _ = write!(
-        err,
-        "\r\x1b[2Krecording {what} {time}, {} samples, {} errors, {sampling} process{}",
+    status_line(&format!(
+        "recording {what} {time}, {} samples, {} errors, {sampling} process{}",
         counters.samples(),
         counters.errors(),
         if sampling == 1 { "" } else { "es" },
-    );
+    ));
+}
+
+/// Replaces the terminal's progress line with `text` (already fit for a terminal).
+fn status_line(text: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = write!(err, "\r\x1b[2K{text}");
     let _ = err.flush();
 }
 

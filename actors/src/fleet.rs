@@ -299,13 +299,11 @@ impl Fleet {
         let deadline = tokio::time::Instant::now() + self.stop_timeout;
         // Samplers first: each has its slot's final batch sent before it stops, so the
         // aggregator has them queued before the sink's request below.
-        let confirmed = tokio::time::timeout_at(
-            deadline,
-            self.supervisor
-                .call(SupervisorMsg::Shutdown, Some(self.stop_timeout)),
-        )
-        .await;
-        if !matches!(confirmed, Ok(Ok(CallResult::Success(())))) {
+        let confirmed = self
+            .supervisor
+            .call(SupervisorMsg::Shutdown, Some(self.stop_timeout))
+            .await;
+        if !matches!(confirmed, Ok(CallResult::Success(()))) {
             tracing::warn!("the supervisor did not confirm that every sampler stopped");
         }
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());

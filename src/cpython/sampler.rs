@@ -2417,21 +2417,22 @@ fn settle_top(
                 // caller is then the frame that ends where `at` begins).
                 // A frame that does not run may still be live otherwise (in C code that
                 // stored its stack pointer), and its C caller runs.
+                // Called by a generator (its frame lives outside the chunk) read with the
+                // chunk: when the generator runs (3.11-3.13), or lives while `at` lost its
+                // code object or is being cleared (3.14+), `at` returned to it, and it is the
+                // top.
                 e => {
-                    // Called by a generator (its frame lives outside the chunk) read with the
-                    // chunk: when the generator runs (3.11-3.13), or lives while `at` lost its
-                    // code object or is being cleared (3.14+), `at` returned to it, and it is
-                    // the top.
-                    if header(e).is_some_and(|eh| {
-                        eh.owner == OWNED_BY_GENERATOR
-                            && eh.running
-                            && eh.code != 0
-                            && (h.tells_waiting || h.code == 0 || h.emptied)
-                    }) {
-                        return Some((e, true));
-                    }
+                    let gone_if_caller_runs = h.tells_waiting || h.code == 0 || h.emptied;
                     let caller = match header(e) {
                         Some(eh) if eh.shim => eh.running.then_some(eh.previous),
+                        Some(eh)
+                            if eh.owner == OWNED_BY_GENERATOR
+                                && eh.running
+                                && eh.code != 0
+                                && gone_if_caller_runs =>
+                        {
+                            return Some((e, true));
+                        }
                         Some(eh) if eh.owner == OWNED_BY_GENERATOR || in_older(e) => None,
                         Some(_) => caller_below(at, anchors.clone(), &in_chunk, |a| {
                             header(a)
