@@ -313,6 +313,7 @@ fn bench(
         "resamples": st.resamples,
         "marker_writes": st.marker_writes,
         "table_resets": st.table_resets,
+        "cache_drops": st.cache_drops,
         "threads_unchanged": st.threads_unchanged,
         "samples_unchanged": st.samples_unchanged,
         "remote_reads": st.remote_reads,

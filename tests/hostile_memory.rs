@@ -166,9 +166,10 @@ fn garbled_reads_give_counted_errors_and_sampling_recovers() {
             fresh_ok += usize::from(fresh.sample().is_ok());
         }
         eprintln!(
-            "[{}] garbled: {ok} ok, {failed} failed in {garbled_time:?}; then clean: \
-             {recovered_ok}/300 ok (a fresh sampler: {fresh_ok}/300)",
-            interp.label
+            "[{}] garbled: {ok} ok, {failed} failed in {garbled_time:?} (code cache dropped \
+             {} times); then clean: {recovered_ok}/300 ok (a fresh sampler: {fresh_ok}/300)",
+            interp.label,
+            sampler.stats().cache_drops
         );
         assert!(
             recovered_ok + 45 >= fresh_ok,

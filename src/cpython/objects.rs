@@ -178,9 +178,30 @@ pub fn read_code<M: RemoteMemory>(
     code_type: Option<u64>,
     addr: u64,
 ) -> Result<CodeInfo, UnwindError> {
-    read_codes(mem, layout, code_type, &[addr])?
-        .pop()
-        .unwrap_or(Err(UnwindError::NotCode(addr)))
+    match read_codes(mem, layout, code_type, &[addr])?.pop() {
+        Some(code) => code.map(|c| c.info),
+        None => Err(UnwindError::NotCode(addr)),
+    }
+}
+
+/// The part of a code object whose words tell which object it is: from the lowest to the
+/// highest of its name, qualname, filename and line-table pointers. An object at the same
+/// address with the same words has the same contents (they are immutable once made).
+pub fn fingerprint_span(layout: &Layout) -> (u64, usize) {
+    let c = &layout.code;
+    let fields = [c.name, c.qualname, c.filename, c.linetable];
+    let lo = fields.iter().copied().min().unwrap_or(0);
+    let hi = fields.iter().copied().max().unwrap_or(0);
+    (lo, (hi - lo + 8) as usize)
+}
+
+/// A hash of a code object's [`fingerprint_span`] bytes.
+pub fn fingerprint(bytes: &[u8]) -> u64 {
+    bytes.chunks(8).fold(0xcbf2_9ce4_8422_2325u64, |h, c| {
+        let mut w = [0u8; 8];
+        w[..c.len()].copy_from_slice(c);
+        (h ^ u64::from_le_bytes(w)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// Most bytes believed for one frame (a code object's counts are the target's).
@@ -199,6 +220,7 @@ fn frame_bytes(nlocalsplus: i32, stacksize: i32, layout: &Layout) -> u32 {
 
 /// Where a code object's parts are, from its header.
 struct CodeParts {
+    fingerprint: u64,
     strs: [u64; 3],
     table: u64,
     first_line: i32,
@@ -207,17 +229,26 @@ struct CodeParts {
     has_locals: bool,
 }
 
+/// A code object as read, with the [`fingerprint`] of the header its contents came from.
+pub struct LoadedCode {
+    pub info: CodeInfo,
+    pub fingerprint: u64,
+}
+
 /// Reads many code objects in three syscalls whatever their number: all headers; then every
 /// string and line-table header; then all characters and tables. A batch-wide read failure
 /// is an `Err`; a bad object gives an `Err` in its own slot, the others are still read.
+/// Each comes with the [`fingerprint`] of the header it was read from, so that a cache
+/// validating it later compares against the very words its contents came from.
 pub fn read_codes<M: RemoteMemory>(
     mem: &M,
     layout: &Layout,
     code_type: Option<u64>,
     addrs: &[u64],
-) -> Result<Vec<Result<CodeInfo, UnwindError>>, UnwindError> {
+) -> Result<Vec<Result<LoadedCode, UnwindError>>, UnwindError> {
     let c = &layout.code;
-    let hsize = c.size as usize;
+    let (fp_lo, fp_len) = fingerprint_span(layout);
+    let hsize = (c.size as usize).max(fp_lo as usize + fp_len);
     // Round 1: headers.
     let mut headers = vec![0u8; hsize * addrs.len()];
     read_chunks(mem, addrs.iter().map(|&a| (a, hsize)), &mut headers)?;
@@ -231,6 +262,10 @@ pub fn read_codes<M: RemoteMemory>(
             }
             let nlocalsplus = h.i32(c.nlocalsplus)?;
             Ok(CodeParts {
+                fingerprint: fingerprint(
+                    h.0.get(fp_lo as usize..fp_lo as usize + fp_len)
+                        .unwrap_or_default(),
+                ),
                 strs: [h.u64(c.name)?, h.u64(c.qualname)?, h.u64(c.filename)?],
                 table: h.u64(c.linetable)?,
                 first_line: h.i32(c.firstlineno)?,
@@ -325,7 +360,7 @@ pub fn read_codes<M: RemoteMemory>(
                 text.next().unwrap_or_default(),
                 text.next().unwrap_or_default(),
             );
-            Ok(CodeInfo {
+            let info = CodeInfo {
                 name,
                 qualname,
                 filename,
@@ -334,6 +369,10 @@ pub fn read_codes<M: RemoteMemory>(
                 first_traceable: p.first_traceable,
                 frame_bytes: p.frame_bytes,
                 has_locals: p.has_locals,
+            };
+            Ok(LoadedCode {
+                info,
+                fingerprint: p.fingerprint,
             })
         })
         .collect())

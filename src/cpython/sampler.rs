@@ -46,7 +46,9 @@ use super::layout::{
     CurrentFrame, GilLayout, Layout, Liveness, CHUNK_DATA, CHUNK_PREVIOUS, CHUNK_SIZE, CHUNK_TOP,
     OWNED_BY_GENERATOR,
 };
-use super::objects::{read_chunks, read_codes, CodeInfo};
+use super::objects::{
+    fingerprint, fingerprint_span, read_chunks, read_codes, CodeInfo, LoadedCode,
+};
 use super::unwind::{Frame, InterpreterStacks, ThreadStack, MAX_DEPTH};
 use super::UnwindError;
 use crate::binary::RuntimeLocation;
@@ -82,6 +84,10 @@ const MAX_NOT_CODE: usize = 64;
 const MAX_CFRAMES: usize = 4;
 /// Most reads of a whole sample (see `Sampler::sample`).
 const MAX_SAMPLE_READS: u32 = 3;
+/// Failed samples in a row after which the cached code objects are dropped and loaded again:
+/// an entry read while its object changed (or freed and reused with the same fingerprint)
+/// would otherwise fail, or mislabel, every sample it is in for as long as it is cached.
+const FORGET_AFTER_FAILURES: u32 = 8;
 /// Most reads of one thread per sample (see `Sampler::walk_consistent`).
 const MAX_READS: u32 = 4;
 /// Most bytes of stacks one sample reads, every thread and every read again together (a deep
@@ -194,6 +200,9 @@ pub struct SamplerStats {
     pub marker_writes: u64,
     /// Times the interning table grew past its bounds and started afresh.
     pub table_resets: u64,
+    /// Times the cached code objects were dropped after [`FORGET_AFTER_FAILURES`] failed
+    /// samples in a row (a cached entry read torn would otherwise fail every sample it is in).
+    pub cache_drops: u64,
     /// Threads whose last stack was kept because they had not run (also counted as full
     /// frame-cache hits).
     pub threads_unchanged: u64,
@@ -604,6 +613,8 @@ pub struct Sampler<M: RemoteMemory> {
     watch: Option<RunWatch>,
     last_full: Option<u64>,
     whole_kept: u32,
+    /// Samples in a row that failed (see [`FORGET_AFTER_FAILURES`]).
+    failed_in_row: u32,
     /// `blocking`: pauses the target around each read; which threads ran just before.
     pauser: Option<Pauser>,
     running: Vec<i32>,
@@ -682,6 +693,7 @@ impl<M: RemoteMemory> Sampler<M> {
             },
             last_full: None,
             whole_kept: 0,
+            failed_in_row: 0,
             pauser: opts.blocking.then(|| Pauser::new(pid)),
             running: Vec::new(),
             tids: ThreadIds::new(pid),
@@ -734,9 +746,7 @@ impl<M: RemoteMemory> Sampler<M> {
         let max = self.opts.max_interned_stacks.max(1);
         if stacks > max || frames > max.saturating_mul(5) / 2 || functions > max {
             self.table.reset();
-            self.codes.clear();
-            self.code_bytes = 0;
-            self.threads.clear();
+            self.forget_codes();
             self.stats.table_resets += 1;
             self.last_full = None;
         }
@@ -791,6 +801,7 @@ impl<M: RemoteMemory> Sampler<M> {
         match r {
             Ok(()) => {
                 self.stats.samples += 1;
+                self.failed_in_row = 0;
                 self.last_full = Some(self.epoch);
                 if let Some(w) = self.watch.as_mut() {
                     for tc in self.threads.values() {
@@ -811,6 +822,12 @@ impl<M: RemoteMemory> Sampler<M> {
                 // The interpreter list is read afresh next time; a thread whose walk failed
                 // has already lost its cache (`collect`).
                 self.interps.clear();
+                self.failed_in_row += 1;
+                if self.failed_in_row >= FORGET_AFTER_FAILURES {
+                    self.failed_in_row = 0;
+                    self.forget_codes();
+                    self.stats.cache_drops += 1;
+                }
                 Err(e)
             }
         }
@@ -895,7 +912,7 @@ impl<M: RemoteMemory> Sampler<M> {
             }
         }
         if l.interp.code_object_generation.is_none() {
-            let (fp_lo, fp_len) = self.fingerprint_span();
+            let (fp_lo, fp_len) = fingerprint_span(&self.layout);
             for &a in &self.prev_codes {
                 b.push(Key::Code(a), a.wrapping_add(fp_lo), fp_len);
             }
@@ -959,16 +976,6 @@ impl<M: RemoteMemory> Sampler<M> {
                 .as_ref()
                 .and_then(|w| w.quiet_since(tc.tid))
                 .is_some_and(|since| tc.read_at >= since)
-    }
-
-    /// Where a code object's validation fields lie: (offset, length) covering its name,
-    /// qualname, file name and line table pointers.
-    fn fingerprint_span(&self) -> (u64, usize) {
-        let c = &self.layout.code;
-        let fields = [c.name, c.qualname, c.filename, c.linetable];
-        let lo = fields.iter().copied().min().unwrap_or(0);
-        let hi = fields.iter().copied().max().unwrap_or(0);
-        (lo, (hi - lo + 8) as usize)
     }
 
     /// The part of an interpreter state the sampler reads: from the lowest to the highest of
@@ -1640,6 +1647,11 @@ impl<M: RemoteMemory> Sampler<M> {
                         .map(|e| u64::from(e.info.frame_bytes)),
                 };
                 if size.is_some_and(|size| size > 0 && addr.wrapping_add(size) != x) {
+                    // Either the stack changed or the cached size is wrong (its code object
+                    // was read torn): the entry is loaded again when next needed.
+                    if let Some(e) = self.codes.pop(&code) {
+                        self.code_bytes = self.code_bytes.saturating_sub(entry_bytes(&e));
+                    }
                     return Err(UnwindError::BadObject {
                         addr: x,
                         what: "a frame whose caller does not end where it begins (read while \
@@ -1808,7 +1820,7 @@ impl<M: RemoteMemory> Sampler<M> {
         } else {
             self.epoch
         };
-        let (fp_lo, fp_len) = self.fingerprint_span();
+        let (fp_lo, fp_len) = fingerprint_span(&self.layout);
 
         // Distinct code objects of this sample, each counted once as a hit or a miss.
         let mut distinct = std::mem::take(&mut self.spare.codes);
@@ -1909,20 +1921,16 @@ impl<M: RemoteMemory> Sampler<M> {
         addrs: &[u64],
         stamp: u64,
     ) -> Result<Vec<Result<CodeEntry, UnwindError>>, UnwindError> {
-        let infos = read_codes(&self.mem, &self.layout, self.code_type, addrs)?;
-        let (fp_lo, fp_len) = self.fingerprint_span();
-        let mut fps = vec![0u8; fp_len * addrs.len()];
-        let spans = addrs.iter().map(|&a| (a.wrapping_add(fp_lo), fp_len));
-        read_chunks(&self.mem, spans, &mut fps)?;
-        Ok(infos
+        let codes = read_codes(&self.mem, &self.layout, self.code_type, addrs)?;
+        Ok(codes
             .into_iter()
-            .zip(fps.chunks_exact(fp_len))
-            .map(|(info, fp)| {
-                let info = Arc::new(info?);
+            .map(|code| {
+                let LoadedCode { info, fingerprint } = code?;
+                let info = Arc::new(info);
                 Ok(CodeEntry {
                     function: self.table.function(&info),
                     info,
-                    fingerprint: fingerprint(fp),
+                    fingerprint,
                     valid_at: stamp,
                 })
             })
@@ -1956,6 +1964,16 @@ impl<M: RemoteMemory> Sampler<M> {
         }
         pending.clear();
         self.callee_codes = pending;
+    }
+
+    /// Drops every cached code object (and what was found to be none), with the threads'
+    /// caches that refer to them.
+    fn forget_codes(&mut self) {
+        self.codes.clear();
+        self.code_bytes = 0;
+        self.prev_codes.clear();
+        self.not_code.clear();
+        self.threads.clear();
     }
 
     /// Caches a code object, the least recently used ones leaving first when the cache would
@@ -2542,15 +2560,6 @@ fn heavy(regions: &[(u64, u64)], outside: &[u64], walked: usize, room: u64) -> b
         }
     }
     bytes >= PAGE || pages > 2 || walked >= 32
-}
-
-/// A cheap digest of a code object's name, qualname, file and line-table pointers.
-fn fingerprint(bytes: &[u8]) -> u64 {
-    bytes.chunks(8).fold(0xcbf2_9ce4_8422_2325u64, |h, c| {
-        let mut w = [0u8; 8];
-        w[..c.len()].copy_from_slice(c);
-        (h ^ u64::from_le_bytes(w)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 #[cfg(test)]
