@@ -2,11 +2,12 @@
 //! fleet supervisor. A process counts as Python when `_PyRuntime` is found in it and its
 //! version can be read; processes that vanish or refuse us while we look are skipped.
 //!
-//! A probe reads files a target names and its memory: hostile input. [`probe_within`] runs
-//! it on a thread of its own and waits at most a deadline, so that one process (a file on a
-//! hung mount, a panic in a parser) costs that pid alone; a probe given up on keeps its thread
-//! until it returns, and at most [`MAX_STUCK_PROBES`] such threads exist (then new probes wait
-//! for one to end).
+//! A probe reads files a target names and its memory: hostile input. Each runs on a thread
+//! of its own, waited for at most a deadline ([`probe_within`]; [`probe_many`] runs up to
+//! [`PROBE_WAVE`] at once under one deadline), so that one process (a file on a hung mount, a
+//! panic in a parser) costs that pid alone; a probe given up on keeps its thread until it
+//! returns, and at most [`MAX_STUCK_PROBES`] such threads exist (then new probes are refused
+//! as `Busy` until one ends).
 
 use crate::binary;
 use crate::cpython::{self, Version};
@@ -15,12 +16,14 @@ use crate::process::{self, Process};
 use pyfleet_policies::{MatchPolicy, ProcessFacts};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Longest a probe of one process is waited for.
 pub const PROBE_DEADLINE: Duration = Duration::from_secs(2);
 /// Probes given up on that may still hold a thread.
 pub const MAX_STUCK_PROBES: usize = 32;
+/// Probes run at the same time by [`probe_many`].
+pub const PROBE_WAVE: usize = 16;
 
 /// Probes given up on whose thread has not returned yet.
 static STUCK: AtomicUsize = AtomicUsize::new(0);
@@ -89,17 +92,32 @@ pub fn probe(pid: i32) -> Option<PythonProcess> {
     })
 }
 
-/// [`probe`] on a thread of its own, waited for at most `deadline`.
-pub fn probe_within(pid: i32, deadline: Duration) -> Probed {
+/// A [`probe`] under way on a thread of its own.
+pub struct PendingProbe {
+    pid: i32,
+    rx: mpsc::Receiver<Option<PythonProcess>>,
+    /// Whether the probe returned, and whether its waiter gave up on it (under one lock, so
+    /// that exactly one of them counts a stuck probe's end).
+    state: Arc<Mutex<(bool, bool)>>,
+}
+
+/// Starts probing `pid` on a thread of its own; `Err(Probed::Busy)` when too many probes are
+/// stuck already (or no thread can be made).
+pub fn start_probe(pid: i32) -> Result<PendingProbe, Probed> {
+    start_probe_with(pid, probe)
+}
+
+fn start_probe_with(
+    pid: i32,
+    probe: fn(i32) -> Option<PythonProcess>,
+) -> Result<PendingProbe, Probed> {
     if STUCK.load(Ordering::Relaxed) >= MAX_STUCK_PROBES {
-        return Probed::Busy;
+        return Err(Probed::Busy);
     }
     let (tx, rx) = mpsc::sync_channel(1);
-    // Whether the probe returned, and whether its waiter gave up on it (under one lock, so
-    // that exactly one of them counts a stuck probe's end).
     let state = Arc::new(Mutex::new((false, false)));
     let theirs = state.clone();
-    let spawned = std::thread::Builder::new()
+    std::thread::Builder::new()
         .name(format!("probe-{pid}"))
         .spawn(move || {
             let found = std::panic::catch_unwind(|| probe(pid)).ok().flatten();
@@ -109,31 +127,70 @@ pub fn probe_within(pid: i32, deadline: Duration) -> Probed {
             if s.1 {
                 STUCK.fetch_sub(1, Ordering::Relaxed);
             }
-        });
-    if spawned.is_err() {
-        return Probed::Busy;
-    }
-    match rx.recv_timeout(deadline) {
-        Ok(Some(p)) => Probed::Python(p),
-        Ok(None) | Err(mpsc::RecvTimeoutError::Disconnected) => Probed::NotPython,
-        Err(mpsc::RecvTimeoutError::Timeout) => {
-            let mut s = state.lock().unwrap_or_else(PoisonError::into_inner);
-            if s.0 {
-                // It returned just now.
-                return match rx.try_recv() {
-                    Ok(Some(p)) => Probed::Python(p),
-                    _ => Probed::NotPython,
-                };
+        })
+        .map_err(|_| Probed::Busy)?;
+    Ok(PendingProbe { pid, rx, state })
+}
+
+impl PendingProbe {
+    /// What the probe found, waiting for it until `until` at most.
+    pub fn wait_until(self, until: Instant) -> Probed {
+        let pid = self.pid;
+        let left = until.saturating_duration_since(Instant::now());
+        match self.rx.recv_timeout(left) {
+            Ok(Some(p)) => Probed::Python(p),
+            Ok(None) | Err(mpsc::RecvTimeoutError::Disconnected) => Probed::NotPython,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+                if s.0 {
+                    // It returned just now.
+                    return match self.rx.try_recv() {
+                        Ok(Some(p)) => Probed::Python(p),
+                        _ => Probed::NotPython,
+                    };
+                }
+                s.1 = true;
+                STUCK.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(pid, "probing process {pid} took too long: skipped for now");
+                Probed::TimedOut
             }
-            s.1 = true;
-            STUCK.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(
-                pid,
-                "probing process {pid} took over {deadline:?}: skipped for now"
-            );
-            Probed::TimedOut
         }
     }
+}
+
+/// [`probe`] on a thread of its own, waited for at most `deadline`.
+pub fn probe_within(pid: i32, deadline: Duration) -> Probed {
+    match start_probe(pid) {
+        Ok(pending) => pending.wait_until(Instant::now() + deadline),
+        Err(busy) => busy,
+    }
+}
+
+/// Probes many processes, [`PROBE_WAVE`] at a time, each wave waited for at most `deadline`:
+/// processes whose probes hang cost a scan one deadline per wave they are in, not one each.
+/// Answers in the order of `pids`.
+pub fn probe_many(pids: &[i32], deadline: Duration) -> Vec<Probed> {
+    probe_many_with(pids, deadline, probe)
+}
+
+fn probe_many_with(
+    pids: &[i32],
+    deadline: Duration,
+    probe: fn(i32) -> Option<PythonProcess>,
+) -> Vec<Probed> {
+    let mut out = Vec::with_capacity(pids.len());
+    for wave in pids.chunks(PROBE_WAVE) {
+        let started: Vec<Result<PendingProbe, Probed>> = wave
+            .iter()
+            .map(|&pid| start_probe_with(pid, probe))
+            .collect();
+        let until = Instant::now() + deadline;
+        out.extend(started.into_iter().map(|p| match p {
+            Ok(pending) => pending.wait_until(until),
+            Err(busy) => busy,
+        }));
+    }
+    out
 }
 
 /// Probes given up on whose thread is still running.
@@ -144,9 +201,9 @@ pub fn stuck_probes() -> usize {
 /// Every Python process on the host that the policy matches, in pid order (a process whose
 /// probe does not return within [`PROBE_DEADLINE`] is left out).
 pub fn scan(policy: &MatchPolicy) -> Vec<PythonProcess> {
-    process::all_pids()
+    probe_many(&process::all_pids(), PROBE_DEADLINE)
         .into_iter()
-        .filter_map(|pid| match probe_within(pid, PROBE_DEADLINE) {
+        .filter_map(|probed| match probed {
             Probed::Python(p) => Some(p),
             _ => None,
         })
@@ -158,4 +215,39 @@ pub fn scan(policy: &MatchPolicy) -> Vec<PythonProcess> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Odd pids hang for a while, even ones answer at once.
+    fn half_hang(pid: i32) -> Option<PythonProcess> {
+        if pid % 2 == 1 {
+            std::thread::sleep(Duration::from_millis(1500));
+        }
+        None
+    }
+
+    #[test]
+    fn hanging_probes_cost_a_deadline_per_wave_not_each() {
+        // 24 pids, 12 of them hanging (under MAX_STUCK_PROBES): two waves of 16 and 8.
+        let pids: Vec<i32> = (1..=24).collect();
+        let deadline = Duration::from_millis(200);
+        let start = Instant::now();
+        let probed = probe_many_with(&pids, deadline, half_hang);
+        let took = start.elapsed();
+        assert_eq!(probed.len(), pids.len());
+        for (pid, p) in pids.iter().zip(&probed) {
+            let want = match pid % 2 {
+                1 => Probed::TimedOut,
+                _ => Probed::NotPython,
+            };
+            assert_eq!(*p, want, "pid {pid}");
+        }
+        // One at a time it would take 12 deadlines (2.4 s); two waves take two (0.4 s),
+        // plus thread start-up: 1.2 s leaves room for a loaded machine and none for the
+        // sequential way.
+        assert!(took < Duration::from_millis(1200), "took {took:?}");
+    }
 }

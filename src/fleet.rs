@@ -54,23 +54,31 @@ impl HostDiscovery {
         }
     }
 
-    fn version(&mut self, pid: i32, start: u64, exe: &PathBuf) -> Option<Version> {
-        let same = self
+    /// What is known of this process without probing it: `Some(version)` when a probe
+    /// already answered (or one timed out and its retry is not due), `None` when it needs a
+    /// probe: a new (or exec'd) process, one too young to be sure it is not Python yet, or
+    /// one whose last probe did not return in time.
+    fn known_version(&self, pid: i32, start: u64, exe: &PathBuf) -> Option<Option<Version>> {
+        let k = self
             .known
             .get(&pid)
-            .filter(|k| k.start == start && &k.exe == exe);
-        if let Some(k) = same {
-            match k.retry_at {
-                Some(at) if Instant::now() < at => return None,
-                Some(_) => {}
-                None if k.version.is_some() || k.first_seen.elapsed() > SETTLE => return k.version,
-                None => {}
-            }
+            .filter(|k| k.start == start && &k.exe == exe)?;
+        match k.retry_at {
+            Some(at) if Instant::now() < at => Some(None),
+            Some(_) => None,
+            None if k.version.is_some() || k.first_seen.elapsed() > SETTLE => Some(k.version),
+            None => None,
         }
-        // New (or exec'd) process, or one too young to be sure it is not Python yet, or one
-        // whose last probe did not return in time.
-        let first_seen = same.map_or_else(Instant::now, |k| k.first_seen);
-        let (version, retry_at) = match discovery::probe_within(pid, discovery::PROBE_DEADLINE) {
+    }
+
+    /// Remembers what a probe of this process found.
+    fn learn(&mut self, pid: i32, start: u64, exe: &PathBuf, probed: discovery::Probed) {
+        let first_seen = self
+            .known
+            .get(&pid)
+            .filter(|k| k.start == start && &k.exe == exe)
+            .map_or_else(Instant::now, |k| k.first_seen);
+        let (version, retry_at) = match probed {
             discovery::Probed::Python(p) => (Some(p.version), None),
             discovery::Probed::NotPython => (None, None),
             discovery::Probed::TimedOut | discovery::Probed::Busy => {
@@ -87,7 +95,6 @@ impl HostDiscovery {
                 retry_at,
             },
         );
-        version
     }
 }
 
@@ -103,18 +110,35 @@ impl Discovery for HostDiscovery {
             }
             None => process::all_pids(),
         };
-        let mut found = Vec::new();
+        // Every process with an executable (kernel threads, often most pids, have none), and
+        // which of them need a probe: probed together, so that hanging probes cost the scan
+        // one deadline per wave, not one each.
+        let mut alive = Vec::new();
+        let mut unknown = Vec::new();
         for &pid in &pids {
             let Ok(p) = Process::new(pid) else { continue };
-            // Kernel threads (often most pids) have no executable: ruled out before reading
-            // their stat.
             let Ok(exe) = p.exe() else { continue };
             let Some(start) = process::start_time(pid) else {
                 continue;
             };
-            let Some(version) = self.version(pid, start, &exe) else {
+            if self.known_version(pid, start, &exe).is_none() {
+                unknown.push(alive.len());
+            }
+            // Not the handle: it holds a file descriptor.
+            alive.push((pid, exe, start));
+        }
+        let probe_pids: Vec<i32> = unknown.iter().map(|&i| alive[i].0).collect();
+        let probed = discovery::probe_many(&probe_pids, discovery::PROBE_DEADLINE);
+        for (&i, probed) in unknown.iter().zip(probed) {
+            let (pid, exe, start) = &alive[i];
+            self.learn(*pid, *start, exe, probed);
+        }
+        let mut found = Vec::new();
+        for (pid, exe, start) in alive {
+            let Some(Some(version)) = self.known_version(pid, start, &exe) else {
                 continue;
             };
+            let Ok(p) = Process::new(pid) else { continue };
             let Ok(argv) = p.cmdline() else { continue };
             let cmdline = argv.join(" ");
             let exe_name = exe

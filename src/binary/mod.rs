@@ -101,8 +101,13 @@ impl PythonSymbols {
         let mut runtime = None;
         let mut py_version = None;
         let mut code_type = None;
+        // The dynamic symbols first (small, and they export all three from 3.11 on); the
+        // full symbol table only for what they lack.
         for kind in [SHT_DYNSYM, SHT_SYMTAB] {
             for sh in sections.iter().filter(|sh| sh.sh_type == kind) {
+                if runtime.is_some() && py_version.is_some() && code_type.is_some() {
+                    break;
+                }
                 let Some(str_sh) = section(sh.sh_link as usize) else {
                     continue;
                 };
