@@ -211,6 +211,38 @@ fn hostile_thread_and_interpreter_lists_end_with_an_error() {
 }
 
 #[test]
+fn a_slow_target_costs_a_sample_its_deadline_at_most() {
+    // 2,000 thread states read one by one at 1 ms a read: two seconds without a deadline.
+    let (mut img, _) = runtime();
+    const TS: u64 = 0x4000_0000;
+    let n = 2_000u64;
+    let mut states = vec![0u8; (n * 0x100) as usize];
+    for i in 0..n {
+        let next = if i + 1 < n { TS + (i + 1) * 0x100 } else { 0 };
+        let at = (i * 0x100) as usize + 0x08;
+        states[at..at + 8].copy_from_slice(&next.to_le_bytes());
+    }
+    img.map(TS, states);
+    let interp = first_interp(&img);
+    img.poke(interp + 0x10, &TS.to_le_bytes());
+    img.set_read_delay(std::time::Duration::from_millis(1));
+    let mut u = unwinder(img);
+    let start = std::time::Instant::now();
+    let err = u.sample().unwrap_err();
+    let took = start.elapsed();
+    assert!(
+        matches!(err, UnwindError::Budget("time for one sample")),
+        "{err}"
+    );
+    // The deadline (250 ms) and the reads of the 64 threads between two checks: well under
+    // the two seconds the whole list takes.
+    assert!(
+        took < std::time::Duration::from_millis(1000),
+        "took {took:?}"
+    );
+}
+
+#[test]
 fn a_sample_has_a_budget() {
     // Five threads of 60,000 frames each, each thread under the depth bound: over the bound
     // on frames read outside a data stack (the synthetic image has none), and together over

@@ -62,6 +62,7 @@ use std::borrow::Cow;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Most interpreters and threads followed per sample.
 const MAX_INTERPRETERS: usize = 256;
@@ -84,6 +85,14 @@ const MAX_NOT_CODE: usize = 64;
 const MAX_CFRAMES: usize = 4;
 /// Most reads of a whole sample (see `Sampler::sample`).
 const MAX_SAMPLE_READS: u32 = 3;
+/// Most syscalls one sample makes, every read again included (a steady-state sample makes
+/// one or two; 8,192 threads each read four times with their code objects stay far below).
+const MAX_SAMPLE_SYSCALLS: u64 = 65_536;
+/// Longest one sample may take before it is given up as a counted `budget` error (a deep
+/// stack of 65,536 frames reads in a few milliseconds): checked between reads, so that a
+/// target whose reads are slow costs the fleet's one sampling thread this long at most per
+/// sample, plus one read.
+const MAX_SAMPLE_TIME: Duration = Duration::from_millis(250);
 /// Failed samples in a row after which the cached code objects are dropped and loaded again:
 /// an entry read while its object changed (or freed and reused with the same fingerprint)
 /// would otherwise fail, or mislabel, every sample it is in for as long as it is cached.
@@ -589,6 +598,10 @@ pub struct Sampler<M: RemoteMemory> {
     code_bytes: usize,
     /// Bytes of stacks read by the sample under way (see [`MAX_SAMPLE_BYTES`]).
     sample_bytes: usize,
+    /// When the sample under way started, and the syscalls made before it (see
+    /// [`Sampler::check_budget`]).
+    sample_started: Instant,
+    syscalls_before: u64,
     out: Vec<ThreadSample>,
     /// Ids of the interpreters seen by the last sample, in list order.
     interp_ids: Vec<i64>,
@@ -676,6 +689,8 @@ impl<M: RemoteMemory> Sampler<M> {
             stats: SamplerStats::default(),
             code_bytes: 0,
             sample_bytes: 0,
+            sample_started: Instant::now(),
+            syscalls_before: 0,
             out: Vec::new(),
             interp_ids: Vec::new(),
             raws: Vec::new(),
@@ -773,6 +788,8 @@ impl<M: RemoteMemory> Sampler<M> {
             }
         }
         self.whole_kept = 0;
+        self.sample_started = Instant::now();
+        self.syscalls_before = self.mem.stats().reads();
         let mut batch = std::mem::take(&mut self.batch);
         // Blocking: every thread stays stopped until the sample is read in full (the guard
         // resumes them when dropped, on every path).
@@ -1005,6 +1022,25 @@ impl<M: RemoteMemory> Sampler<M> {
         }
     }
 
+    /// The sample under way has time and syscalls left ([`MAX_SAMPLE_TIME`],
+    /// [`MAX_SAMPLE_SYSCALLS`]): checked before each read beyond the first of a thread, and
+    /// before each thread and each load of code objects.
+    fn check_budget(&self) -> Result<(), UnwindError> {
+        if self
+            .mem
+            .stats()
+            .reads()
+            .saturating_sub(self.syscalls_before)
+            > MAX_SAMPLE_SYSCALLS
+        {
+            return Err(UnwindError::Budget("reads in one sample"));
+        }
+        if self.sample_started.elapsed() > MAX_SAMPLE_TIME {
+            return Err(UnwindError::Budget("time for one sample"));
+        }
+        Ok(())
+    }
+
     fn word(&self, b: &Batch, addr: u64) -> Result<u64, UnwindError> {
         Ok(Bytes(&self.bytes(b, Key::Word(addr), addr, 8)?).u64(0)?)
     }
@@ -1100,6 +1136,10 @@ impl<M: RemoteMemory> Sampler<M> {
                 if !seen_tstates.insert(ta) {
                     return Err(UnwindError::Cycle("thread list"));
                 }
+                // Thread states outside the batch are read one by one.
+                if tstates.len() % 64 == 63 {
+                    self.check_budget()?;
+                }
                 let (ts, next) = self.tstate(b, ta, interp_id, tstates.len(), true)?;
                 tstates.push(ts);
                 ta = next;
@@ -1125,6 +1165,7 @@ impl<M: RemoteMemory> Sampler<M> {
                 });
                 continue;
             }
+            self.check_budget()?;
             let (ts, tail) = match self.walk_consistent(b, ts) {
                 Ok(done) => done,
                 Err((addr, e)) => {
@@ -1367,6 +1408,9 @@ impl<M: RemoteMemory> Sampler<M> {
                 self.predict_thread(&mut o, addr, tc, false);
             } else {
                 self.predict_thread(&mut o, addr, &ThreadCache::default(), false);
+            }
+            if let Err(e) = self.check_budget() {
+                return Err((addr, e));
             }
             // Checked before reading: what this read would add (merged ranges cost no more).
             let planned: usize = o.ranges.iter().map(|r| r.1).sum();
@@ -1897,6 +1941,7 @@ impl<M: RemoteMemory> Sampler<M> {
         let over = load.len() > MAX_CODES_PER_SAMPLE;
         load.truncate(MAX_CODES_PER_SAMPLE);
         if !load.is_empty() {
+            self.check_budget()?;
             let entries = self.read_code_entries(&load, stamp)?;
             for (&a, entry) in load.iter().zip(entries) {
                 // Every frame but the interpreter's shims runs a code object: one that does

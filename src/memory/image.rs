@@ -3,6 +3,7 @@
 use super::{MemoryError, ReadRequest, ReadStats, RemoteMemory};
 use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 /// Segments of bytes at fixed addresses. Reads must fall inside one segment, as they must fall
 /// inside mapped memory in a real process.
@@ -10,6 +11,8 @@ use std::collections::BTreeMap;
 pub struct MemoryImage {
     segments: RefCell<BTreeMap<u64, Vec<u8>>>,
     stats: ReadStats,
+    /// How long each read (each call, like a syscall) takes: a slow target.
+    read_delay: Duration,
 }
 
 impl MemoryImage {
@@ -20,6 +23,11 @@ impl MemoryImage {
     /// Maps `bytes` at `addr` (replacing any segment that starts there).
     pub fn map(&mut self, addr: u64, bytes: Vec<u8>) {
         self.segments.get_mut().insert(addr, bytes);
+    }
+
+    /// Makes every read (every call) take `delay`, as the reads of a slow target do.
+    pub fn set_read_delay(&mut self, delay: Duration) {
+        self.read_delay = delay;
     }
 
     /// Writes `data` at `addr` inside an existing segment (for building test images).
@@ -44,6 +52,7 @@ impl MemoryImage {
 
 impl RemoteMemory for MemoryImage {
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
+        std::thread::sleep(self.read_delay);
         self.stats.record(buf.len());
         let len = buf.len();
         let (base, off) = self
@@ -58,6 +67,7 @@ impl RemoteMemory for MemoryImage {
     }
 
     fn read_many(&self, reqs: &mut [ReadRequest<'_>]) -> Result<(), (usize, MemoryError)> {
+        std::thread::sleep(self.read_delay);
         for (i, r) in reqs.iter_mut().enumerate() {
             let len = r.buf.len();
             let (base, off) = self
