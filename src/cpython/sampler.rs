@@ -59,6 +59,7 @@ use crate::stacks::{FrameId, FunctionId, StackId, StackTable};
 use lru::LruCache;
 use rustc_hash::{FxBuildHasher, FxHashMap, FxHashSet};
 use std::borrow::Cow;
+use std::cell::Cell;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -91,7 +92,7 @@ const MAX_SAMPLE_SYSCALLS: u64 = 65_536;
 /// Longest one sample may take before it is given up as a counted `budget` error (a deep
 /// stack of 65,536 frames reads in a few milliseconds): checked between reads, so that a
 /// target whose reads are slow costs the fleet's one sampling thread this long at most per
-/// sample, plus one read.
+/// sample, plus its first three reads (the clock starts after two, the steady state).
 const MAX_SAMPLE_TIME: Duration = Duration::from_millis(250);
 /// Failed samples in a row after which the cached code objects are dropped and loaded again:
 /// an entry read while its object changed (or freed and reused with the same fingerprint)
@@ -598,9 +599,9 @@ pub struct Sampler<M: RemoteMemory> {
     code_bytes: usize,
     /// Bytes of stacks read by the sample under way (see [`MAX_SAMPLE_BYTES`]).
     sample_bytes: usize,
-    /// When the sample under way started, and the syscalls made before it (see
-    /// [`Sampler::check_budget`]).
-    sample_started: Instant,
+    /// When the sample under way went past its first two reads, and the syscalls made
+    /// before it (see [`Sampler::check_budget`]).
+    sample_started: Cell<Option<Instant>>,
     syscalls_before: u64,
     out: Vec<ThreadSample>,
     /// Ids of the interpreters seen by the last sample, in list order.
@@ -689,7 +690,7 @@ impl<M: RemoteMemory> Sampler<M> {
             stats: SamplerStats::default(),
             code_bytes: 0,
             sample_bytes: 0,
-            sample_started: Instant::now(),
+            sample_started: Cell::new(None),
             syscalls_before: 0,
             out: Vec::new(),
             interp_ids: Vec::new(),
@@ -788,7 +789,7 @@ impl<M: RemoteMemory> Sampler<M> {
             }
         }
         self.whole_kept = 0;
-        self.sample_started = Instant::now();
+        self.sample_started.set(None);
         self.syscalls_before = self.mem.stats().reads();
         let mut batch = std::mem::take(&mut self.batch);
         // Blocking: every thread stays stopped until the sample is read in full (the guard
@@ -1026,16 +1027,22 @@ impl<M: RemoteMemory> Sampler<M> {
     /// [`MAX_SAMPLE_SYSCALLS`]): checked before each read beyond the first of a thread, and
     /// before each thread and each load of code objects.
     fn check_budget(&self) -> Result<(), UnwindError> {
-        if self
+        let reads = self
             .mem
             .stats()
             .reads()
-            .saturating_sub(self.syscalls_before)
-            > MAX_SAMPLE_SYSCALLS
-        {
+            .saturating_sub(self.syscalls_before);
+        if reads > MAX_SAMPLE_SYSCALLS {
             return Err(UnwindError::Budget("reads in one sample"));
         }
-        if self.sample_started.elapsed() > MAX_SAMPLE_TIME {
+        // The batch and one read more are the steady state: the clock is read past them only,
+        // and the time counts from then.
+        if reads <= 2 {
+            return Ok(());
+        }
+        let started = self.sample_started.get().unwrap_or_else(Instant::now);
+        self.sample_started.set(Some(started));
+        if started.elapsed() > MAX_SAMPLE_TIME {
             return Err(UnwindError::Budget("time for one sample"));
         }
         Ok(())
