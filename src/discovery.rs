@@ -93,7 +93,7 @@ pub fn probe(pid: i32) -> Option<PythonProcess> {
 }
 
 /// A [`probe`] under way on a thread of its own.
-pub struct PendingProbe {
+struct PendingProbe {
     pid: i32,
     rx: mpsc::Receiver<Option<PythonProcess>>,
     /// Whether the probe returned, and whether its waiter gave up on it (under one lock, so
@@ -101,16 +101,9 @@ pub struct PendingProbe {
     state: Arc<Mutex<(bool, bool)>>,
 }
 
-/// Starts probing `pid` on a thread of its own; `Err(Probed::Busy)` when too many probes are
-/// stuck already (or no thread can be made).
-pub fn start_probe(pid: i32) -> Result<PendingProbe, Probed> {
-    start_probe_with(pid, probe)
-}
-
-fn start_probe_with(
-    pid: i32,
-    probe: fn(i32) -> Option<PythonProcess>,
-) -> Result<PendingProbe, Probed> {
+/// Starts `probe` of `pid` on a thread of its own; `Err(Probed::Busy)` when too many probes
+/// are stuck already (or no thread can be made).
+fn start_probe(pid: i32, probe: fn(i32) -> Option<PythonProcess>) -> Result<PendingProbe, Probed> {
     if STUCK.load(Ordering::Relaxed) >= MAX_STUCK_PROBES {
         return Err(Probed::Busy);
     }
@@ -134,7 +127,7 @@ fn start_probe_with(
 
 impl PendingProbe {
     /// What the probe found, waiting for it until `until` at most.
-    pub fn wait_until(self, until: Instant) -> Probed {
+    fn wait_until(self, until: Instant) -> Probed {
         let pid = self.pid;
         let left = until.saturating_duration_since(Instant::now());
         match self.rx.recv_timeout(left) {
@@ -160,7 +153,7 @@ impl PendingProbe {
 
 /// [`probe`] on a thread of its own, waited for at most `deadline`.
 pub fn probe_within(pid: i32, deadline: Duration) -> Probed {
-    match start_probe(pid) {
+    match start_probe(pid, probe) {
         Ok(pending) => pending.wait_until(Instant::now() + deadline),
         Err(busy) => busy,
     }
@@ -180,10 +173,8 @@ fn probe_many_with(
 ) -> Vec<Probed> {
     let mut out = Vec::with_capacity(pids.len());
     for wave in pids.chunks(PROBE_WAVE) {
-        let started: Vec<Result<PendingProbe, Probed>> = wave
-            .iter()
-            .map(|&pid| start_probe_with(pid, probe))
-            .collect();
+        let started: Vec<Result<PendingProbe, Probed>> =
+            wave.iter().map(|&pid| start_probe(pid, probe)).collect();
         let until = Instant::now() + deadline;
         out.extend(started.into_iter().map(|p| match p {
             Ok(pending) => pending.wait_until(until),

@@ -164,12 +164,9 @@ fn first_interp(img: &MemoryImage) -> u64 {
     img.read_u64(RUNTIME + 0x800).unwrap()
 }
 
-#[test]
-fn hostile_thread_and_interpreter_lists_end_with_an_error() {
-    // 65,536 thread states in one list (empty threads: no current frame).
-    let (mut img, _) = runtime();
+/// Makes the first interpreter's thread list `n` thread states with no current frame.
+fn empty_threads(img: &mut MemoryImage, n: u64) {
     const TS: u64 = 0x4000_0000;
-    let n = 1u64 << 16;
     let mut states = vec![0u8; (n * 0x100) as usize];
     for i in 0..n {
         let next = if i + 1 < n { TS + (i + 1) * 0x100 } else { 0 };
@@ -177,8 +174,15 @@ fn hostile_thread_and_interpreter_lists_end_with_an_error() {
         states[at..at + 8].copy_from_slice(&next.to_le_bytes());
     }
     img.map(TS, states);
-    let interp = first_interp(&img);
+    let interp = first_interp(img);
     img.poke(interp + 0x10, &TS.to_le_bytes());
+}
+
+#[test]
+fn hostile_thread_and_interpreter_lists_end_with_an_error() {
+    // 65,536 thread states in one list.
+    let (mut img, _) = runtime();
+    empty_threads(&mut img, 1 << 16);
     let err = unwinder(img).sample().unwrap_err();
     assert!(
         matches!(err, UnwindError::TooLong("thread lists", _)),
@@ -214,17 +218,7 @@ fn hostile_thread_and_interpreter_lists_end_with_an_error() {
 fn a_slow_target_costs_a_sample_its_deadline_at_most() {
     // 2,000 thread states read one by one at 1 ms a read: two seconds without a deadline.
     let (mut img, _) = runtime();
-    const TS: u64 = 0x4000_0000;
-    let n = 2_000u64;
-    let mut states = vec![0u8; (n * 0x100) as usize];
-    for i in 0..n {
-        let next = if i + 1 < n { TS + (i + 1) * 0x100 } else { 0 };
-        let at = (i * 0x100) as usize + 0x08;
-        states[at..at + 8].copy_from_slice(&next.to_le_bytes());
-    }
-    img.map(TS, states);
-    let interp = first_interp(&img);
-    img.poke(interp + 0x10, &TS.to_le_bytes());
+    empty_threads(&mut img, 2_000);
     img.set_read_delay(std::time::Duration::from_millis(1));
     let mut u = unwinder(img);
     let start = std::time::Instant::now();
