@@ -54,7 +54,7 @@ use crate::aggregator::AggregatorMsg;
 use crate::panics::guard;
 use crate::sampler::{End, Slot};
 use crate::source::SampledThread;
-use crate::timing::{period_of, Deadlines};
+use crate::timing::{period_of, Deadlines, Jitter};
 
 /// Rate used when the rate passed in is not a positive finite number.
 const FALLBACK_PERIOD: Duration = Duration::from_secs(1);
@@ -103,6 +103,7 @@ impl SamplingPool {
                 load: load.clone(),
                 aggregator: aggregator.clone(),
                 ticks: Deadlines::new(Instant::now(), period),
+                jitter: Jitter::seeded(),
                 slots: Vec::new(),
                 out: Vec::new(),
                 ending: Vec::new(),
@@ -210,6 +211,8 @@ struct SamplingThread {
     load: Arc<AtomicUsize>,
     aggregator: ActorRef<AggregatorMsg>,
     ticks: Deadlines,
+    /// Where in its period each tick runs (see [`crate::timing`]).
+    jitter: Jitter,
     slots: Vec<Slot>,
     /// Reused by every sample of every slot.
     out: Vec<SampledThread>,
@@ -301,7 +304,7 @@ impl SamplingThread {
             }
         }
         let now = Instant::now();
-        let missed = self.ticks.advance(now);
+        let missed = self.ticks.advance(now, self.jitter.next());
         if missed > 0 {
             for slot in &self.slots {
                 slot.missed(missed);

@@ -24,9 +24,7 @@
 //! It must not sample, aggregate or write anything, and must not block: discovery runs on a
 //! blocking thread, and the samplers attach on tokio's blocking pool.
 
-use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, HashSet};
-use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
@@ -42,7 +40,7 @@ use crate::sampler::{SamplerActor, SamplerArgs, SamplerMsg, SamplerSettings, REA
 use crate::sampling::SamplingPool;
 use crate::self_cpu::{cpu_time, CpuMeter};
 use crate::source::{Discovery, ProcessInfo, SourceFactory};
-use crate::timing::spawn_ticker;
+use crate::timing::{spawn_ticker, Jitter};
 
 const REASON_UNLISTED: &str = "unlisted";
 const REASON_SHUTDOWN: &str = "shutdown";
@@ -118,25 +116,6 @@ impl Entry {
             exit_counted: false,
             restarts,
         }
-    }
-}
-
-/// A small xorshift generator for restart jitter, seeded from std's random hasher keys.
-struct Jitter(u64);
-
-impl Jitter {
-    fn seeded() -> Self {
-        Jitter(RandomState::new().hash_one(Instant::now()) | 1)
-    }
-
-    /// A number in `[0, 1)`.
-    fn next(&mut self) -> f64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        (x >> 11) as f64 / (1u64 << 53) as f64
     }
 }
 

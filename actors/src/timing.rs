@@ -2,11 +2,23 @@
 //! actors.
 //!
 //! Owns [`Deadlines`] (the sampling thread's tick schedule, one grid for every process on it:
-//! `next = previous deadline + period`, missed deadlines counted and skipped, never bursted)
-//! and [`spawn_ticker`] (the same rule on tokio time, used for scans, rate checks and
-//! snapshots). It must not sleep on a thread or read a clock itself in [`Deadlines`]: callers
-//! pass `now`, so the arithmetic is testable.
+//! `next = previous deadline + period`, missed deadlines counted and skipped, never bursted;
+//! each tick runs at a random point of its period, see below), [`Jitter`] (the random numbers
+//! for it and for restart backoff) and [`spawn_ticker`] (the fixed-grid rule on tokio time,
+//! used for scans, rate checks and snapshots). It must not sleep on a thread or read a clock
+//! itself in [`Deadlines`]: callers pass `now` and the random fraction, so the arithmetic is
+//! testable.
+//!
+//! Why sampling ticks are jittered. Real programs repeat themselves: a server renders the same
+//! template, a parser parses the same grammar, in loops whose period is as steady as the
+//! sampler's. Samples taken exactly one period apart then fall on the same few phases of the
+//! target's loop, and the profile is biased towards whatever code runs there, differently in
+//! every run (aliasing). A tick at a uniformly random point of each period (stratified
+//! sampling) is unbiased whatever the target does, keeps the mean rate exact and the grid for
+//! counting missed ticks.
 
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
 use std::time::{Duration, Instant};
 
 use ractor::{ActorRef, Message};
@@ -14,13 +26,17 @@ use ractor::{ActorRef, Message};
 /// Shortest period accepted; shorter ones (or zero) are raised to it.
 const MIN_PERIOD: Duration = Duration::from_micros(1);
 
-/// A tick schedule anchored on its deadlines, not on when ticks ran.
+/// A tick schedule anchored on its deadlines, not on when ticks ran. Deadline `k` opens the
+/// period `[start + k * period, start + (k + 1) * period)`; its tick runs at a point of that
+/// period chosen when the schedule moves to it (the first tick at `start` itself).
 #[derive(Debug, Clone)]
 pub(crate) struct Deadlines {
     period: Duration,
     /// The deadline of the last tick that ran, if any.
     last: Option<Instant>,
     next: Instant,
+    /// Where in its period the next tick runs, in `[0, 1)`.
+    fraction: f64,
 }
 
 impl Deadlines {
@@ -30,11 +46,13 @@ impl Deadlines {
             period: period.max(MIN_PERIOD),
             last: None,
             next: start,
+            fraction: 0.0,
         }
     }
 
+    /// When the next tick runs: its deadline plus its offset into the period.
     pub(crate) fn next(&self) -> Instant {
-        self.next
+        after(self.next, self.period.mul_f64(self.fraction))
     }
 
     pub(crate) fn period(&self) -> Duration {
@@ -42,11 +60,16 @@ impl Deadlines {
     }
 
     /// The tick due at [`Self::next`] has run; `now` is after it ran. Moves to the following
-    /// deadline, skipping every deadline already past. Returns how many were skipped (missed).
-    pub(crate) fn advance(&mut self, now: Instant) -> u64 {
+    /// deadline, skipping every deadline already past; the tick there runs `random` (in
+    /// `[0, 1)`, clamped) of the way into its period. Returns how many were skipped (missed).
+    pub(crate) fn advance(&mut self, now: Instant, random: f64) -> u64 {
         let due = self.next;
         self.last = Some(due);
         self.next = after(due, self.period);
+        self.fraction = match random {
+            r if r > 0.0 && r < 1.0 => r,
+            _ => 0.0,
+        };
         if now < self.next {
             return 0;
         }
@@ -67,6 +90,26 @@ impl Deadlines {
         if let Some(last) = self.last {
             self.next = after(last, self.period);
         }
+    }
+}
+
+/// A small xorshift generator (tick and restart jitter; not for anything secret), seeded from
+/// std's random hasher keys.
+pub(crate) struct Jitter(u64);
+
+impl Jitter {
+    pub(crate) fn seeded() -> Self {
+        Jitter(RandomState::new().hash_one(Instant::now()) | 1)
+    }
+
+    /// A number in `[0, 1)`.
+    pub(crate) fn next(&mut self) -> f64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        (x >> 11) as f64 / (1u64 << 53) as f64
     }
 }
 
@@ -139,7 +182,7 @@ mod tests {
         // Each tick runs a little late; the schedule stays on t0 + k * 10 ms.
         for k in 1..=5u32 {
             let ran_at = d.next() + 3 * MS;
-            assert_eq!(d.advance(ran_at), 0);
+            assert_eq!(d.advance(ran_at, 0.0), 0);
             assert_eq!(d.next(), t0 + k * 10 * MS);
         }
     }
@@ -149,10 +192,10 @@ mod tests {
         let t0 = Instant::now();
         let mut d = Deadlines::new(t0, 10 * MS);
         // The tick at t0 finished at t0 + 35 ms: deadlines 10, 20, 30 are missed; next is 40.
-        assert_eq!(d.advance(t0 + 35 * MS), 3);
+        assert_eq!(d.advance(t0 + 35 * MS, 0.0), 3);
         assert_eq!(d.next(), t0 + 40 * MS);
         // Finishing exactly on a deadline misses it too.
-        assert_eq!(d.advance(t0 + 50 * MS), 1);
+        assert_eq!(d.advance(t0 + 50 * MS, 0.0), 1);
         assert_eq!(d.next(), t0 + 60 * MS);
     }
 
@@ -166,11 +209,44 @@ mod tests {
             t0,
             "before the first tick the first deadline stays"
         );
-        d.advance(t0 + MS);
+        d.advance(t0 + MS, 0.0);
         assert_eq!(d.next(), t0 + 20 * MS);
         d.set_period(5 * MS);
         assert_eq!(d.next(), t0 + 5 * MS);
         assert_eq!(d.period(), 5 * MS);
+    }
+
+    #[test]
+    fn each_tick_runs_at_its_random_point_of_its_period() {
+        let t0 = Instant::now();
+        let mut d = Deadlines::new(t0, 10 * MS);
+        assert_eq!(d.advance(t0, 0.25), 0);
+        assert_eq!(d.next(), t0 + 12_500 * MS / 1000);
+        // Ran late within its period: nothing missed, the grid holds.
+        assert_eq!(d.advance(t0 + 19 * MS, 0.9), 0);
+        assert_eq!(d.next(), t0 + 29 * MS);
+        // A rate change keeps the offset's share of the new period (from the last deadline).
+        d.set_period(20 * MS);
+        assert_eq!(d.next(), t0 + 48 * MS);
+        // Out of range: at the deadline.
+        assert_eq!(d.advance(t0 + 48 * MS, 1.0), 0);
+        assert_eq!(d.next(), t0 + 50 * MS);
+        assert_eq!(d.advance(t0 + 51 * MS, f64::NAN), 0);
+        assert_eq!(d.next(), t0 + 70 * MS);
+    }
+
+    #[test]
+    fn jitter_covers_the_unit_interval_evenly() {
+        // 10,000 draws in 10 bins: each holds 1,000 on average, sd about 30; 850-1150 is
+        // five standard deviations.
+        let mut j = Jitter::seeded();
+        let mut bins = [0u32; 10];
+        for _ in 0..10_000 {
+            let x = j.next();
+            assert!((0.0..1.0).contains(&x));
+            bins[(x * 10.0) as usize] += 1;
+        }
+        assert!(bins.iter().all(|&n| (850..=1150).contains(&n)), "{bins:?}");
     }
 
     #[test]
