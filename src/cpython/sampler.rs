@@ -327,12 +327,18 @@ enum Key {
 /// sample's; in steady state a fetch is one syscall and no hashing or sorting.
 ///
 /// Order within the syscall: the kernel copies iovecs one after the other while the target
-/// runs, so what must agree is read back to back. Ranges come in groups (0: the shared part
-/// and the threads whose stacks held still; then one per moving thread), each in the order
-/// thread state, the words that hold its current frame (3.11/3.12), the newest part of its
-/// data stack, its frames elsewhere (generators', entry frames on the C stack), the older
-/// part of its data stack: the frames that change fastest are copied right after the pointer
-/// to the top frame.
+/// runs. Data stacks come first, every thread's (the newest part of each, then the older
+/// part), then the rest by group (one per moving thread: its thread state, the words that
+/// hold its current frame on 3.11/3.12, its frames elsewhere: generators', entry frames on
+/// the C stack; last the shared group: interpreter state and the threads whose stacks held
+/// still). Reading memory the target writes makes its next writes there slower (the lines
+/// leave its cache): a thread state, the C stack and the interpreter state are written hardest
+/// by allocation, exception handling and calls into C, so reading them before the frames
+/// slowed exactly that code in the microsecond before the frames were copied, and the frames
+/// showed it more often than it runs (3.15, a loop raising and catching an exception: the
+/// raising function 14 points too often as the leaf). The frames, copied first, are the
+/// stack of one unperturbed instant; the pointer to the top, copied right after, only says
+/// where the search for the top starts (see [`settle_top`]).
 #[derive(Default)]
 struct Batch {
     ranges: Vec<(u64, usize)>,
@@ -376,11 +382,13 @@ impl Batch {
     fn push(&mut self, key: Key, addr: u64, len: usize) {
         if len > 0 {
             let rank = match key {
-                Key::Tstate(_) => 0,
-                Key::Word(_) => 1,
-                Key::RegionTop(_) => 2,
-                Key::Frame(_) | Key::Entries(_) => 3,
-                _ => 4,
+                Key::RegionTop(_) => 0,
+                Key::Region(_) => 1,
+                Key::Tstate(_) => 2,
+                Key::Word(_) => 3,
+                Key::Frame(_) => 4,
+                Key::Entries(_) => 5,
+                _ => 6,
             };
             self.keys.push(key);
             self.ranges.push((addr, len));
@@ -398,7 +406,11 @@ impl Batch {
         // The shared group by address only (its ranges merge best that way).
         self.order.sort_unstable_by_key(|&i| {
             let (group, rank) = slots[i];
-            (group, if group == 0 { 0 } else { rank }, ranges[i].0)
+            let frames_first = u8::from(rank > 1);
+            match group {
+                0 => (frames_first, u32::MAX, 0, ranges[i].0),
+                g => (frames_first, g, rank, ranges[i].0),
+            }
         });
         self.phys.clear();
         self.place.clear();
@@ -1504,7 +1516,7 @@ impl<M: RemoteMemory> Sampler<M> {
         // one does not hold together.
         let mut missing = Missing::default();
 
-        // The top as of the read of the frames, not of the pointer to it (read earlier).
+        // The top as of the read of the frames, not of the pointer to it (read at another time).
         let mut addr = ts.current_frame;
         let unread = ts.top_unread;
         // A paused thread's pointer is its top: nothing moved after it was read.
@@ -2204,8 +2216,8 @@ impl<M: RemoteMemory> Sampler<M> {
                 let growth = if still {
                     STILL_ROOM
                 } else {
-                    // The stack moves: room for its next top, read right after the pointer
-                    // to it (see `top_split`), so that a deeper top is in the first read.
+                    // The stack moves: room for its next top, read first (see `top_split`),
+                    // so that a deeper top is in the first read.
                     GROWTH
                 };
                 // `base` is in the chunk, so `base + fsize` is at most `chunk_hi`.
@@ -2359,10 +2371,12 @@ impl FrameHeader {
 }
 
 /// The thread's top frame at the time its data stack was read, from the top frame at the
-/// time its thread state was read (`hint`, a microsecond or so earlier; frames say whether
-/// they are live, see [`Liveness`]). A thread's frames in one chunk lie back to
-/// back, each right after its caller, so the frames read say by themselves how the stack
-/// changed since the hint. "Runs" below is [`FrameHeader::running`]: on 3.11-3.13 the frame
+/// time its thread state was read (`hint`, a microsecond or so later, or earlier when the
+/// frames were read again; frames say whether they are live, see [`Liveness`]). A thread's
+/// frames in one chunk lie back to back, each right after its caller, so the frames read say
+/// by themselves how the stack differs from the hint's (below, "since" the hint: the
+/// rules are the same when the hint is the newer read, a frame pushed since the frames were
+/// read then looks returned and one returned since looks pushed). "Runs" below is [`FrameHeader::running`]: on 3.11-3.13 the frame
 /// the eval loop runs, on 3.14+ any live frame.
 ///
 /// - It grew: the frames after the hint (each `size_of` its caller further on) have started and
@@ -2567,9 +2581,8 @@ fn entry_bytes(e: &CodeEntry) -> usize {
 }
 
 /// Where a data-stack region is split so that its newest part (the frames just below the
-/// last top, and the room above) is read first, right after the pointer to the top frame:
-/// the frames near the top change fastest, so the time between reading that pointer and them
-/// must be shortest. The older part follows (it changes only if the stack unwinds below it
+/// last top, and the room above) is read first: the frames near the top change fastest, so
+/// they are copied before anything else of the sample. The older part follows (it changes only if the stack unwinds below it
 /// meanwhile). `None`: the last top is not in the region, or too near its start to matter.
 fn top_split(start: u64, end: u64, last_top: u64) -> Option<u64> {
     let m = last_top.saturating_sub(TOP_BEHIND);
