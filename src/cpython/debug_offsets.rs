@@ -456,6 +456,12 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
         .checked_sub(4)
         .ok_or("code_object.firstlineno is too small")?;
     let nlocalsplus = firstlineno + 4;
+    // `_co_firsttraceable` is not in the table: in every default (GIL) build it is the `int`
+    // before `co_extra`, the pointer right before `co_code_adaptive` (Include/cpython/code.h).
+    let code_adaptive = co("co_code_adaptive")?;
+    let first_traceable = code_adaptive
+        .checked_sub(16)
+        .ok_or("code_object.co_code_adaptive is too small")?;
     let code_fields = [
         co("name")?,
         co("qualname")?,
@@ -464,13 +470,8 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
         firstlineno,
         stacksize,
         nlocalsplus,
+        first_traceable,
     ];
-    // `_co_firsttraceable` is not in the table: in every default (GIL) build it is the `int`
-    // before `co_extra`, the pointer right before `co_code_adaptive` (Include/cpython/code.h).
-    let code_adaptive = co("co_code_adaptive")?;
-    let first_traceable = code_adaptive
-        .checked_sub(16)
-        .ok_or("code_object.co_code_adaptive is too small")?;
     let unicode_state = d.offset("unicode_object", "state")?;
     let ascii_size = d.get("unicode_object.asciiobject_size")?;
     // 3.15+ says sizeof(PyCompactUnicodeObject); before, it is a known distance further.
@@ -541,7 +542,7 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
             liveness,
         },
         code: CodeLayout {
-            size: span(&code_fields).max(first_traceable + 4),
+            size: span(&code_fields),
             name: co("name")?,
             qualname: co("qualname")?,
             filename: co("filename")?,
@@ -586,4 +587,44 @@ pub fn layout<M: RemoteMemory>(
         return Err(AttachError::FreeThreaded(version.to_string()));
     }
     build(&d, version).map_err(AttachError::BadDebugOffsets)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpython::synthetic::{offsets, raw_offsets};
+
+    /// Every minor version the table may claim: the synthetic table builds for one of them.
+    fn builds(raw: &[u8]) -> Vec<Result<Layout, String>> {
+        let d = DebugOffsets::parse(FIELDS_313, raw).expect("a table with its cookie");
+        (13..=15)
+            .map(|minor| build(&d, Version::from_hex(0x0300_00f0 | (minor << 16))))
+            .collect()
+    }
+
+    #[test]
+    fn a_code_object_read_past_its_bound_is_refused() {
+        let mut raw = raw_offsets(&offsets());
+        assert!(builds(&raw).iter().any(|b| b.is_ok()));
+        // Found by fuzzing: a large struct whose `co_code_adaptive` lies far in made the read
+        // of `_co_firsttraceable` (16 bytes before it) 126 KB long.
+        let mut set = |field: &str, value: u64| {
+            let i = FIELDS_313
+                .iter()
+                .position(|&f| f == field)
+                .expect("a field");
+            raw[i * 8..i * 8 + 8].copy_from_slice(&value.to_le_bytes());
+        };
+        set("code_object.size", 1 << 20);
+        set("code_object.co_code_adaptive", 126_208);
+        for b in builds(&raw) {
+            match b {
+                Ok(layout) => panic!("built, reading {} bytes of code object", layout.code.size),
+                Err(e) => assert!(
+                    e.contains("code object") || e.contains("table is for"),
+                    "{e}"
+                ),
+            }
+        }
+    }
 }
