@@ -2885,3 +2885,44 @@ mod settle_tests {
         assert_eq!(settle(0x1234, &[0x1000], &frames), 0x1234);
     }
 }
+
+#[cfg(test)]
+mod batch_tests {
+    use super::*;
+
+    #[test]
+    fn data_stacks_are_copied_before_anything_else() {
+        let mut b = Batch::default();
+        // Two moving threads and the shared group, pushed as `predict` does.
+        b.shared_group();
+        b.push(Key::Interp(0x100), 0x100, 64);
+        for (t, stack) in [(0x9000u64, 0x7000_0000u64), (0xa000, 0x7100_0000)] {
+            b.next_group();
+            b.push(Key::Tstate(t), t, 256);
+            b.push(Key::Region(stack), stack, 4096);
+            b.push(Key::RegionTop(stack + 8192), stack + 8192, 4096);
+            b.push(Key::Frame(0x7fff_0000 + t), 0x7fff_0000 + t, 80);
+            b.push(Key::Entries(0x7ffe_0000 + t), 0x7ffe_0000 + t, 8192);
+        }
+        b.plan();
+        let starts: Vec<u64> = b.phys.iter().map(|&(s, _)| s).collect();
+        // Each thread's newest part, then its older part; then each thread's state, its
+        // frames elsewhere and its C stack; the shared group last.
+        assert_eq!(
+            starts,
+            [
+                0x7000_2000,
+                0x7000_0000,
+                0x7100_2000,
+                0x7100_0000,
+                0x9000,
+                0x7fff_9000,
+                0x7ffe_9000,
+                0xa000,
+                0x7fff_a000,
+                0x7ffe_a000,
+                0x100,
+            ]
+        );
+    }
+}
