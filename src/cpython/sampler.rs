@@ -334,10 +334,9 @@ enum Key {
 /// still). Reading memory the target writes makes its next writes there slower (the lines
 /// leave its cache): a thread state, the C stack and the interpreter state are written hardest
 /// by allocation, exception handling and calls into C, so reading them before the frames
-/// slowed exactly that code in the microsecond before the frames were copied, and the frames
-/// showed it more often than it runs (3.15, a loop raising and catching an exception: the
-/// raising function 14 points too often as the leaf). The frames, copied first, are the
-/// stack of one unperturbed instant; the pointer to the top, copied right after, only says
+/// would slow exactly that code in the microsecond before the frames are copied, and the
+/// frames would show it more often than it runs. The frames, copied first, are the stack of
+/// one unperturbed instant; the pointer to the top, copied right after, only says
 /// where the search for the top starts (see [`settle_top`]).
 #[derive(Default)]
 struct Batch {
@@ -2374,10 +2373,11 @@ impl FrameHeader {
 /// time its thread state was read (`hint`, a microsecond or so later, or earlier when the
 /// frames were read again; frames say whether they are live, see [`Liveness`]). A thread's
 /// frames in one chunk lie back to back, each right after its caller, so the frames read say
-/// by themselves how the stack differs from the hint's (below, "since" the hint: the
-/// rules are the same when the hint is the newer read, a frame pushed since the frames were
-/// read then looks returned and one returned since looks pushed). "Runs" below is [`FrameHeader::running`]: on 3.11-3.13 the frame
-/// the eval loop runs, on 3.14+ any live frame.
+/// by themselves how the stack differs from the hint's (below, "since" the hint: the rules
+/// are the same when the hint is the newer read, a frame pushed since the frames were read
+/// then looks returned and one returned since looks pushed). "Runs" below is
+/// [`FrameHeader::running`]: on 3.11-3.13 the frame the eval loop runs, on 3.14+ any live
+/// frame.
 ///
 /// - It grew: the frames after the hint (each `size_of` its caller further on) have started and
 ///   name the one before as their caller, or a frame outside the chunk (the entry frame of a C
@@ -2582,8 +2582,8 @@ fn entry_bytes(e: &CodeEntry) -> usize {
 
 /// Where a data-stack region is split so that its newest part (the frames just below the
 /// last top, and the room above) is read first: the frames near the top change fastest, so
-/// they are copied before anything else of the sample. The older part follows (it changes only if the stack unwinds below it
-/// meanwhile). `None`: the last top is not in the region, or too near its start to matter.
+/// they are copied before anything else of the sample. The older part follows (it changes
+/// only if the stack unwinds below it meanwhile). `None`: the last top is not in the region, or too near its start to matter.
 fn top_split(start: u64, end: u64, last_top: u64) -> Option<u64> {
     let m = last_top.saturating_sub(TOP_BEHIND);
     (m > start.saturating_add(PAGE) && m < end).then_some(m)
