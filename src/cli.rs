@@ -57,8 +57,11 @@ pub enum Command {
     /// Print every interpreter, thread and frame of one Python process, innermost frame first.
     Dump {
         /// The process to read.
-        #[arg(long, short)]
-        pid: i32,
+        #[arg(long, short, value_name = "PID", required_unless_present = "bare_pid")]
+        pid: Option<i32>,
+        /// The process to read, as `pyfleet dump 1234` (the same as --pid).
+        #[arg(value_name = "PID", conflicts_with = "pid")]
+        bare_pid: Option<i32>,
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
@@ -68,6 +71,9 @@ pub enum Command {
         nonblocking: bool,
     },
     /// Sample one process back to back and report the cost per sample and the caches' work.
+    /// Costly for the target: samples as fast as it can (tens of thousands a second), and on
+    /// 3.15 writes the frame-cache marker each time; asks for --yes unless the target is a
+    /// descendant of the shell that runs it.
     Bench {
         /// The process to sample (repeatable with `--floor --rate`: the fleet floor).
         #[arg(long, short, required = true)]
@@ -77,9 +83,13 @@ pub enum Command {
         /// a fleet at that rate).
         #[arg(long, value_name = "HZ")]
         rate: Option<f64>,
-        /// How long to sample, in seconds.
-        #[arg(long, default_value_t = 5.0, value_parser = positive_seconds)]
+        /// How long to sample (seconds, or 500ms, 10s, ...).
+        #[arg(long, default_value = "5", value_parser = positive_seconds)]
         duration: f64,
+        /// Benchmark a process even when it is not the shell's own child (production code):
+        /// pyfleet samples it flat out for the whole duration.
+        #[arg(long)]
+        yes: bool,
         /// Do not use the 3.15 frame-cache marker.
         #[arg(long)]
         no_frame_cache: bool,
@@ -117,9 +127,13 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Record(opts) => record::run(*opts),
         Command::Dump {
             pid,
+            bare_pid,
             json,
             nonblocking,
-        } => dump(pid, json, !nonblocking),
+        } => match pid.or(bare_pid) {
+            Some(pid) => dump(pid, json, !nonblocking),
+            None => anyhow::bail!("dump needs a process: `pyfleet dump PID`"),
+        },
         Command::List { matches } => list(&matches),
         Command::Bench {
             pid,
@@ -131,10 +145,14 @@ pub fn run(cli: Cli) -> Result<()> {
             blocking,
             floor,
             json,
+            yes,
         } => match (pid.as_slice(), rate) {
             (pids, Some(rate)) if floor => fleet_floor(pids, rate, duration, json),
             (_, Some(_)) => anyhow::bail!("--rate goes with --floor"),
             ([pid], None) => {
+                if !yes && !floor {
+                    bench_consent(*pid, duration)?;
+                }
                 let opts = cpython::SamplerOptions {
                     frame_cache: !no_frame_cache,
                     read_only,
@@ -221,10 +239,50 @@ fn list(matches: &[String]) -> Result<()> {
 }
 
 fn positive_seconds(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
-        _ => Err(format!("'{s}' is not a positive number of seconds")),
+    match s.parse::<pyfleet::config::Seconds>()? {
+        pyfleet::config::Seconds(v) if v > 0.0 && v.is_finite() && v < 1e9 => Ok(v),
+        _ => Err(format!(
+            "'{}' is not a positive length of time",
+            s.escape_debug()
+        )),
     }
+}
+
+/// How far up `bench_consent` follows a target's parents.
+const MAX_ANCESTORS: usize = 16;
+
+/// `bench` samples flat out: on a process that serves users, that is a cost to them. Without
+/// `--yes`, only a target that descends from pyfleet's parent (the shell that started both, or
+/// a script's own target) is benchmarked; anything else gets one line saying what it would
+/// cost and how to go ahead.
+fn bench_consent(pid: i32, duration: f64) -> Result<()> {
+    let parent_of = |p: i32| {
+        std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .ok()
+            .and_then(|stat| {
+                let close = stat.rfind(')')?;
+                stat.get(close + 2..)?
+                    .split(' ')
+                    .nth(1)?
+                    .parse::<i32>()
+                    .ok()
+            })
+    };
+    let ours = std::os::unix::process::parent_id() as i32;
+    // A descendant of pyfleet's parent (through `unshare`, `taskset`, a venv's launcher, ...).
+    let mut p = pid;
+    for _ in 0..MAX_ANCESTORS {
+        match parent_of(p) {
+            Some(q) if q == ours && ours > 1 => return Ok(()),
+            Some(q) if q > 1 => p = q,
+            _ => break,
+        }
+    }
+    anyhow::bail!(
+        "bench samples process {pid} as fast as it can for {duration} s (about a core of \
+         pyfleet's CPU, tens of thousands of reads a second, and on 3.15 a write to the target \
+         per sample); it was not started from this shell: give --yes to go ahead"
+    )
 }
 
 fn bench(

@@ -16,6 +16,46 @@ use std::time::Duration;
 pub const DEFAULT_OUT: &str = "pyfleet-snapshots";
 pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9464";
 
+/// A length of time as people write it: seconds (`90`, `2.5`) or a number with a unit (`30s`,
+/// `5m`, `1h30m`, `250ms`); in a config file a number or a string. Checked for being positive
+/// and finite where it is used.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Seconds(pub f64);
+
+impl std::str::FromStr for Seconds {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        if let Ok(v) = t.parse::<f64>() {
+            return Ok(Seconds(v));
+        }
+        humantime::parse_duration(t)
+            .map(|d| Seconds(d.as_secs_f64()))
+            .map_err(|_| {
+                format!(
+                    "'{}' is not a length of time: give seconds (90, 2.5) or a number with a \
+                     unit (30s, 5m, 1h)",
+                    s.escape_debug()
+                )
+            })
+    }
+}
+
+impl<'de> Deserialize<'de> for Seconds {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Number(f64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Number(v) => Ok(Seconds(v)),
+            Raw::Text(t) => t.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
 /// The daemon's options, as clap parses them and as a config file holds them.
 #[derive(Debug, Clone, Default, clap::Args, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
@@ -35,18 +75,20 @@ pub struct RunOptions {
     /// Samples per second per process [default: 100].
     #[arg(long, value_name = "HZ")]
     pub rate: Option<f64>,
-    /// Which thread samples count: wall (all), cpu (on CPU), gil (holding the GIL) [default: wall].
-    #[arg(long, value_name = "wall|cpu|gil")]
+    /// Which thread samples count: cpu (threads on a CPU), wall (every thread, waiting too),
+    /// gil (the thread holding the GIL) [default: cpu].
+    #[arg(long, value_name = "cpu|wall|gil")]
     pub mode: Option<String>,
     /// pyfleet's own CPU budget, percent of one core; rates come down to hold it [default: 5].
     #[arg(long, value_name = "PERCENT")]
     pub max_cpu: Option<f64>,
-    /// Seconds between scans for new and exited processes [default: 1].
-    #[arg(long, value_name = "SECS")]
-    pub scan_interval: Option<f64>,
-    /// Seconds between snapshots [default: 60].
-    #[arg(long, value_name = "SECS")]
-    pub snapshot_interval: Option<f64>,
+    /// Time between scans for new and exited processes (seconds, or 500ms, 2s, ...)
+    /// [default: 1s].
+    #[arg(long, value_name = "DURATION")]
+    pub scan_interval: Option<Seconds>,
+    /// Time between snapshots (seconds, or 30s, 5m, 1h, ...) [default: 60s].
+    #[arg(long, value_name = "DURATION")]
+    pub snapshot_interval: Option<Seconds>,
     /// Format of the snapshots' files: folded, svg, speedscope or pprof (repeatable, or
     /// comma-separated) [default: folded and svg].
     #[arg(long = "snapshot-format", value_name = "FORMAT", value_delimiter = ',')]
@@ -63,9 +105,10 @@ pub struct RunOptions {
     /// Prometheus listener address, or `off` [default: 127.0.0.1:9464].
     #[arg(long, value_name = "ADDR|off")]
     pub metrics_addr: Option<String>,
-    /// Stop after this many seconds (a final snapshot is written) [default: run until stopped].
-    #[arg(long, value_name = "SECS")]
-    pub duration: Option<f64>,
+    /// Stop after this long (seconds, or 30s, 5m, 1h, ...; a final snapshot is written)
+    /// [default: run until stopped].
+    #[arg(long, value_name = "DURATION")]
+    pub duration: Option<Seconds>,
     /// Never write to target processes (no 3.15 frame-cache marker; results stay exact).
     #[arg(long)]
     pub read_only: bool,
@@ -100,8 +143,8 @@ pub struct RunSettings {
     pub blocking: bool,
 }
 
-fn seconds(name: &str, v: Option<f64>, default: f64) -> Result<Duration, String> {
-    let v = v.unwrap_or(default);
+fn seconds(name: &str, v: Option<Seconds>, default: f64) -> Result<Duration, String> {
+    let v = v.map_or(default, |s| s.0);
     if !(v.is_finite() && v > 0.0 && v < 1e9) {
         return Err(format!(
             "--{name} must be a positive number of seconds (got {v})"
@@ -241,7 +284,7 @@ mod tests {
         assert!(s.policy.matches_everything());
         assert_eq!(s.rate.base_hz(), 100.0);
         assert_eq!(s.rate.max_cpu_percent(), 5.0);
-        assert_eq!(s.mode, Mode::Wall);
+        assert_eq!(s.mode, Mode::Cpu);
         assert_eq!(s.scan_interval, Duration::from_secs(1));
         assert_eq!(s.snapshot_interval, Duration::from_secs(60));
         assert_eq!(s.retention.keep, 60);
@@ -298,7 +341,7 @@ mod tests {
             ),
             (
                 RunOptions {
-                    scan_interval: Some(-1.0),
+                    scan_interval: Some(Seconds(-1.0)),
                     ..Default::default()
                 },
                 "--scan-interval",

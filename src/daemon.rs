@@ -21,7 +21,8 @@ pub fn run(opts: RunOptions) -> Result<()> {
         .map_err(|e| anyhow!(e))?;
     let writer = SnapshotDir::open(&settings.out, settings.retention)
         .map_err(|e| anyhow!(e))?
-        .with_formats(&settings.snapshot_formats);
+        .with_formats(&settings.snapshot_formats)
+        .with_sampling(settings.mode, settings.rate.base_hz());
     let config = FleetConfig {
         scan_interval: settings.scan_interval,
         snapshot_interval: settings.snapshot_interval,

@@ -40,6 +40,22 @@ fn main() -> ExitCode {
                     .collect();
                 first = format!("{} {}", first, named.join(", "));
             }
+            // clap's "did you mean" (a similar option, command or value), on the same line.
+            use clap::error::{ContextKind, ContextValue};
+            let tip = [
+                ContextKind::SuggestedArg,
+                ContextKind::SuggestedSubcommand,
+                ContextKind::SuggestedValue,
+            ]
+            .into_iter()
+            .find_map(|k| match e.get(k) {
+                Some(ContextValue::String(s)) => Some(s.clone()),
+                Some(ContextValue::Strings(v)) if !v.is_empty() => Some(v.join("', '")),
+                _ => None,
+            });
+            if let Some(tip) = tip {
+                first = format!("{}; did you mean '{tip}'?", first.trim_end());
+            }
             eprintln!("pyfleet: {}", first.trim_end());
             return ExitCode::from(2);
         }

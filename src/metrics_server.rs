@@ -1,5 +1,7 @@
 //! The daemon's HTTP listener: `GET /metrics` answers with the Prometheus exporter's
-//! rendering; anything else is a 404 (405 for another method on `/metrics`).
+//! rendering and `pyfleet_cpu_seconds_total` (read at the scrape, in fractional seconds: the
+//! metrics facade's counters are integers); anything else is a 404 (405 for another method on
+//! `/metrics`).
 //!
 //! Bounded whatever its clients do: at most [`MAX_CONNECTIONS`] at once (a connection past
 //! that is closed at once), a request's head must arrive within [`HEADER_TIMEOUT`], and a
@@ -58,9 +60,26 @@ pub async fn serve(listener: TcpListener, handle: PrometheusHandle) {
     }
 }
 
+/// The exporter's rendering and pyfleet's own CPU time.
+fn render(handle: &PrometheusHandle) -> String {
+    use pyfleet_actors::metric_names::{CPU_SECONDS, CPU_SECONDS_HELP};
+    let mut text = handle.render();
+    if let Ok(cpu) = pyfleet_actors::own_cpu_time() {
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str(&format!(
+            "# HELP {CPU_SECONDS} {CPU_SECONDS_HELP}\n# TYPE {CPU_SECONDS} counter\n\
+             {CPU_SECONDS} {:.6}\n",
+            cpu.as_secs_f64()
+        ));
+    }
+    text
+}
+
 fn respond(handle: &PrometheusHandle, method: &Method, path: &str) -> Response<Full<Bytes>> {
     let (status, body) = match (method, path) {
-        (&Method::GET, "/metrics") => (StatusCode::OK, handle.render()),
+        (&Method::GET, "/metrics") => (StatusCode::OK, render(handle)),
         (_, "/metrics") => (StatusCode::METHOD_NOT_ALLOWED, "GET only\n".to_string()),
         _ => (
             StatusCode::NOT_FOUND,

@@ -16,6 +16,7 @@
 //! unless sampling would need more.
 
 use anyhow::{anyhow, bail, Context, Result};
+use pyfleet::config::Seconds;
 use pyfleet::cpython;
 use pyfleet::fleet::{Counted, HostDiscovery, SampleCounters, UnwinderFactory};
 use pyfleet::output::format::{Format, RenderContext};
@@ -32,6 +33,10 @@ use std::time::{Duration, Instant};
 const RECORD_MAX_CPU_PERCENT: f64 = 100.0;
 /// How often the end conditions are checked.
 const POLL: Duration = Duration::from_millis(100);
+/// How often `--wait` looks for a match.
+const WAIT_POLL: Duration = Duration::from_millis(500);
+/// Functions listed at the end, highest own share first.
+const TOP_FUNCTIONS: usize = 5;
 /// How often the progress line is redrawn.
 const REDRAW: Duration = Duration::from_millis(250);
 
@@ -40,24 +45,33 @@ const REDRAW: Duration = Duration::from_millis(250);
     clap::ArgGroup::new("target")
         .required(true)
         .multiple(true)
-        .args(["pids", "matches"])
+        .args(["pids", "bare_pids", "matches"])
 ))]
 pub struct RecordOptions {
     /// Record this process (repeatable).
     #[arg(long = "pid", short = 'p', value_name = "PID")]
     pub pids: Vec<i32>,
+    /// Processes to record, as `pyfleet record 1234` (the same as --pid).
+    #[arg(value_name = "PID")]
+    pub bare_pids: Vec<i32>,
     /// Record the Python processes whose command line or executable name matches REGEX
     /// (repeatable: any may match), including those that start during the recording.
     #[arg(long = "match", short = 'm', value_name = "REGEX")]
     pub matches: Vec<String>,
-    /// Stop after this many seconds [default: at Ctrl-C, or when every target has exited].
-    #[arg(long, short = 'd', value_name = "SECS")]
-    pub duration: Option<f64>,
+    /// Stop after this long (seconds, or 30s, 5m, 1h, ...) [default: at Ctrl-C, or when every
+    /// target has exited].
+    #[arg(long, short = 'd', value_name = "DURATION")]
+    pub duration: Option<Seconds>,
+    /// With --match: when nothing matches yet, wait for a match (the duration starts then)
+    /// instead of failing.
+    #[arg(long)]
+    pub wait: bool,
     /// Samples per second per process.
     #[arg(long, short = 'r', value_name = "HZ", default_value_t = 100.0)]
     pub rate: f64,
-    /// Which thread samples count: wall (all), cpu (on CPU), gil (holding the GIL).
-    #[arg(long, value_name = "wall|cpu|gil", default_value = "wall")]
+    /// Which thread samples count: cpu (threads on a CPU: where the CPU goes), wall (every
+    /// thread, waiting too: where the time goes), gil (the thread holding the GIL).
+    #[arg(long, value_name = "cpu|wall|gil", default_value = "cpu")]
     pub mode: String,
     /// Output file [default: pyfleet-<UTC time>.<format's extension>].
     #[arg(long, short = 'o', value_name = "FILE")]
@@ -66,6 +80,10 @@ pub struct RecordOptions {
     /// .svg, .json/.speedscope.json, .pb.gz/.pprof), else svg].
     #[arg(long, short = 'f', value_name = "FORMAT")]
     pub format: Option<String>,
+    /// Replace the output file even when it is not a profile (by default only a profile in
+    /// the chosen format is replaced: never a source file by mistake).
+    #[arg(long)]
+    pub force: bool,
     /// Never write to target processes (no 3.15 frame-cache marker; results stay exact).
     #[arg(long)]
     pub read_only: bool,
@@ -87,9 +105,12 @@ struct Plan {
     format: Format,
     read_only: bool,
     blocking: bool,
+    force: bool,
+    wait: bool,
 }
 
-fn plan(o: RecordOptions) -> Result<Plan> {
+fn plan(mut o: RecordOptions) -> Result<Plan> {
+    o.pids.append(&mut o.bare_pids);
     if let Some(bad) = o.pids.iter().find(|p| **p <= 0) {
         bail!("--pid must be a positive process id (got {bad})");
     }
@@ -102,10 +123,13 @@ fn plan(o: RecordOptions) -> Result<Plan> {
     let rate = RatePolicy::new(o.rate, RECORD_MAX_CPU_PERCENT)?;
     let mode: Mode = o.mode.parse()?;
     let duration = match o.duration {
-        Some(d) if d.is_finite() && d > 0.0 && d < 1e9 => Some(Duration::from_secs_f64(d)),
-        Some(d) => bail!("--duration must be a positive number of seconds (got {d})"),
+        Some(Seconds(d)) if d.is_finite() && d > 0.0 && d < 1e9 => Some(Duration::from_secs_f64(d)),
+        Some(Seconds(d)) => bail!("--duration must be a positive length of time (got {d} s)"),
         None => None,
     };
+    if o.wait && o.matches.is_empty() {
+        bail!("--wait goes with --match (it waits for a matching process to start)");
+    }
     let format = match (&o.format, &o.output) {
         (Some(f), _) => f.parse::<Format>().map_err(|e| anyhow!("--format: {e}"))?,
         (None, Some(out)) => Format::from_path(out).ok_or_else(|| {
@@ -135,6 +159,8 @@ fn plan(o: RecordOptions) -> Result<Plan> {
         format,
         read_only: o.read_only,
         blocking: o.blocking,
+        force: o.force,
+        wait: o.wait,
     })
 }
 
@@ -170,7 +196,8 @@ pub fn run(opts: RecordOptions) -> Result<()> {
         duration: None,
     };
     // The output first: an unwritable file fails before anything else happens.
-    let writer = RecordFile::open(&plan.output, plan.format, ctx).map_err(|e| anyhow!(e))?;
+    let writer =
+        RecordFile::open(&plan.output, plan.format, ctx, plan.force).map_err(|e| anyhow!(e))?;
     // Each --pid must be a Python process we can read, now (one-line errors as `dump`'s).
     let mut targets = Vec::new();
     for &pid in &plan.pids {
@@ -186,6 +213,9 @@ pub fn run(opts: RecordOptions) -> Result<()> {
         let start = pyfleet::process::start_time(pid)
             .ok_or_else(|| anyhow!("cannot record process {pid}: it exited"))?;
         targets.push(Target { pid, start });
+    }
+    if !plan.matches.is_empty() {
+        await_match(&plan)?;
     }
 
     let config = FleetConfig {
@@ -276,14 +306,29 @@ pub fn run(opts: RecordOptions) -> Result<()> {
     runtime.shutdown_timeout(Duration::from_millis(200));
     let why = why?;
     let written = writer.written().unwrap_or_default();
+    let top = writer.top_functions(TOP_FUNCTIONS);
+    if !top.is_empty() {
+        eprintln!(
+            "pyfleet: highest own share ({} mode: {} samples):",
+            plan.mode.as_str(),
+            written.samples
+        );
+        for (label, share) in &top {
+            eprintln!("  {share:5.1}%  {}", pyfleet::output::for_terminal(label));
+        }
+    }
     let mut line = format!(
-        "pyfleet: wrote {} thread samples of {} process{} to {} ({})",
+        "pyfleet: wrote {} thread samples of {} process{} to {} ({}, {} mode)",
         written.samples,
         written.processes,
         if written.processes == 1 { "" } else { "es" },
         writer.path().display(),
-        writer.format()
+        writer.format(),
+        plan.mode.as_str(),
     );
+    if let Some((label, share)) = top.first() {
+        line.push_str(&format!("; hottest: {label} {share:.1}%"));
+    }
     line.push_str(&failed_note(
         counters.errors(),
         counters.samples(),
@@ -295,6 +340,29 @@ pub fn run(opts: RecordOptions) -> Result<()> {
     }
     eprintln!("{}", pyfleet::output::for_terminal(&line));
     Ok(())
+}
+
+/// With `--match`: returns once a process matches. Without `--wait` that is now or never: a
+/// scan that finds nothing is an error (the user sees it at once, not after the duration).
+fn await_match(plan: &Plan) -> Result<()> {
+    let found = || !pyfleet::discovery::scan(&plan.policy).is_empty();
+    if found() {
+        return Ok(());
+    }
+    let what = pyfleet::output::for_terminal(&plan.matches.join("|")).into_owned();
+    if !plan.wait {
+        bail!(
+            "no Python process matches /{what}/ (`pyfleet list` shows the Python processes it \
+             can see; --wait waits for one to start)"
+        );
+    }
+    eprintln!("pyfleet: waiting for a Python process matching /{what}/ (Ctrl-C to give up)");
+    loop {
+        std::thread::sleep(WAIT_POLL);
+        if found() {
+            return Ok(());
+        }
+    }
 }
 
 /// The end line's word on failed samples: how many, what share of those attempted, and when

@@ -136,11 +136,14 @@ fn gunicorn_fleet_under_load_with_a_killed_worker() {
             "--match",
             "gunicorn",
             "--duration",
-            "12",
+            "12s",
             "--scan-interval",
             "1",
             "--snapshot-interval",
-            "4",
+            "4s",
+            // Wall mode: the masters, idle, must have files too.
+            "--mode",
+            "wall",
             "--out",
             out.to_str().unwrap(),
             "--metrics-addr",
@@ -212,6 +215,17 @@ fn gunicorn_fleet_under_load_with_a_killed_worker() {
         page.contains("pyfleet_processes"),
         "{}",
         truncate(&page, 4000)
+    );
+    // pyfleet's own CPU time, in fractional seconds (a few seconds of sampling at most: whole
+    // seconds would often read 0 or 1).
+    let cpu: f64 = page
+        .lines()
+        .find_map(|l| l.strip_prefix("pyfleet_cpu_seconds_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no pyfleet_cpu_seconds_total:\n{}", truncate(&page, 4000)));
+    assert!(
+        cpu > 0.0 && cpu.fract() != 0.0,
+        "pyfleet_cpu_seconds_total {cpu}"
     );
 
     let run = daemon.finish();

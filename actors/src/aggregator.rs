@@ -67,6 +67,7 @@ pub(crate) struct Aggregation {
     max_stacks: usize,
     lives: HashMap<u64, Life>,
     window: BTreeMap<i32, ProcessWindow>,
+    window_start: SystemTime,
     unknown: Frames,
     truncated: Frames,
 }
@@ -76,11 +77,12 @@ fn single_frame(function: &str) -> Frames {
 }
 
 impl Aggregation {
-    pub(crate) fn new(max_stacks: usize) -> Self {
+    pub(crate) fn new(max_stacks: usize, started_at: SystemTime) -> Self {
         Aggregation {
             max_stacks,
             lives: HashMap::new(),
             window: BTreeMap::new(),
+            window_start: started_at,
             unknown: single_frame(UNKNOWN_FUNCTION),
             truncated: single_frame(TRUNCATED_FUNCTION),
         }
@@ -177,6 +179,7 @@ impl Aggregation {
             })
             .collect();
         Snapshot {
+            started_at: std::mem::replace(&mut self.window_start, taken_at),
             taken_at,
             processes,
         }
@@ -202,7 +205,7 @@ impl Actor for AggregatorActor {
         _myself: ActorRef<Self::Msg>,
         max_stacks: usize,
     ) -> Result<Self::State, ActorProcessingErr> {
-        Ok(Aggregation::new(max_stacks))
+        Ok(Aggregation::new(max_stacks, SystemTime::now()))
     }
 
     async fn handle(
@@ -262,7 +265,7 @@ mod tests {
 
     #[test]
     fn counts_merge_across_batches_and_lives() {
-        let mut agg = Aggregation::new(100);
+        let mut agg = Aggregation::new(100, SystemTime::UNIX_EPOCH);
         let mut b = batch(1, vec![(10, CPU, 2), (11, IDLE, 1)]);
         b.new_stacks = vec![(10, frames("f")), (11, frames("g"))];
         agg.add(b);
@@ -282,8 +285,12 @@ mod tests {
             p.samples,
             vec![(CPU, shared("f"), 9), (IDLE, shared("g"), 1)]
         );
-        // The next window starts empty, but the live sampler's frames are remembered.
-        assert!(agg.take(SystemTime::UNIX_EPOCH).processes.is_empty());
+        // The next window starts empty, where the last one ended, but the live sampler's
+        // frames are remembered.
+        let next_end = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(60);
+        let next = agg.take(next_end);
+        assert!(next.processes.is_empty());
+        assert_eq!((next.started_at, next.taken_at), (snap.taken_at, next_end));
         agg.add(batch(1, vec![(11, IDLE, 5)]));
         let snap = agg.take(SystemTime::UNIX_EPOCH);
         assert_eq!(snap.processes[0].samples, vec![(IDLE, shared("g"), 5)]);
@@ -291,7 +298,7 @@ mod tests {
 
     #[test]
     fn a_life_whose_last_batch_was_lost_is_forgotten() {
-        let mut agg = Aggregation::new(100);
+        let mut agg = Aggregation::new(100, SystemTime::UNIX_EPOCH);
         let mut b = batch(1, vec![(10, CPU, 2)]);
         b.new_stacks = vec![(10, frames("f"))];
         agg.add(b);
@@ -305,7 +312,7 @@ mod tests {
 
     #[test]
     fn distinct_stacks_are_capped_into_truncated() {
-        let mut agg = Aggregation::new(2);
+        let mut agg = Aggregation::new(2, SystemTime::UNIX_EPOCH);
         let mut b = batch(1, vec![(1, CPU, 1), (2, CPU, 1), (3, CPU, 5), (4, IDLE, 2)]);
         b.new_stacks = (1..=4).map(|i| (i, frames(&format!("f{i}")))).collect();
         agg.add(b);
@@ -325,7 +332,7 @@ mod tests {
 
     #[test]
     fn new_epoch_forgets_frames_and_unknown_ids_are_marked() {
-        let mut agg = Aggregation::new(100);
+        let mut agg = Aggregation::new(100, SystemTime::UNIX_EPOCH);
         let mut b = batch(1, vec![(1, CPU, 1)]);
         b.new_stacks = vec![(1, frames("f"))];
         agg.add(b);
@@ -342,7 +349,7 @@ mod tests {
 
     #[test]
     fn a_process_with_no_counted_sample_still_appears() {
-        let mut agg = Aggregation::new(100);
+        let mut agg = Aggregation::new(100, SystemTime::UNIX_EPOCH);
         agg.add(batch(1, Vec::new()));
         let snap = agg.take(SystemTime::UNIX_EPOCH);
         assert_eq!(snap.processes.len(), 1);

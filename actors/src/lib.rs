@@ -52,6 +52,7 @@ mod supervisor;
 mod timing;
 
 pub use fleet::{Fleet, FleetConfig, FleetError, FleetStatus, ProcessState, ProcessStatus};
+pub use self_cpu::cpu_time as own_cpu_time;
 pub use snapshot::{Frames, ProcessProfile, Snapshot, SnapshotWriter};
 pub use source::{
     Discovery, FrameInfo, ProcessInfo, SampleError, SampledThread, SourceFactory, SourceStats,

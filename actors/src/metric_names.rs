@@ -41,9 +41,12 @@ pub const PROCESS_EXITS: &str = "pyfleet_process_exits_total";
 pub const ACTOR_RESTARTS: &str = "pyfleet_actor_restarts_total";
 /// Snapshots written (no labels).
 pub const SNAPSHOTS_WRITTEN: &str = "pyfleet_snapshots_written_total";
-/// pyfleet's own CPU time, user + system, in whole seconds (a counter set with `absolute`;
-/// the metrics facade has integer counters only).
+/// pyfleet's own CPU time, user + system, in fractional seconds. Not in the metrics facade (its
+/// counters are integers): the /metrics handler renders it at each scrape from
+/// [`own_cpu_time`](crate::own_cpu_time), with [`CPU_SECONDS_HELP`].
 pub const CPU_SECONDS: &str = "pyfleet_cpu_seconds_total";
+/// The `# HELP` text of [`CPU_SECONDS`].
+pub const CPU_SECONDS_HELP: &str = "pyfleet's own CPU time (user + system of every thread)";
 
 /// Registers a description (and unit) for every metric with the installed recorder.
 pub fn describe() {
@@ -85,9 +88,4 @@ pub fn describe() {
         "Sampler restarts after a failure"
     );
     describe_counter!(SNAPSHOTS_WRITTEN, Unit::Count, "Snapshots written");
-    describe_counter!(
-        CPU_SECONDS,
-        Unit::Seconds,
-        "pyfleet's own CPU time (user + system), whole seconds"
-    );
 }

@@ -10,7 +10,7 @@ use nix::sys::resource::{getrusage, UsageWho};
 use nix::sys::time::TimeVal;
 
 /// User + system CPU time of this process so far.
-pub(crate) fn cpu_time() -> Result<Duration, nix::Error> {
+pub fn cpu_time() -> Result<Duration, nix::Error> {
     let usage = getrusage(UsageWho::RUSAGE_SELF)?;
     Ok(to_duration(usage.user_time()) + to_duration(usage.system_time()))
 }

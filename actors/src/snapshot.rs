@@ -18,6 +18,9 @@ pub type Frames = Arc<[FrameInfo]>;
 /// Everything sampled in one window, across the fleet.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
+    /// When the window began (wall clock): the previous window's end, or the aggregator's
+    /// start for the first.
+    pub started_at: SystemTime,
     /// When the window ended (wall clock, for naming the output).
     pub taken_at: SystemTime,
     /// One entry per process that reported to the aggregator during the window (even with no

@@ -16,7 +16,7 @@
 //! panic in the source) goes to the [`RestartPolicy`](pyfleet_policies::RestartPolicy): a
 //! restart after its backoff (`pyfleet_actor_restarts_total{process,pid}` counts restarts), or
 //! giving up: one warning, and no sampler for that pid while it is listed. Every
-//! `rate_interval` it reads pyfleet's own CPU time (`pyfleet_cpu_seconds_total`), asks the
+//! `rate_interval` it reads pyfleet's own CPU time, asks the
 //! [`RatePolicy`](pyfleet_policies::RatePolicy) for the next rate and sends it to the fleet's
 //! sampling threads (one rate for every process; see [`sampling`](crate::sampling)). It keeps
 //! `pyfleet_processes` equal to the number of live samplers.
@@ -137,7 +137,6 @@ pub(crate) struct SupervisorState<D, F> {
     exits: u64,
     restarts: u64,
     processes: Gauge,
-    cpu_seconds: Counter,
     /// Held here only to be touched every scan (the sink increments it).
     snapshots_written: Counter,
     exit_counter: Counter,
@@ -176,7 +175,6 @@ impl<D: Discovery, F: SourceFactory> Actor for SupervisorActor<D, F> {
             exits: 0,
             restarts: 0,
             processes: metrics::gauge!(m::PROCESSES),
-            cpu_seconds: metrics::counter!(m::CPU_SECONDS),
             snapshots_written: metrics::counter!(m::SNAPSHOTS_WRITTEN),
             exit_counter: metrics::counter!(m::PROCESS_EXITS),
         })
@@ -393,7 +391,6 @@ impl<D: Discovery, F: SourceFactory> SupervisorState<D, F> {
     /// Marks the fleet-wide series as alive every scan, so an exporter's idle timeout only
     /// ever removes per-process series (see the crate documentation).
     fn touch_fleet_series(&self) {
-        self.cpu_seconds.increment(0);
         self.snapshots_written.increment(0);
         self.exit_counter.increment(0);
     }
@@ -538,7 +535,6 @@ impl<D: Discovery, F: SourceFactory> SupervisorState<D, F> {
                 return;
             }
         };
-        self.cpu_seconds.absolute(cpu.as_secs());
         let Some(percent) = self.cpu.observe(Instant::now(), cpu) else {
             return;
         };

@@ -14,9 +14,11 @@ use std::str::FromStr;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Mode {
     /// Wall-clock time: every thread, running or waiting.
-    #[default]
     Wall,
-    /// CPU time: only threads running on a CPU.
+    /// CPU time: only threads running on a CPU. The default: "where does the CPU go?" is the
+    /// first question, and idle threads (a server's acceptor, a pool's waiting workers) would
+    /// otherwise fill the profile.
+    #[default]
     Cpu,
     /// GIL time: only the thread holding the GIL.
     Gil,
@@ -84,7 +86,7 @@ mod tests {
 
     #[test]
     fn default_is_wall() {
-        assert_eq!(Mode::default(), Mode::Wall);
+        assert_eq!(Mode::default(), Mode::Cpu);
     }
 
     #[test]

@@ -129,11 +129,33 @@ impl Default for RenderContext {
     }
 }
 
+impl RenderContext {
+    /// What the samples are, in one line for people: `cpu mode (threads on a CPU), 100 Hz,
+    /// 15.0 s`. Every output carries it (the SVG's subtitle, speedscope's name, a pprof
+    /// comment), so that a profile says how it was made.
+    pub fn describe(&self) -> String {
+        let what = match self.mode {
+            Mode::Cpu => "threads on a CPU",
+            Mode::Wall => "every thread, waiting or not",
+            Mode::Gil => "the thread holding the GIL",
+        };
+        let mut s = format!("{} mode ({what})", self.mode.as_str());
+        match self.rate_hz {
+            Some(hz) => s.push_str(&format!(", {hz} Hz")),
+            None => s.push_str(", rate varied"),
+        }
+        if let Some(d) = self.duration {
+            s.push_str(&format!(", {:.1} s", d.as_secs_f64()));
+        }
+        s
+    }
+}
+
 /// Renders a whole snapshot in one format.
 pub fn render(format: Format, snap: &Snapshot, ctx: &RenderContext) -> Result<Vec<u8>, String> {
     match format {
         Format::Folded => Ok(folded::render(&folded::fleet_lines(snap)).into_bytes()),
-        Format::Svg => svg::render(&ctx.title, &folded::fleet_lines(snap)),
+        Format::Svg => svg::render(&ctx.title, &ctx.describe(), &folded::fleet_lines(snap)),
         Format::Speedscope => speedscope::render(snap, ctx),
         Format::Pprof => pprof::render(snap, ctx),
     }

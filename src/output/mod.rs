@@ -68,6 +68,64 @@ pub fn create_beside(
     Err(last.unwrap_or_else(|| std::io::Error::other("no temporary name")))
 }
 
+/// Creates the directory `dir` unless it is one already. Only `dir` itself: a missing parent
+/// is a mistake in the path (an error), not a tree to make. The error names `dir` and says
+/// what is wrong in words.
+pub fn create_last_component(dir: &std::path::Path) -> Result<(), String> {
+    let shown = dir.display();
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => return Ok(()),
+        Ok(_) => return Err(format!("{shown}: is a file, not a directory")),
+        Err(_) => {}
+    }
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        match std::fs::metadata(parent) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(format!(
+                    "{shown}: {} is a file, not a directory",
+                    parent.display()
+                ))
+            }
+            Err(_) => {
+                return Err(format!(
+                    "{shown}: its parent directory {} does not exist",
+                    parent.display()
+                ))
+            }
+        }
+    }
+    std::fs::create_dir(dir).map_err(|e| format!("{shown}: cannot create it: {e}"))
+}
+
+/// Whether the first bytes of an existing file are a profile pyfleet could have written in
+/// `format` (so that `record -o` may replace it): folded stacks (every line ends in a count),
+/// an SVG, a speedscope file, a gzipped pprof profile. A source file, a config or an empty
+/// file is not one.
+pub fn looks_like_profile(format: format::Format, head: &[u8]) -> bool {
+    use format::Format;
+    let text = || std::str::from_utf8(head).ok();
+    match format {
+        Format::Folded => text().is_some_and(|t| {
+            // The head may end mid-line: only whole lines count.
+            let whole = t.rfind('\n').map_or("", |i| &t[..i]);
+            !whole.is_empty()
+                && whole.lines().all(|l| {
+                    l.rsplit_once(' ').is_some_and(|(stack, n)| {
+                        !stack.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())
+                    })
+                })
+        }),
+        Format::Svg => text().is_some_and(|t| {
+            let t = t.trim_start();
+            (t.starts_with("<?xml") || t.starts_with("<svg")) && t.contains("<svg")
+        }),
+        Format::Speedscope => text()
+            .is_some_and(|t| t.trim_start().starts_with('{') && t.contains(speedscope::SCHEMA_URL)),
+        Format::Pprof => head.starts_with(&[0x1f, 0x8b]),
+    }
+}
+
 /// Replaces control characters (terminal escapes, newlines) and bidirectional and line
 /// separator characters in a target's string with visible escapes (`\u{1b}`), so that a dump
 /// cannot drive the user's terminal, break lines or show text in another order than it is.

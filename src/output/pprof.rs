@@ -287,7 +287,7 @@ pub fn build(snap: &Snapshot, ctx: &RenderContext) -> Profile {
         .duration_since(UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
         .unwrap_or(0);
-    let comment = vec![strings.get(&ctx.title)];
+    let comment = vec![strings.get(&ctx.title), strings.get(&ctx.describe())];
     Profile {
         sample_type,
         sample,
@@ -346,6 +346,7 @@ mod tests {
         let leaf = FrameInfo::new("leaf\u{0}\n", "/ü.py", Some(3));
         let main = FrameInfo::new("main", "/a.py", None);
         let snap = Snapshot {
+            started_at: UNIX_EPOCH + Duration::from_secs(90),
             taken_at: UNIX_EPOCH + Duration::from_secs(100),
             processes: vec![
                 ProcessProfile {

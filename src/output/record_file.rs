@@ -18,6 +18,25 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Instant, SystemTime};
 
+/// Whether the regular file at `path` starts like a profile in `format` (read without
+/// following a symlink, at most 64 KiB).
+fn existing_profile(path: &Path, format: Format) -> bool {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let Ok(f) = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    else {
+        return false;
+    };
+    let mut head = Vec::new();
+    f.take(64 * 1024).read_to_end(&mut head).is_ok() && super::looks_like_profile(format, &head)
+}
+
+/// The longest function label [`RecordFile::top_functions`] gives.
+pub const MAX_LABEL: usize = 120;
+
 /// What the last write put in the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Written {
@@ -57,29 +76,60 @@ impl std::fmt::Debug for RecordFile {
 }
 
 impl RecordFile {
-    /// Checks that `path` can be written (its directory is created if missing, and a
-    /// temporary file is created in it and removed) and returns the writer. The file itself is
+    /// Checks that `path` can be written (its directory exists, and a temporary file can be
+    /// created in it and removed) and returns the writer. An existing file at `path` is
+    /// replaced only when it is a profile in `format` (one pyfleet could have written: see
+    /// [`looks_like_profile`](super::looks_like_profile)) or with `force`. The file itself is
     /// not touched until the first write.
-    pub fn open(path: &Path, format: Format, ctx: RenderContext) -> Result<Self, String> {
+    pub fn open(
+        path: &Path,
+        format: Format,
+        ctx: RenderContext,
+        force: bool,
+    ) -> Result<Self, String> {
         let shown = path.display();
         let Some(name) = path.file_name() else {
             return Err(format!("cannot write the output {shown}: not a file name"));
         };
-        if path.is_dir() {
-            return Err(format!(
-                "cannot write the output {shown}: it is a directory"
-            ));
-        }
         let dir = match path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        fs::create_dir_all(&dir).map_err(|e| {
-            format!(
-                "cannot write the output {shown}: cannot create {}: {e}",
-                dir.display()
-            )
-        })?;
+        match fs::metadata(&dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(format!(
+                    "cannot write the output {shown}: {} is a file, not a directory",
+                    dir.display()
+                ))
+            }
+            Err(_) => {
+                return Err(format!(
+                    "cannot write the output {shown}: directory {} does not exist",
+                    dir.display()
+                ))
+            }
+        }
+        match fs::symlink_metadata(path) {
+            Ok(m) if m.is_dir() => {
+                return Err(format!(
+                    "cannot write the output {shown}: it is a directory"
+                ))
+            }
+            Ok(m) if !force && !m.is_file() => {
+                return Err(format!(
+                    "cannot write the output {shown}: it exists and is not a regular file \
+                     (--force replaces it)"
+                ))
+            }
+            Ok(_) if !force && !existing_profile(path, format) => {
+                return Err(format!(
+                    "cannot write the output {shown}: it exists and is not a {format} profile \
+                     (--force replaces it)"
+                ))
+            }
+            _ => {}
+        }
         let (tmp, _) = super::create_beside(&dir.join(name))
             .map_err(|e| format!("cannot write the output {shown}: {e}"))?;
         let _ = fs::remove_file(&tmp);
@@ -90,6 +140,7 @@ impl RecordFile {
                 started: Instant::now(),
                 state: Mutex::new(State {
                     recording: Snapshot {
+                        started_at: SystemTime::now(),
                         taken_at: SystemTime::now(),
                         processes: Vec::new(),
                     },
@@ -111,6 +162,37 @@ impl RecordFile {
     /// What the last successful write put in the file (`None` before the first).
     pub fn written(&self) -> Option<Written> {
         self.lock().written
+    }
+
+    /// The `n` functions with the highest own share of the samples recorded so far (the
+    /// innermost frame of each sample, lines merged), as `function (file)` and percent,
+    /// highest first. Labels are cut to [`MAX_LABEL`] characters.
+    pub fn top_functions(&self, n: usize) -> Vec<(String, f64)> {
+        let state = self.lock();
+        let mut own: HashMap<(&str, &str), u64> = HashMap::new();
+        let mut total = 0u64;
+        for p in &state.recording.processes {
+            for (_, frames, count) in &p.samples {
+                total += count;
+                if let Some(leaf) = frames.first() {
+                    *own.entry((&leaf.function, &leaf.file)).or_default() += count;
+                }
+            }
+        }
+        let mut ranked: Vec<((&str, &str), u64)> = own.into_iter().collect();
+        ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        ranked
+            .into_iter()
+            .take(n)
+            .map(|((function, file), count)| {
+                let base = file.rsplit('/').next().unwrap_or(file);
+                let label: String = format!("{function} ({base})")
+                    .chars()
+                    .take(MAX_LABEL)
+                    .collect();
+                (label, 100.0 * count as f64 / total.max(1) as f64)
+            })
+            .collect()
     }
 
     /// Forgets the rate (pprof then carries counts only): call when the rate changed during
@@ -210,6 +292,7 @@ mod tests {
 
     fn window(at: u64, pid: i32, function: &str, n: u64) -> Snapshot {
         Snapshot {
+            started_at: UNIX_EPOCH,
             taken_at: UNIX_EPOCH + Duration::from_secs(at),
             processes: vec![ProcessProfile {
                 pid,
@@ -231,8 +314,8 @@ mod tests {
     #[test]
     fn every_write_holds_the_whole_recording() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sub/out.folded");
-        let rec = RecordFile::open(&path, Format::Folded, RenderContext::default()).unwrap();
+        let path = dir.path().join("out.folded");
+        let rec = RecordFile::open(&path, Format::Folded, RenderContext::default(), false).unwrap();
         assert!(!path.exists(), "nothing written before the first snapshot");
         rec.write(&window(1, 9, "a", 2)).unwrap();
         rec.write(&window(2, 9, "a", 3)).unwrap();
@@ -258,14 +341,73 @@ mod tests {
     }
 
     #[test]
+    fn top_functions_rank_own_samples() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.folded");
+        let rec = RecordFile::open(&path, Format::Folded, RenderContext::default(), false).unwrap();
+        rec.write(&window(1, 9, "slow", 6)).unwrap();
+        rec.write(&window(2, 4, "fast", 2)).unwrap();
+        rec.write(&window(3, 9, "slow", 2)).unwrap();
+        let top = rec.top_functions(5);
+        assert_eq!(
+            top,
+            vec![
+                ("slow (a.py)".to_string(), 80.0),
+                ("fast (a.py)".to_string(), 20.0)
+            ]
+        );
+        assert_eq!(rec.top_functions(1).len(), 1);
+    }
+
+    #[test]
     fn unwritable_paths_fail_at_open() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("f");
         fs::write(&file, "x").unwrap();
-        for bad in [file.join("out.svg"), dir.path().to_path_buf()] {
-            let e = RecordFile::open(&bad, Format::Svg, RenderContext::default()).unwrap_err();
-            assert!(e.starts_with("cannot write the output"), "{e}");
-            assert_eq!(e.lines().count(), 1);
+        let missing = dir.path().join("no/such/dir/out.svg");
+        for (bad, why) in [
+            (file.join("out.svg"), "is a file, not a directory"),
+            (dir.path().to_path_buf(), "it is a directory"),
+            (missing.clone(), "does not exist"),
+        ] {
+            for force in [false, true] {
+                let e = RecordFile::open(&bad, Format::Svg, RenderContext::default(), force)
+                    .unwrap_err();
+                assert!(e.starts_with("cannot write the output"), "{e}");
+                assert!(e.contains(why), "{e}");
+                assert_eq!(e.lines().count(), 1);
+            }
         }
+        assert!(!dir.path().join("no").exists(), "no directory created");
+    }
+
+    #[test]
+    fn only_a_profile_is_replaced_without_force() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = dir.path().join("app.py");
+        fs::write(&source, "import time\nprint(1)\n").unwrap();
+        let empty = dir.path().join("empty.folded");
+        fs::write(&empty, "").unwrap();
+        let ctx = RenderContext::default;
+        for (path, format) in [(&source, Format::Folded), (&empty, Format::Folded)] {
+            let e = RecordFile::open(path, format, ctx(), false).unwrap_err();
+            assert!(e.contains("--force"), "{e}");
+            assert!(RecordFile::open(path, format, ctx(), true).is_ok());
+        }
+        assert_eq!(
+            fs::read_to_string(&source).unwrap(),
+            "import time\nprint(1)\n"
+        );
+        // What pyfleet writes, it may write again.
+        let folded = dir.path().join("old.folded");
+        let rec = RecordFile::open(&folded, Format::Folded, ctx(), false).unwrap();
+        rec.write(&window(1, 9, "a", 2)).unwrap();
+        assert!(RecordFile::open(&folded, Format::Folded, ctx(), false).is_ok());
+        let svg = dir.path().join("old.svg");
+        let rec = RecordFile::open(&svg, Format::Svg, ctx(), false).unwrap();
+        rec.write(&window(1, 9, "a", 2)).unwrap();
+        assert!(RecordFile::open(&svg, Format::Svg, ctx(), false).is_ok());
+        // But not as another format.
+        assert!(RecordFile::open(&svg, Format::Folded, ctx(), false).is_err());
     }
 }

@@ -1,8 +1,11 @@
-//! Snapshots on disk: `<out>/<UTC time>/` holding, for the formats chosen
-//! (`--snapshot-format`, default folded and svg): `<process>-<pid>.folded` per process and the
-//! fleet-wide `all.folded` (each stack rooted at `<process>-<pid>`) for folded,
-//! `flamegraph.svg` for svg, `profile.speedscope.json` (one profile per process) for
-//! speedscope and `profile.pb.gz` (the process as a label) for pprof.
+//! Snapshots on disk: `<out>/<UTC time the window ended>/` holding `metadata.json` (the
+//! window's start and end, mode, rate, pyfleet's version, samples per process) and, for the
+//! formats chosen (`--snapshot-format`, default folded and svg): `<process>-<pid>.folded` per
+//! process with samples and the fleet-wide `all.folded` (each stack rooted at
+//! `<process>-<pid>`) for folded, `flamegraph.svg` for svg, `profile.speedscope.json` (one
+//! profile per process) for speedscope and `profile.pb.gz` (the process as a label) for pprof.
+//! No file is empty: a folded file with no stack is not written (`metadata.json` says the
+//! window had no samples).
 //!
 //! Owns the directory layout, atomicity and retention. A snapshot is built in a hidden
 //! `.partial-<name>` directory (every file written and fsynced), then renamed into place, so
@@ -13,7 +16,7 @@
 use super::folded;
 use super::format::{self, Format, RenderContext};
 use pyfleet_actors::{Snapshot, SnapshotWriter};
-use pyfleet_policies::{RetentionPolicy, SnapshotEntry};
+use pyfleet_policies::{Mode, RetentionPolicy, SnapshotEntry};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -26,7 +29,13 @@ pub struct SnapshotDir {
     out: PathBuf,
     retention: RetentionPolicy,
     formats: Vec<Format>,
+    mode: Mode,
+    /// The rate asked for (the rate controller may have lowered it for a while).
+    rate_hz: Option<f64>,
 }
+
+/// The file in each snapshot that describes it.
+pub const METADATA_FILE: &str = "metadata.json";
 
 /// The formats of a snapshot unless told otherwise.
 pub const DEFAULT_FORMATS: [Format; 2] = [Format::Folded, Format::Svg];
@@ -42,16 +51,14 @@ pub fn fleet_file_name(format: Format) -> &'static str {
 }
 
 impl SnapshotDir {
-    /// Creates `out` if needed and checks that snapshots can be written there (a probe file is
+    /// Creates `out` if needed (only `out` itself: a missing parent is a mistake, not a
+    /// directory tree to make) and checks that snapshots can be written there (a probe file is
     /// written and removed), so an unusable directory fails at startup, not an hour later.
     pub fn open(out: &Path, retention: RetentionPolicy) -> Result<Self, String> {
         let fail = |what: &str, e: std::io::Error| {
             format!("unusable --out {}: {what}: {e}", out.display())
         };
-        fs::create_dir_all(out).map_err(|e| fail("cannot create it", e))?;
-        if !out.is_dir() {
-            return Err(format!("unusable --out {}: not a directory", out.display()));
-        }
+        super::create_last_component(out).map_err(|e| format!("unusable --out {e}"))?;
         let probe = out.join(format!("{PARTIAL}probe-{}", std::process::id()));
         fs::write(&probe, b"probe").map_err(|e| fail("cannot write in it", e))?;
         let _ = fs::remove_file(&probe);
@@ -67,7 +74,16 @@ impl SnapshotDir {
             out: out.to_path_buf(),
             retention,
             formats: DEFAULT_FORMATS.to_vec(),
+            mode: Mode::default(),
+            rate_hz: None,
         })
+    }
+
+    /// The mode and rate the samples are taken with, for the outputs and `metadata.json`.
+    pub fn with_sampling(mut self, mode: Mode, rate_hz: f64) -> Self {
+        self.mode = mode;
+        self.rate_hz = Some(rate_hz);
+        self
     }
 
     /// Writes these formats (in this order, duplicates once) instead of the default ones.
@@ -118,13 +134,17 @@ impl SnapshotDir {
     }
 
     fn write_files(&self, dir: &Path, snap: &Snapshot, title: &str) -> std::io::Result<()> {
+        let window = snap.taken_at.duration_since(snap.started_at).ok();
         let ctx = RenderContext {
             title: title.to_string(),
-            ..RenderContext::default()
+            rate_hz: self.rate_hz,
+            mode: self.mode,
+            duration: window,
         };
+        write_synced(&dir.join(METADATA_FILE), &self.metadata(snap, &ctx))?;
         for &f in &self.formats {
             if f == Format::Folded {
-                for p in &snap.processes {
+                for p in snap.processes.iter().filter(|p| p.total() > 0) {
                     let lines = folded::process_lines(p, None);
                     write_synced(
                         &dir.join(format!("{}.folded", folded::process_root(p))),
@@ -133,9 +153,42 @@ impl SnapshotDir {
                 }
             }
             let data = format::render(f, snap, &ctx).map_err(std::io::Error::other)?;
-            write_synced(&dir.join(fleet_file_name(f)), &data)?;
+            if !data.is_empty() {
+                write_synced(&dir.join(fleet_file_name(f)), &data)?;
+            }
         }
         Ok(())
+    }
+
+    /// `metadata.json`: what the window is (start and end, UTC, RFC 3339), how it was sampled
+    /// and by which pyfleet, and the counted samples of each process seen in it.
+    fn metadata(&self, snap: &Snapshot, ctx: &RenderContext) -> Vec<u8> {
+        let processes: Vec<serde_json::Value> = snap
+            .processes
+            .iter()
+            .map(|p| {
+                serde_json::json!({
+                    "pid": p.pid,
+                    "name": folded::process_root(p),
+                    "samples": p.total(),
+                })
+            })
+            .collect();
+        let samples: u64 = snap.processes.iter().map(|p| p.total()).sum();
+        let doc = serde_json::json!({
+            "pyfleet_version": env!("CARGO_PKG_VERSION"),
+            "window_start": rfc3339(snap.started_at),
+            "window_end": rfc3339(snap.taken_at),
+            "window_seconds": ctx.duration.map(|d| d.as_secs_f64()),
+            "mode": self.mode.as_str(),
+            "rate_hz": self.rate_hz,
+            "samples": samples,
+            "formats": self.formats.iter().map(|f| f.name()).collect::<Vec<_>>(),
+            "processes": processes,
+        });
+        let mut out = serde_json::to_vec_pretty(&doc).unwrap_or_default();
+        out.push(b'\n');
+        out
     }
 }
 
@@ -213,6 +266,21 @@ pub fn utc_name(t: SystemTime) -> String {
     )
 }
 
+/// `2026-11-23T02:55:07.250Z`: UTC, RFC 3339, milliseconds.
+pub fn rfc3339(t: SystemTime) -> String {
+    let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil_from_days(days as i64);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        (rem / 60) % 60,
+        rem % 60,
+        since.subsec_millis()
+    )
+}
+
 /// Days since 1970-01-01 to (year, month, day) in the proleptic Gregorian calendar
 /// (the well-known era-based conversion).
 fn civil_from_days(z: i64) -> (i64, u32, u32) {
@@ -272,6 +340,7 @@ mod tests {
 
     fn snap(at: u64, name: &str) -> Snapshot {
         Snapshot {
+            started_at: UNIX_EPOCH + Duration::from_secs(at.saturating_sub(60)),
             taken_at: UNIX_EPOCH + Duration::from_secs(at),
             processes: vec![ProcessProfile {
                 pid: 42,
@@ -345,7 +414,10 @@ mod tests {
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect();
         names.sort();
-        assert_eq!(names, vec!["profile.pb.gz", "profile.speedscope.json"]);
+        assert_eq!(
+            names,
+            vec!["metadata.json", "profile.pb.gz", "profile.speedscope.json"]
+        );
         let profile =
             super::super::pprof::decode(&fs::read(p.join("profile.pb.gz")).unwrap()).unwrap();
         assert_eq!(profile.sample.len(), 1);
@@ -360,8 +432,76 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let file = tmp.path().join("f");
         fs::write(&file, "x").unwrap();
-        let e = SnapshotDir::open(&file.join("sub"), RetentionPolicy::default()).unwrap_err();
-        assert!(e.starts_with("unusable --out"), "{e}");
-        assert_eq!(e.lines().count(), 1);
+        let missing = tmp.path().join("no/such");
+        for (bad, why) in [
+            (file.join("sub"), "is a file, not a directory"),
+            (file.clone(), "is a file, not a directory"),
+            (missing.clone(), "does not exist"),
+        ] {
+            let e = SnapshotDir::open(&bad, RetentionPolicy::default()).unwrap_err();
+            assert!(e.starts_with("unusable --out"), "{e}");
+            assert!(e.contains(why), "{e}");
+            assert_eq!(e.lines().count(), 1);
+        }
+        assert!(
+            !tmp.path().join("no").exists(),
+            "only the last component is created"
+        );
+        let last = tmp.path().join("new");
+        assert!(SnapshotDir::open(&last, RetentionPolicy::default()).is_ok());
+        assert!(last.is_dir());
+    }
+
+    #[test]
+    fn metadata_says_what_the_window_is_and_no_file_is_empty() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = SnapshotDir::open(tmp.path(), RetentionPolicy::default())
+            .unwrap()
+            .with_sampling(Mode::Cpu, 100.0);
+        let mut s = snap(1_700_000_060, "web");
+        // A process seen in the window without a counted sample (idle, in cpu mode).
+        s.processes.push(ProcessProfile {
+            pid: 43,
+            name: "web".into(),
+            samples: vec![],
+        });
+        let p = dir.write(&s).unwrap();
+        let meta: serde_json::Value =
+            serde_json::from_slice(&fs::read(p.join(METADATA_FILE)).unwrap()).unwrap();
+        assert_eq!(meta["window_start"], "2023-11-14T22:13:20.000Z");
+        assert_eq!(meta["window_end"], "2023-11-14T22:14:20.000Z");
+        assert_eq!(meta["window_seconds"], 60.0);
+        assert_eq!(meta["mode"], "cpu");
+        assert_eq!(meta["rate_hz"], 100.0);
+        assert_eq!(meta["samples"], 5);
+        assert_eq!(meta["processes"][1]["samples"], 0);
+        assert_eq!(meta["pyfleet_version"], env!("CARGO_PKG_VERSION"));
+        assert!(p.join("web-42.folded").exists());
+        assert!(
+            !p.join("web-43.folded").exists(),
+            "a process without samples"
+        );
+        let svg = fs::read_to_string(p.join("flamegraph.svg")).unwrap();
+        assert!(
+            svg.contains("cpu mode") && svg.contains("100 Hz"),
+            "the subtitle"
+        );
+        // A window with nothing: metadata and an SVG that says so, no empty file.
+        let empty = Snapshot {
+            processes: vec![],
+            ..snap(1_700_000_120, "web")
+        };
+        let p = dir.write(&empty).unwrap();
+        for e in fs::read_dir(&p).unwrap().flatten() {
+            assert!(
+                e.metadata().unwrap().len() > 0,
+                "{:?} is empty",
+                e.file_name()
+            );
+        }
+        assert!(!p.join("all.folded").exists());
+        let meta: serde_json::Value =
+            serde_json::from_slice(&fs::read(p.join(METADATA_FILE)).unwrap()).unwrap();
+        assert_eq!(meta["samples"], 0);
     }
 }

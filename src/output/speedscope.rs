@@ -104,11 +104,12 @@ pub fn render(snap: &Snapshot, ctx: &RenderContext) -> Result<Vec<u8>, String> {
         .max_by_key(|(i, p)| (p.end_value, std::cmp::Reverse(*i)))
         .map(|(i, _)| i)
         .unwrap_or(0);
+    let name = format!("{} ({})", ctx.title, ctx.describe());
     let file = File {
         schema: SCHEMA_URL,
         shared: Shared { frames },
         profiles,
-        name: &ctx.title,
+        name: &name,
         active_profile_index,
         exporter: format!("pyfleet {}", env!("CARGO_PKG_VERSION")),
     };
@@ -130,6 +131,7 @@ mod tests {
         let leaf = FrameInfo::new("leaf\"</script>\n", "/a.py", Some(3));
         let main = FrameInfo::new("main", "/a.py", None);
         let snap = Snapshot {
+            started_at: UNIX_EPOCH,
             taken_at: UNIX_EPOCH,
             processes: vec![
                 ProcessProfile {

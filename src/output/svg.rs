@@ -8,18 +8,20 @@
 
 use inferno::flamegraph::{self, Options, TextTruncateDirection};
 
-/// Renders `lines` (folded text without the counts split off) into an SVG document. An empty
-/// profile gives a small valid SVG that says so, rather than an error.
-pub fn render(title: &str, lines: &[(String, u64)]) -> Result<Vec<u8>, String> {
+/// Renders `lines` (folded text without the counts split off) into an SVG document headed by
+/// `title` and `subtitle`. An empty profile gives a small valid SVG that says so, rather than
+/// an error.
+pub fn render(title: &str, subtitle: &str, lines: &[(String, u64)]) -> Result<Vec<u8>, String> {
     let mut opts = Options::default();
     opts.title = title.to_string();
+    opts.subtitle = Some(subtitle.to_string());
     opts.count_name = "samples".to_string();
     // Labels read `function (file:line)`: a label too long for its frame keeps the function's
     // name and loses the end of the path (inferno's default cuts the left, the name).
     opts.text_truncate_direction = TextTruncateDirection::Right;
     let mut out = Vec::new();
     if lines.iter().all(|(_, n)| *n == 0) {
-        let t = xml_escape(title);
+        let t = xml_escape(&format!("{title}: {subtitle}"));
         out.extend_from_slice(
             format!(
                 "<?xml version=\"1.0\" standalone=\"no\"?>\n<svg version=\"1.1\" width=\"1200\" \
@@ -83,16 +85,20 @@ mod tests {
             ),
             ("app-1;main (/ü/名前.py:9)".to_string(), 1),
         ];
-        let svg = render("pyfleet <&> test", &lines).unwrap();
+        let svg = render("pyfleet <&> test", "cpu <mode>", &lines).unwrap();
         well_formed(&svg);
         let text = String::from_utf8(svg).unwrap();
         assert!(!text.contains("<script>"));
         assert!(text.contains("名前.py"));
+        assert!(
+            text.contains("cpu &lt;mode&gt;"),
+            "the subtitle is shown, escaped"
+        );
     }
 
     #[test]
     fn empty_profile_is_valid_svg() {
-        let svg = render("nothing <here>", &[]).unwrap();
+        let svg = render("nothing <here>", "wall mode", &[]).unwrap();
         well_formed(&svg);
     }
 }

@@ -8,6 +8,7 @@
 //! always non-blocking (a FIFO planted at the path cannot stall pyfleet), and only regular files
 //! no larger than [`MAX_MAPPED_FILE`].
 
+pub mod access;
 pub mod namespace;
 pub mod runstate;
 
@@ -23,7 +24,7 @@ pub const MAX_MAPPED_FILE: u64 = 1 << 30;
 pub enum ProcessError {
     #[error("no such process (pid {0})")]
     NoSuchProcess(i32),
-    #[error("permission denied for pid {0} (needs root or CAP_SYS_PTRACE)")]
+    #[error("permission denied for pid {0}: {why}", why = access::why_denied(*.0))]
     PermissionDenied(i32),
     /// The target's files could not be opened through /proc/PID/root: reading another user's
     /// files (and their directories) takes CAP_DAC_READ_SEARCH besides CAP_SYS_PTRACE.
