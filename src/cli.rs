@@ -109,7 +109,8 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// List the Python processes on this host: pid, version, command line.
+    /// List the Python processes on this host: pid, parent, version, the name pyfleet gives
+    /// it (in file names and metric labels), its role (master, or worker of its parent), command line.
     List {
         /// Only processes whose command line or executable name matches this regex
         /// (repeatable: any may match).
@@ -216,19 +217,58 @@ fn dump(pid: i32, json: bool, blocking: bool) -> Result<()> {
 }
 
 fn list(matches: &[String]) -> Result<()> {
-    let policy = MatchPolicy::new(
-        matches,
-        [] as [&str; 0],
-        &[],
-        Some(std::process::id() as i32),
-    )?;
-    let found = pyfleet::discovery::scan(&policy);
-    outln!("{:>7}  {:<9}  COMMAND", "PID", "PYTHON");
+    use pyfleet_policies::{Family, ProcessFacts, PythonFacts, Role};
+    let own = Some(std::process::id() as i32);
+    let policy = MatchPolicy::new(matches, [] as [&str; 0], &[], own)?;
+    // Roles come from every Python process (a worker's master may not match).
+    let everything = MatchPolicy::new([] as [&str; 0], [] as [&str; 0], &[], own)?;
+    let all = pyfleet::discovery::scan(&everything);
+    let parents: Vec<(i32, i32)> = pyfleet::process::all_pids()
+        .into_iter()
+        .filter_map(|pid| Some((pid, pyfleet::process::parent_and_start(pid)?.0)))
+        .collect();
+    let family = Family::new(
+        parents,
+        all.iter()
+            .map(|p| PythonFacts {
+                pid: p.pid,
+                ppid: p.ppid,
+                name: pyfleet_policies::short_name(&p.argv, &p.exe_name),
+                multiprocessing_child: pyfleet_policies::is_multiprocessing_child(&p.argv),
+            })
+            .collect(),
+    );
+    let found: Vec<_> = all
+        .iter()
+        .filter(|p| {
+            policy.matches(&ProcessFacts {
+                pid: p.pid,
+                cmdline: &p.cmdline,
+                exe_name: &p.exe_name,
+            })
+        })
+        .collect();
+    outln!(
+        "{:>7}  {:>7}  {:<9}  {:<24}  {:<6}  COMMAND",
+        "PID",
+        "PPID",
+        "PYTHON",
+        "NAME",
+        "ROLE"
+    );
     for p in &found {
+        // Of its parent (PPID) for a worker.
+        let role = match family.role(p.pid) {
+            Role::Single => "-",
+            r => r.as_str(),
+        };
         outln!(
-            "{:>7}  {:<9}  {}",
+            "{:>7}  {:>7}  {:<9}  {:<24}  {:<6}  {}",
             p.pid,
+            p.ppid,
             p.version.to_string(),
+            family.name(p.pid).unwrap_or("-"),
+            role,
             for_terminal(&p.cmdline)
         );
     }

@@ -7,7 +7,9 @@
 
 use crate::output::format::Format;
 use crate::output::snapshot_dir::DEFAULT_FORMATS;
-use pyfleet_policies::{parse_size, MatchPolicy, Mode, RatePolicy, RestartPolicy, RetentionPolicy};
+use pyfleet_policies::{
+    parse_size, MatchPolicy, Mode, RatePolicy, RestartPolicy, RetentionPolicy, Role,
+};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -68,6 +70,14 @@ pub struct RunOptions {
     /// Never profile processes matching REGEX (repeatable; wins over --match and --pid).
     #[arg(long, value_name = "REGEX")]
     pub exclude: Vec<String>,
+    /// Never profile processes in this role: master (the parent of workers of its own name,
+    /// such as a gunicorn master), worker or single (repeatable; see `pyfleet list`).
+    #[arg(long, value_name = "ROLE")]
+    pub exclude_role: Vec<String>,
+    /// Also profile every Python descendant of a matched process, however it was started
+    /// (fork, multiprocessing's spawn or forkserver, subprocess), found within a scan.
+    #[arg(long)]
+    pub subprocesses: bool,
     /// Profile this process (repeatable).
     #[arg(long = "pid", short = 'p', value_name = "PID")]
     #[serde(rename = "pid")]
@@ -126,6 +136,8 @@ pub struct RunOptions {
 #[derive(Debug, Clone)]
 pub struct RunSettings {
     pub policy: MatchPolicy,
+    pub exclude_roles: Vec<Role>,
+    pub subprocesses: bool,
     pub matches: Vec<String>,
     pub pids: Vec<i32>,
     pub rate: RatePolicy,
@@ -141,6 +153,17 @@ pub struct RunSettings {
     pub duration: Option<Duration>,
     pub read_only: bool,
     pub blocking: bool,
+}
+
+/// `--exclude-role` values, checked.
+pub fn parse_roles(names: &[String]) -> Result<Vec<Role>, String> {
+    names
+        .iter()
+        .map(|n| {
+            n.parse::<Role>()
+                .map_err(|e| format!("--exclude-role: {e}"))
+        })
+        .collect()
 }
 
 fn seconds(name: &str, v: Option<Seconds>, default: f64) -> Result<Duration, String> {
@@ -186,6 +209,8 @@ impl RunOptions {
         RunOptions {
             matches: list(self.matches, file.matches),
             exclude: list(self.exclude, file.exclude),
+            exclude_role: list(self.exclude_role, file.exclude_role),
+            subprocesses: self.subprocesses || file.subprocesses,
             pids: list(self.pids, file.pids),
             rate: self.rate.or(file.rate),
             mode: self.mode.or(file.mode),
@@ -251,8 +276,11 @@ impl RunOptions {
                 format!("--metrics-addr must be IP:PORT (e.g. {DEFAULT_METRICS_ADDR}) or off (got '{a}')")
             })?),
         };
+        let exclude_roles = parse_roles(&o.exclude_role)?;
         Ok(RunSettings {
             policy,
+            exclude_roles,
+            subprocesses: o.subprocesses,
             matches: o.matches,
             pids: o.pids,
             rate,

@@ -122,7 +122,9 @@ pub fn run(opts: RunOptions) -> Result<()> {
         }
         let fleet = Fleet::start(
             config,
-            HostDiscovery::new(settings.policy.clone()),
+            HostDiscovery::new(settings.policy.clone())
+                .with_subprocesses(settings.subprocesses)
+                .excluding_roles(&settings.exclude_roles),
             UnwinderFactory {
                 read_only: settings.read_only,
                 blocking: settings.blocking,

@@ -47,6 +47,10 @@ pub struct PythonProcess {
     pub version: Version,
     /// Arguments joined by spaces (untrusted: escape before display).
     pub cmdline: String,
+    /// The arguments (untrusted).
+    pub argv: Vec<String>,
+    /// The parent's pid (0 if unknown).
+    pub ppid: i32,
     /// The executable's file name.
     pub exe_name: String,
 }
@@ -78,7 +82,9 @@ pub fn probe(pid: i32) -> Option<PythonProcess> {
     }
     let loc = binary::locate_runtime(&p).ok()?;
     let version = cpython::detect_version(&ProcessMemory::new(pid), &loc, pid).ok()?;
-    let cmdline = p.cmdline().ok()?.join(" ");
+    let argv = p.cmdline().ok()?;
+    let cmdline = argv.join(" ");
+    let ppid = process::parent_and_start(pid).map_or(0, |(ppid, _)| ppid);
     let exe_name = p
         .exe()
         .ok()
@@ -88,6 +94,8 @@ pub fn probe(pid: i32) -> Option<PythonProcess> {
         pid,
         version,
         cmdline,
+        argv,
+        ppid,
         exe_name,
     })
 }

@@ -14,8 +14,10 @@ use pyfleet_actors::{
     Discovery, FrameInfo, ProcessInfo, SampleError, SampledThread, SourceFactory, SourceStats,
     StackSource, ThreadStatus,
 };
-use pyfleet_policies::{short_name, MatchPolicy, ProcessFacts};
-use std::collections::HashMap;
+use pyfleet_policies::{
+    is_multiprocessing_child, short_name, Family, MatchPolicy, ProcessFacts, PythonFacts, Role,
+};
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -44,6 +46,10 @@ struct Known {
 pub struct HostDiscovery {
     policy: MatchPolicy,
     known: HashMap<i32, Known>,
+    /// Also every Python descendant of a matched process (`--subprocesses`).
+    subprocesses: bool,
+    /// Processes in these roles are not listed (`--exclude-role`).
+    exclude_roles: Vec<Role>,
 }
 
 impl HostDiscovery {
@@ -51,7 +57,21 @@ impl HostDiscovery {
         HostDiscovery {
             policy,
             known: HashMap::new(),
+            subprocesses: false,
+            exclude_roles: Vec::new(),
         }
+    }
+
+    /// Lists every Python descendant of a matched process too, however it was started.
+    pub fn with_subprocesses(mut self, on: bool) -> Self {
+        self.subprocesses = on;
+        self
+    }
+
+    /// Leaves out processes in these roles.
+    pub fn excluding_roles(mut self, roles: &[Role]) -> Self {
+        self.exclude_roles = roles.to_vec();
+        self
     }
 
     /// What is known of this process without probing it: `Some(version)` when a probe
@@ -100,7 +120,7 @@ impl HostDiscovery {
 
 impl Discovery for HostDiscovery {
     fn scan(&mut self) -> Vec<ProcessInfo> {
-        let pids = match self.policy.only_pids() {
+        let pids = match self.policy.only_pids().filter(|_| !self.subprocesses) {
             // Only the processes named by pid can match: the others need no look.
             Some(named) => {
                 let mut pids = named.to_vec();
@@ -115,12 +135,14 @@ impl Discovery for HostDiscovery {
         // one deadline per wave, not one each.
         let mut alive = Vec::new();
         let mut unknown = Vec::new();
+        let mut parents = Vec::with_capacity(pids.len());
         for &pid in &pids {
-            let Ok(p) = Process::new(pid) else { continue };
-            let Ok(exe) = p.exe() else { continue };
-            let Some(start) = process::start_time(pid) else {
+            let Some((ppid, start)) = process::parent_and_start(pid) else {
                 continue;
             };
+            parents.push((pid, ppid));
+            let Ok(p) = Process::new(pid) else { continue };
+            let Ok(exe) = p.exe() else { continue };
             if self.known_version(pid, start, &exe).is_none() {
                 unknown.push(alive.len());
             }
@@ -133,29 +155,67 @@ impl Discovery for HostDiscovery {
             let (pid, exe, start) = &alive[i];
             self.learn(*pid, *start, exe, probed);
         }
-        let mut found = Vec::new();
+        // Every Python process, then who is who among them.
+        let mut python = Vec::new();
         for (pid, exe, start) in alive {
             let Some(Some(version)) = self.known_version(pid, start, &exe) else {
                 continue;
             };
             let Ok(p) = Process::new(pid) else { continue };
             let Ok(argv) = p.cmdline() else { continue };
-            let cmdline = argv.join(" ");
             let exe_name = exe
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            if !self.policy.matches(&ProcessFacts {
+            python.push((pid, start, version, argv, exe_name));
+        }
+        let parent_of: HashMap<i32, i32> = parents.iter().copied().collect();
+        let family = Family::new(
+            parents,
+            python
+                .iter()
+                .map(|(pid, _, _, argv, exe_name)| PythonFacts {
+                    pid: *pid,
+                    ppid: parent_of.get(pid).copied().unwrap_or(0),
+                    name: short_name(argv, exe_name),
+                    multiprocessing_child: is_multiprocessing_child(argv),
+                })
+                .collect(),
+        );
+        let facts = |pid: i32, cmdline: &str, exe_name: &str| -> (bool, bool) {
+            let f = ProcessFacts {
                 pid,
-                cmdline: &cmdline,
-                exe_name: &exe_name,
-            }) {
+                cmdline,
+                exe_name,
+            };
+            (self.policy.matches(&f), self.policy.excludes(&f))
+        };
+        let matched: HashSet<i32> = python
+            .iter()
+            .filter(|(pid, _, _, argv, exe_name)| facts(*pid, &argv.join(" "), exe_name).0)
+            .map(|(pid, ..)| *pid)
+            .collect();
+        let own = std::process::id() as i32;
+        let mut found = Vec::new();
+        for (pid, start, version, argv, exe_name) in python {
+            let cmdline = argv.join(" ");
+            let (hit, excluded) = facts(pid, &cmdline, &exe_name);
+            let listed = hit
+                || (self.subprocesses
+                    && pid != own
+                    && !excluded
+                    && family.descends_from(pid, &matched));
+            let role = family.role(pid);
+            if !listed || self.exclude_roles.contains(&role) {
                 continue;
             }
             found.push(ProcessInfo {
                 pid,
                 start_time: start,
-                name: short_name(&argv, &exe_name),
+                name: family
+                    .name(pid)
+                    .map_or_else(|| short_name(&argv, &exe_name), str::to_string),
+                role,
                 cmdline,
                 python_version: version.to_string(),
             });

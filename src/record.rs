@@ -80,6 +80,14 @@ pub struct RecordOptions {
     /// .svg, .json/.speedscope.json, .pb.gz/.pprof), else svg].
     #[arg(long, short = 'f', value_name = "FORMAT")]
     pub format: Option<String>,
+    /// Never record processes in this role: master, worker or single (repeatable; see
+    /// `pyfleet list`).
+    #[arg(long, value_name = "ROLE")]
+    pub exclude_role: Vec<String>,
+    /// Also record every Python descendant of a target, however it was started (fork,
+    /// multiprocessing's spawn or forkserver, subprocess), found within a second.
+    #[arg(long)]
+    pub subprocesses: bool,
     /// Replace the output file even when it is not a profile (by default only a profile in
     /// the chosen format is replaced: never a source file by mistake).
     #[arg(long)]
@@ -107,6 +115,8 @@ struct Plan {
     blocking: bool,
     force: bool,
     wait: bool,
+    exclude_roles: Vec<pyfleet_policies::Role>,
+    subprocesses: bool,
 }
 
 fn plan(mut o: RecordOptions) -> Result<Plan> {
@@ -161,6 +171,8 @@ fn plan(mut o: RecordOptions) -> Result<Plan> {
         blocking: o.blocking,
         force: o.force,
         wait: o.wait,
+        exclude_roles: pyfleet::config::parse_roles(&o.exclude_role).map_err(|e| anyhow!(e))?,
+        subprocesses: o.subprocesses,
     })
 }
 
@@ -241,7 +253,9 @@ pub fn run(opts: RecordOptions) -> Result<()> {
         let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
         let fleet = Fleet::start(
             config,
-            HostDiscovery::new(plan.policy.clone()),
+            HostDiscovery::new(plan.policy.clone())
+                .with_subprocesses(plan.subprocesses)
+                .excluding_roles(&plan.exclude_roles),
             Counted {
                 inner: UnwinderFactory {
                     read_only: plan.read_only,

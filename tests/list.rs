@@ -1,5 +1,5 @@
 //! `pyfleet list [--match REGEX]`: a header line, then one row per Python process:
-//! `PID VERSION COMMAND LINE...`.
+//! `PID PPID VERSION NAME ROLE COMMAND LINE...`.
 
 mod common;
 
@@ -40,10 +40,18 @@ fn rows(out: &RunOutput) -> BTreeMap<i32, (String, String)> {
         let pid: i32 = pid.parse().unwrap_or_else(|_| {
             panic!("row {line:?} does not start with a pid\n{}", out.describe())
         });
+        let ppid = parts.next().and_then(|p| p.parse::<i32>().ok());
+        assert!(ppid.is_some(), "row {line:?} has no parent pid");
         let version = parts
             .next()
             .unwrap_or_else(|| panic!("row {line:?} has no version\n{}", out.describe()))
             .to_string();
+        let (name, role) = (parts.next(), parts.next());
+        assert!(
+            name.is_some() && matches!(role, Some("-" | "master" | "worker")),
+            "row {line:?} has no name and role\n{}",
+            out.describe()
+        );
         let rest = parts.collect::<Vec<_>>().join(" ");
         assert!(
             rows.insert(pid, (version, rest)).is_none(),

@@ -29,10 +29,10 @@ fn target(seconds: f64, token: &str) -> Proc {
 }
 
 /// The last line of stderr, which must be `pyfleet: wrote N thread samples of P process(es)
-/// to PATH (FORMAT)...`; returns N and P.
+/// to PATH (FORMAT, cpu mode)...`; returns N and P.
 fn final_line(out: &RunOutput, path: &Path, format: &str) -> (u64, u64) {
     let line = out.stderr.trim_end().lines().last().unwrap_or_default();
-    let want = format!("to {} ({format})", path.display());
+    let want = format!("to {} ({format}, cpu mode)", path.display());
     assert!(
         line.starts_with("pyfleet: wrote ") && line.contains(&want),
         "unexpected final line {line:?} (wanted {want:?}): {}",
@@ -96,7 +96,7 @@ fn writes_each_format_by_extension() {
     let cases: Vec<(PathBuf, Option<&str>, &str)> = vec![
         (dir.path().join("out.svg"), None, "svg"),
         (dir.path().join("out.folded"), None, "folded"),
-        (dir.path().join("new/sub/out.txt"), None, "folded"),
+        (dir.path().join("out.txt"), None, "folded"),
         (dir.path().join("out.speedscope.json"), None, "speedscope"),
         (dir.path().join("out.json"), None, "speedscope"),
         (dir.path().join("out.pb.gz"), None, "pprof"),
@@ -125,10 +125,29 @@ fn writes_each_format_by_extension() {
     for (r, (path, _, format)) in running.into_iter().zip(&cases) {
         let out = r.finish();
         assert!(out.success(), "{}", out.describe());
-        // Not a terminal: no progress line, only the final one.
-        assert_eq!(
-            out.stderr.trim_end().lines().count(),
-            1,
+        // Not a terminal: no progress line; the hottest functions (the target's hot leaf
+        // first, under a header) and the final line, which names it too.
+        let lines: Vec<&str> = out.stderr.trim_end().lines().collect();
+        assert!(lines.len() >= 3 && lines.len() <= 7, "{}", out.describe());
+        assert!(
+            lines[0].starts_with("pyfleet: highest own share (cpu mode: "),
+            "{}",
+            out.describe()
+        );
+        assert!(
+            lines[1].starts_with("  ") && lines[1].contains(HOT),
+            "{}",
+            out.describe()
+        );
+        assert!(
+            lines[1..lines.len() - 1]
+                .iter()
+                .all(|l| l.starts_with("  ") && l.ends_with(')')),
+            "{}",
+            out.describe()
+        );
+        assert!(
+            lines[lines.len() - 1].contains(&format!("; hottest: {HOT} (profiled.py) ")),
             "{}",
             out.describe()
         );
@@ -326,8 +345,114 @@ fn progress_line_on_a_terminal() {
     let last = last.trim_start_matches("\x1b[2K");
     assert!(
         last.starts_with("pyfleet: wrote ")
-            && last.ends_with(&format!("to {} (folded)", path.display())),
+            && last.contains(&format!(
+                "to {} (folded, cpu mode); hottest: ",
+                path.display()
+            )),
         "{screen:?}"
     );
     check_file(&path, "folded");
+}
+
+/// The mistakes of a first session: each gets one line and a non-zero exit, and creates or
+/// overwrites nothing.
+#[test]
+fn first_mistakes_get_one_line_and_touch_nothing() {
+    let token = unique_token("rec");
+    let t = target(0.0, &token);
+    let pid = t.pid().to_string();
+    let dir = tempdir("pyfleet-record-");
+    let source = dir.path().join("app.py");
+    fs::write(&source, "print('my app')\n").unwrap();
+    let missing = dir.path().join("no/such/out.svg");
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        // Nothing to profile: said at once, not after the duration.
+        (
+            vec![
+                "record",
+                "--match",
+                &format!("nosuch-{token}"),
+                "--duration",
+                "30",
+            ]
+            .into_iter()
+            .map(String::from)
+            .collect(),
+            "no Python process matches",
+        ),
+        (
+            vec!["record", &pid, "-o", &arg(&missing)]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            "does not exist",
+        ),
+        (
+            vec!["record", &pid, "--format", "folded", "-o", &arg(&source)]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            "--force",
+        ),
+        (
+            vec!["record", &pid, "--durration", "5"]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            "did you mean '--duration'",
+        ),
+        (
+            vec!["record", &pid, "--duration", "5 parsecs"]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            "30s, 5m, 1h",
+        ),
+        (
+            vec!["--out", &arg(&dir.path().join("x/y")), "--duration", "1"]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            "does not exist",
+        ),
+        (
+            vec!["--out", &arg(&source), "--duration", "1"]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            "is a file, not a directory",
+        ),
+    ];
+    for (args, needle) in &cases {
+        let out = pyfleet(args);
+        assert_error_contract(&out, Some(needle));
+        assert!(out.elapsed < Duration::from_secs(10), "{}", out.describe());
+    }
+    assert_eq!(fs::read_to_string(&source).unwrap(), "print('my app')\n");
+    let left: Vec<_> = fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(
+        left,
+        vec![std::ffi::OsString::from("app.py")],
+        "created: {left:?}"
+    );
+
+    // What works: a bare pid, a duration with a unit, --force over the source file.
+    let out = pyfleet(&[
+        "record",
+        &pid,
+        "--duration",
+        "1500ms",
+        "--format",
+        "folded",
+        "--force",
+        "-o",
+        &arg(&source),
+    ]);
+    assert!(out.success(), "{}", out.describe());
+    final_line(&out, &source, "folded");
+    check_file(&source, "folded");
 }

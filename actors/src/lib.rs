@@ -26,7 +26,7 @@
 //! the exporter's idle timeout. While a process is sampled, its sampler touches every one of
 //! its series every `batch_interval` (a zero increment counts as an update for
 //! metrics-util's recency tracking), and the supervisor touches
-//! `pyfleet_actor_restarts_total{process,pid}` every scan while the pid is listed. Once the
+//! `pyfleet_actor_restarts_total{process,role,pid}` every scan while the pid is listed. Once the
 //! sampler is gone nothing touches them and the exporter drops them at its next render past
 //! the timeout. The supervisor also touches the fleet-wide series (`pyfleet_processes`,
 //! `pyfleet_cpu_seconds_total`, `pyfleet_snapshots_written_total`,

@@ -8,22 +8,22 @@
 //! and `pid`; nothing else goes into per-target labels. How those series disappear after the
 //! process exits is told in the crate documentation.
 
-/// Successful `sample()` calls, `{process,pid}`.
+/// Successful `sample()` calls, `{process,role,pid}`.
 pub const SAMPLES: &str = "pyfleet_samples_total";
-/// Failed `sample()` calls, `{process,pid,kind}`.
+/// Failed `sample()` calls, `{process,role,pid,kind}`.
 pub const SAMPLE_ERRORS: &str = "pyfleet_sample_errors_total";
 /// Share of failed `sample()` calls (0 to 1) since the process's sampler started (gauge),
-/// `{process,pid}`; for a recent window, divide the rates of the two counters above.
+/// `{process,role,pid}`; for a recent window, divide the rates of the two counters above.
 pub const SAMPLE_FAILURE_RATIO: &str = "pyfleet_sample_failure_ratio";
-/// Time of one `sample()` call, successful or not, `{process,pid}`.
+/// Time of one `sample()` call, successful or not, `{process,role,pid}`.
 pub const SAMPLE_DURATION: &str = "pyfleet_sample_duration_seconds";
 /// Sampling ticks skipped because the previous tick (the samples of every process on the same
-/// sampling thread) overran, `{process,pid}`; every process on that thread counts them.
+/// sampling thread) overran, `{process,role,pid}`; every process on that thread counts them.
 pub const MISSED_TICKS: &str = "pyfleet_missed_ticks_total";
 /// Ticks a process was not sampled because its samples were slow (over 5 ms: a process
-/// expensive to read slows itself, not the fleet), `{process,pid}`.
+/// expensive to read slows itself, not the fleet), `{process,role,pid}`.
 pub const SLOW_SKIPS: &str = "pyfleet_slow_sample_skips_total";
-/// From [`SourceStats`](crate::SourceStats), `{process,pid}`.
+/// From [`SourceStats`](crate::SourceStats), `{process,role,pid}`.
 pub const FRAME_CACHE_HITS: &str = "pyfleet_frame_cache_hits_total";
 pub const FRAME_CACHE_PARTIAL_HITS: &str = "pyfleet_frame_cache_partial_hits_total";
 pub const FRAME_CACHE_MISSES: &str = "pyfleet_frame_cache_misses_total";
@@ -37,7 +37,7 @@ pub const PROCESSES: &str = "pyfleet_processes";
 /// with the pid and count nothing, and one per name would grow with the names targets
 /// choose).
 pub const PROCESS_EXITS: &str = "pyfleet_process_exits_total";
-/// Sampler restarts after a failure, `{process,pid}`.
+/// Sampler restarts after a failure, `{process,role,pid}`.
 pub const ACTOR_RESTARTS: &str = "pyfleet_actor_restarts_total";
 /// Snapshots written (no labels).
 pub const SNAPSHOTS_WRITTEN: &str = "pyfleet_snapshots_written_total";

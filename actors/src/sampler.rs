@@ -331,7 +331,7 @@ impl Slot {
                     known: HashSet::new(),
                     max_known: settings.max_known_stacks.max(1),
                 },
-                metrics: ProcessMetrics::new(&info.name, info.pid),
+                metrics: ProcessMetrics::new(&info.name, info.role.as_str(), info.pid),
                 mode: settings.mode,
                 batch_interval: settings.batch_interval,
                 max_consecutive_errors: settings.max_consecutive_errors,
@@ -598,6 +598,7 @@ fn unknown_stack() -> Vec<FrameInfo> {
 /// The per-process metric handles of one sampler, registered once.
 struct ProcessMetrics {
     process: String,
+    role: &'static str,
     pid: String,
     samples: Counter,
     duration: Histogram,
@@ -619,14 +620,14 @@ struct ProcessMetrics {
 }
 
 impl ProcessMetrics {
-    fn new(process: &str, pid: i32) -> Self {
+    fn new(process: &str, role: &'static str, pid: i32) -> Self {
         let process = process.to_string();
         let pid = pid.to_string();
-        let counter = |name: &'static str| metrics::counter!(name, "process" => process.clone(), "pid" => pid.clone());
+        let counter = |name: &'static str| metrics::counter!(name, "process" => process.clone(), "role" => role, "pid" => pid.clone());
         ProcessMetrics {
             samples: counter(m::SAMPLES),
             duration: metrics::histogram!(
-                m::SAMPLE_DURATION, "process" => process.clone(), "pid" => pid.clone()
+                m::SAMPLE_DURATION, "process" => process.clone(), "role" => role, "pid" => pid.clone()
             ),
             missed: counter(m::MISSED_TICKS),
             slow_skips: counter(m::SLOW_SKIPS),
@@ -634,7 +635,7 @@ impl ProcessMetrics {
             succeeded: 0,
             failed: 0,
             failure_ratio: metrics::gauge!(
-                m::SAMPLE_FAILURE_RATIO, "process" => process.clone(), "pid" => pid.clone()
+                m::SAMPLE_FAILURE_RATIO, "process" => process.clone(), "role" => role, "pid" => pid.clone()
             ),
             frame_cache_hits: counter(m::FRAME_CACHE_HITS),
             frame_cache_partial_hits: counter(m::FRAME_CACHE_PARTIAL_HITS),
@@ -645,6 +646,7 @@ impl ProcessMetrics {
             remote_read_bytes: counter(m::REMOTE_READ_BYTES),
             last: SourceStats::default(),
             process,
+            role,
             pid,
         }
     }
@@ -668,6 +670,7 @@ impl ProcessMetrics {
         let c = metrics::counter!(
             m::SAMPLE_ERRORS,
             "process" => self.process.clone(),
+            "role" => self.role,
             "pid" => self.pid.clone(),
             "kind" => kind
         );

@@ -17,6 +17,8 @@ pub struct ProcessInfo {
     /// Short name, already sanitised (it becomes the `process` metric label and part of file
     /// names).
     pub name: String,
+    /// Master, worker or single (the `role` metric label), as of the scan that listed it.
+    pub role: pyfleet_policies::Role,
     /// Full command line, for logs.
     pub cmdline: String,
     /// Interpreter version as detected, for logs (e.g. `3.13.1`).

@@ -14,7 +14,7 @@
 //! `process_gone` is an exit (counted once; the pid is not sampled again while discovery still
 //! lists it). A failure (`ActorFailed`: an error, too many sample errors, a failed attach, a
 //! panic in the source) goes to the [`RestartPolicy`](pyfleet_policies::RestartPolicy): a
-//! restart after its backoff (`pyfleet_actor_restarts_total{process,pid}` counts restarts), or
+//! restart after its backoff (`pyfleet_actor_restarts_total{process,role,pid}` counts restarts), or
 //! giving up: one warning, and no sampler for that pid while it is listed. Every
 //! `rate_interval` it reads pyfleet's own CPU time, asks the
 //! [`RatePolicy`](pyfleet_policies::RatePolicy) for the next rate and sends it to the fleet's
@@ -106,6 +106,7 @@ impl Entry {
         let restarts = metrics::counter!(
             m::ACTOR_RESTARTS,
             "process" => info.name.clone(),
+            "role" => info.role.as_str(),
             "pid" => info.pid.to_string()
         );
         Entry {

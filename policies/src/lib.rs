@@ -2,6 +2,7 @@
 //! callers pass in what they observed and get a decision back, so every rule is unit-tested
 //! exhaustively.
 
+pub mod family;
 pub mod matching;
 pub mod mode;
 pub mod naming;
@@ -9,9 +10,10 @@ pub mod rate;
 pub mod restart;
 pub mod retention;
 
+pub use family::{Family, PythonFacts, Role, RoleError};
 pub use matching::{MatchError, MatchPolicy, ProcessFacts};
 pub use mode::{Mode, ModeError};
-pub use naming::{sanitize, short_name};
+pub use naming::{is_multiprocessing_child, sanitize, short_name};
 pub use rate::{RateError, RatePolicy};
 pub use restart::{RestartDecision, RestartPolicy, RestartState};
 pub use retention::{parse_size, RetentionError, RetentionPolicy, SizeError, SnapshotEntry};

@@ -87,6 +87,15 @@ impl MatchPolicy {
         (self.include.is_empty() && !self.pids.is_empty()).then_some(&self.pids[..])
     }
 
+    /// Whether an exclude rule names this process (or it is the profiler itself).
+    pub fn excludes(&self, p: &ProcessFacts<'_>) -> bool {
+        Some(p.pid) == self.self_pid
+            || self
+                .exclude
+                .iter()
+                .any(|r| r.is_match(p.cmdline) || r.is_match(p.exe_name))
+    }
+
     /// Whether to profile this process (the caller has established it runs Python).
     pub fn matches(&self, p: &ProcessFacts<'_>) -> bool {
         if Some(p.pid) == self.self_pid {

@@ -64,6 +64,19 @@ pub fn short_name(argv: &[String], exe_name: &str) -> String {
     meaningful(word).unwrap_or_else(fallback)
 }
 
+/// Whether argv is one of multiprocessing's children: `python -c "from multiprocessing.spawn
+/// import spawn_main; ..." --multiprocessing-fork` (spawn), the forkserver, the resource
+/// tracker. Such a process is named after the program it works for (see
+/// [`Family`](crate::Family)).
+pub fn is_multiprocessing_child(argv: &[String]) -> bool {
+    argv.iter().take(MAX_ARGS_LOOKED_AT).any(|a| {
+        a == "--multiprocessing-fork" || a.trim_start().starts_with("from multiprocessing")
+    })
+}
+
+/// Arguments [`is_multiprocessing_child`] looks at.
+const MAX_ARGS_LOOKED_AT: usize = 8;
+
 /// Makes `s` safe as a file name and a metric label value; see the module documentation.
 pub fn sanitize(s: &str) -> String {
     let out = clean(s);

@@ -331,11 +331,21 @@ pub fn running_threads(pid: i32, max: usize, out: &mut Vec<i32>) {
 /// When the process started, in clock ticks after boot (`/proc/PID/stat` field 22): with the
 /// pid, it names one process for its whole life (a reused pid gets another start time).
 pub fn start_time(pid: i32) -> Option<u64> {
+    parent_and_start(pid).map(|(_, start)| start)
+}
+
+/// A process's parent pid and start time (clock ticks since boot), from one read of
+/// `/proc/PID/stat`.
+pub fn parent_and_start(pid: i32) -> Option<(i32, u64)> {
     let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
     let close = stat.iter().rposition(|&b| b == b')')?;
     let rest = std::str::from_utf8(stat.get(close + 2..)?).ok()?;
-    // Fields after the command name start at field 3 (state); start time is field 22.
-    rest.split_whitespace().nth(22 - 3)?.parse().ok()
+    // Fields after the command name start at field 3 (state); the parent is field 4, the
+    // start time field 22.
+    let mut fields = rest.split_whitespace();
+    let ppid = fields.nth(4 - 3)?.parse().ok()?;
+    let start = fields.nth(22 - 4 - 1)?.parse().ok()?;
+    Some((ppid, start))
 }
 
 /// This process's resident memory in bytes (`/proc/self/statm`).

@@ -1,0 +1,273 @@
+//! Who is who among a host's Python processes: masters and their workers, multiprocessing's
+//! helpers, and the descendants of a matched process.
+//!
+//! Owns three decisions, from facts the caller gathers (pid, parent pid, short name, whether
+//! the process is one of multiprocessing's children) and never reads anything itself:
+//! - [`Family::name`]: a child started by multiprocessing (`spawn`, `forkserver`: its command
+//!   line is `python -c "from multiprocessing..."`) is named after the nearest ancestor that
+//!   is not such a child (`mpjob`, not `python-c`);
+//! - [`Family::role`]: a Python process whose parent is a Python process of the same name is a
+//!   [`Role::Worker`] (gunicorn's and uvicorn's workers, Celery's prefork pool,
+//!   multiprocessing's pool), and that parent a [`Role::Master`]; any other is
+//!   [`Role::Single`];
+//! - [`Family::descends_from`]: whether a process has an ancestor in a set (any process in
+//!   between, Python or not), for `--subprocesses`.
+//!
+//! Ancestry is followed at most [`MAX_GENERATIONS`] steps, so a hostile or cyclic parent table
+//! cannot make a walk unbounded.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::str::FromStr;
+
+/// Steps up the parent chain any walk takes at most.
+pub const MAX_GENERATIONS: usize = 64;
+
+/// A process's place in its family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Neither the parent of a worker nor one.
+    Single,
+    /// The parent of Python processes of its own name.
+    Master,
+    /// The child of a Python process of its own name.
+    Worker,
+}
+
+impl Role {
+    pub const ALL: [Role; 3] = [Role::Single, Role::Master, Role::Worker];
+
+    /// The role's name in `list`, the `role` metric label and `--exclude-role`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Single => "single",
+            Role::Master => "master",
+            Role::Worker => "worker",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `--exclude-role` was given a name that is not a role.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown role {input:?}: expected one of single, master, worker")]
+pub struct RoleError {
+    pub input: String,
+}
+
+impl FromStr for Role {
+    type Err = RoleError;
+    fn from_str(s: &str) -> Result<Self, RoleError> {
+        Role::ALL
+            .into_iter()
+            .find(|r| r.as_str() == s.trim())
+            .ok_or_else(|| RoleError {
+                input: s.to_string(),
+            })
+    }
+}
+
+/// What the caller knows of one Python process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PythonFacts {
+    pub pid: i32,
+    pub ppid: i32,
+    /// Its short name (see [`short_name`](crate::short_name)).
+    pub name: String,
+    /// Started by multiprocessing (`python -c "from multiprocessing..."`).
+    pub multiprocessing_child: bool,
+}
+
+/// The host's processes as one family tree, for one scan.
+#[derive(Debug, Default)]
+pub struct Family {
+    /// Every process's parent (Python or not).
+    parents: HashMap<i32, i32>,
+    python: HashMap<i32, PythonFacts>,
+    names: HashMap<i32, String>,
+    masters: HashSet<i32>,
+}
+
+impl Family {
+    /// `parents`: (pid, parent pid) of every process the caller saw; `python`: the Python
+    /// processes among them.
+    pub fn new(parents: impl IntoIterator<Item = (i32, i32)>, python: Vec<PythonFacts>) -> Self {
+        let mut f = Family {
+            parents: parents.into_iter().collect(),
+            python: python.into_iter().map(|p| (p.pid, p)).collect(),
+            names: HashMap::new(),
+            masters: HashSet::new(),
+        };
+        for p in f.python.values() {
+            f.parents.entry(p.pid).or_insert(p.ppid);
+        }
+        let names: HashMap<i32, String> = f
+            .python
+            .keys()
+            .map(|&pid| (pid, f.resolve_name(pid)))
+            .collect();
+        f.names = names;
+        let masters: HashSet<i32> = f
+            .python
+            .values()
+            .filter(|p| f.same_name_as_parent(p.pid))
+            .map(|p| p.ppid)
+            .collect();
+        f.masters = masters;
+        f
+    }
+
+    /// The name a Python process goes by (its own short name, or for a multiprocessing
+    /// child its nearest non-helper ancestor's). `None` for a pid that is not a known Python
+    /// process.
+    pub fn name(&self, pid: i32) -> Option<&str> {
+        self.names.get(&pid).map(String::as_str)
+    }
+
+    pub fn role(&self, pid: i32) -> Role {
+        if self.same_name_as_parent(pid) {
+            Role::Worker
+        } else if self.masters.contains(&pid) {
+            Role::Master
+        } else {
+            Role::Single
+        }
+    }
+
+    /// The parent pid of a process seen, if known.
+    pub fn parent(&self, pid: i32) -> Option<i32> {
+        self.parents.get(&pid).copied()
+    }
+
+    /// Whether an ancestor of `pid` (not `pid` itself) is in `set`.
+    pub fn descends_from(&self, pid: i32, set: &HashSet<i32>) -> bool {
+        let mut at = pid;
+        for _ in 0..MAX_GENERATIONS {
+            match self.parents.get(&at) {
+                Some(&p) if p > 0 && p != at => {
+                    if set.contains(&p) {
+                        return true;
+                    }
+                    at = p;
+                }
+                _ => return false,
+            }
+        }
+        false
+    }
+
+    fn same_name_as_parent(&self, pid: i32) -> bool {
+        let Some(p) = self.python.get(&pid) else {
+            return false;
+        };
+        self.python.contains_key(&p.ppid)
+            && p.ppid != pid
+            && self.names.get(&pid).is_some()
+            && self.names.get(&pid) == self.names.get(&p.ppid)
+    }
+
+    fn resolve_name(&self, pid: i32) -> String {
+        let own = self
+            .python
+            .get(&pid)
+            .map(|p| p.name.clone())
+            .unwrap_or_default();
+        let mut at = pid;
+        for _ in 0..MAX_GENERATIONS {
+            match self.python.get(&at) {
+                Some(p) if p.multiprocessing_child => match self.parents.get(&at) {
+                    Some(&q) if q > 0 && q != at => at = q,
+                    _ => break,
+                },
+                Some(p) => return p.name.clone(),
+                // A non-Python process in between: go on up (a shell that started it).
+                None => match self.parents.get(&at) {
+                    Some(&q) if q > 0 && q != at => at = q,
+                    _ => break,
+                },
+            }
+        }
+        own
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn py(pid: i32, ppid: i32, name: &str, mp: bool) -> PythonFacts {
+        PythonFacts {
+            pid,
+            ppid,
+            name: name.into(),
+            multiprocessing_child: mp,
+        }
+    }
+
+    #[test]
+    fn a_prefork_server_has_one_master_and_its_workers() {
+        let f = Family::new(
+            [(1, 0), (10, 1)],
+            vec![
+                py(100, 10, "gunicorn", false),
+                py(101, 100, "gunicorn", false),
+                py(102, 100, "gunicorn", false),
+                py(200, 10, "batch", false),
+            ],
+        );
+        assert_eq!(f.role(100), Role::Master);
+        assert_eq!(f.role(101), Role::Worker);
+        assert_eq!(f.role(102), Role::Worker);
+        assert_eq!(f.role(200), Role::Single);
+        assert_eq!(f.role(999), Role::Single);
+    }
+
+    #[test]
+    fn multiprocessing_children_take_their_program_s_name() {
+        // spawn: children of the script; forkserver: children of the server, itself a child
+        // of the script; the resource tracker too.
+        let f = Family::new(
+            [(50, 1)],
+            vec![
+                py(60, 50, "mpjob", false),
+                py(61, 60, "python-c", true),
+                py(62, 60, "python-c", true),
+                py(63, 62, "python-c", true),
+                py(64, 60, "python-c", false),
+            ],
+        );
+        for pid in [61, 62, 63] {
+            assert_eq!(f.name(pid), Some("mpjob"), "pid {pid}");
+            assert_eq!(f.role(pid), Role::Worker, "pid {pid}");
+        }
+        assert_eq!(f.role(60), Role::Master);
+        assert_eq!(
+            f.name(64),
+            Some("python-c"),
+            "a plain -c child keeps its name"
+        );
+        assert_eq!(f.role(64), Role::Single);
+    }
+
+    #[test]
+    fn descendants_through_any_process_and_bounded() {
+        let f = Family::new(
+            [(2, 1), (3, 2), (4, 3)],
+            vec![py(1, 0, "app", false), py(4, 3, "tool", false)],
+        );
+        let set: HashSet<i32> = [1].into();
+        assert!(f.descends_from(4, &set));
+        assert!(!f.descends_from(1, &set), "not its own descendant");
+        // A cycle in a (hostile, or racy) parent table ends.
+        let cyc = Family::new([(7, 8), (8, 7)], vec![py(7, 8, "x", true)]);
+        assert!(!cyc.descends_from(7, &[99].into()));
+        assert_eq!(cyc.name(7), Some("x"));
+        assert_eq!("master".parse::<Role>(), Ok(Role::Master));
+        assert!("boss".parse::<Role>().is_err());
+    }
+}
