@@ -8,83 +8,7 @@ mod common;
 use common::*;
 use std::collections::BTreeSet;
 use std::fs;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
-
-fn venvs_dir() -> PathBuf {
-    match std::env::var_os("PYFLEET_VENVS") {
-        Some(d) if !d.is_empty() => PathBuf::from(d),
-        _ => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
-            .join(".cache/pyfleet/venvs"),
-    }
-}
-
-fn venv_python(name: &str) -> PathBuf {
-    let py = venvs_dir().join(name).join("bin/python");
-    assert!(
-        py.exists(),
-        "{} is missing: run scripts/setup-venvs.sh (the README's test command does)",
-        py.display()
-    );
-    py
-}
-
-/// Children of `pid` (gunicorn's workers).
-fn children(pid: i32) -> BTreeSet<i32> {
-    fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|s| s.parse().ok())
-        .collect()
-}
-
-/// A gunicorn master whose workers die with it (SIGKILL to all on drop), so that no worker
-/// outlives the test and loads the machine for the next one.
-struct Gunicorn(Proc);
-
-impl Gunicorn {
-    fn pid(&self) -> i32 {
-        self.0.pid()
-    }
-}
-
-impl Drop for Gunicorn {
-    fn drop(&mut self) {
-        let workers = children(self.0.pid());
-        self.0.kill();
-        for w in workers {
-            try_signal(w, libc::SIGKILL);
-        }
-    }
-}
-
-fn gunicorn(label: &str, venv: &str, port: u16, workers: u32) -> Gunicorn {
-    let py = venv_python(venv);
-    let app_dir = targets_dir();
-    let args: Vec<String> = vec![
-        "-m".into(),
-        "gunicorn".into(),
-        "--workers".into(),
-        workers.to_string(),
-        "--bind".into(),
-        format!("127.0.0.1:{port}"),
-        "--chdir".into(),
-        app_dir.display().to_string(),
-        "wsgi_app:app".into(),
-    ];
-    let mut p = Proc::spawn(label, &py, &args);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while children(p.pid()).len() < workers as usize || http_get(port, "/").is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "{label} did not start: {}",
-            p.stderr()
-        );
-        assert!(p.exited().is_none(), "{label} exited: {}", p.stderr());
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    Gunicorn(p)
-}
 
 fn well_formed_xml(svg: &[u8]) -> Result<(), String> {
     let mut reader = quick_xml::Reader::from_reader(svg);
@@ -211,6 +135,16 @@ fn gunicorn_fleet_under_load_with_a_killed_worker() {
         "{}",
         truncate(&page, 4000)
     );
+    // The role label tells the masters from their workers.
+    for (pid, role) in [(g15.pid(), "master"), (live, "worker")] {
+        assert!(
+            page.lines().any(|l| l.starts_with("pyfleet_samples_total")
+                && l.contains(&format!("role=\"{role}\""))
+                && l.contains(&format!("pid=\"{pid}\""))),
+            "no {role} series for pid {pid}:\n{}",
+            truncate(&page, 6000)
+        );
+    }
     assert!(
         page.contains("pyfleet_processes"),
         "{}",

@@ -167,7 +167,7 @@ impl Family {
         };
         self.python.contains_key(&p.ppid)
             && p.ppid != pid
-            && self.names.get(&pid).is_some()
+            && self.names.contains_key(&pid)
             && self.names.get(&pid) == self.names.get(&p.ppid)
     }
 

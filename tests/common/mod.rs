@@ -823,3 +823,80 @@ pub fn snapshot_dirs(out: &Path) -> Vec<PathBuf> {
     dirs.sort();
     dirs
 }
+
+// gunicorn from the venvs `scripts/setup-venvs.sh` makes.
+
+pub fn venvs_dir() -> PathBuf {
+    match std::env::var_os("PYFLEET_VENVS") {
+        Some(d) if !d.is_empty() => PathBuf::from(d),
+        _ => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+            .join(".cache/pyfleet/venvs"),
+    }
+}
+
+pub fn venv_python(name: &str) -> PathBuf {
+    let py = venvs_dir().join(name).join("bin/python");
+    assert!(
+        py.exists(),
+        "{} is missing: run scripts/setup-venvs.sh (the README's test command does)",
+        py.display()
+    );
+    py
+}
+
+/// Children of `pid` (gunicorn's workers).
+pub fn children(pid: i32) -> std::collections::BTreeSet<i32> {
+    fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|s| s.parse().ok())
+        .collect()
+}
+
+/// A gunicorn master (serving `tests/targets/wsgi_app.py`) whose workers die with it (SIGKILL to all on drop), so that no worker
+/// outlives the test and loads the machine for the next one.
+pub struct Gunicorn(pub Proc);
+
+impl Gunicorn {
+    pub fn pid(&self) -> i32 {
+        self.0.pid()
+    }
+}
+
+impl Drop for Gunicorn {
+    fn drop(&mut self) {
+        let workers = children(self.0.pid());
+        self.0.kill();
+        for w in workers {
+            try_signal(w, libc::SIGKILL);
+        }
+    }
+}
+
+pub fn gunicorn(label: &str, venv: &str, port: u16, workers: u32) -> Gunicorn {
+    let py = venv_python(venv);
+    let app_dir = targets_dir();
+    let args: Vec<String> = vec![
+        "-m".into(),
+        "gunicorn".into(),
+        "--workers".into(),
+        workers.to_string(),
+        "--bind".into(),
+        format!("127.0.0.1:{port}"),
+        "--chdir".into(),
+        app_dir.display().to_string(),
+        "wsgi_app:app".into(),
+    ];
+    let mut p = Proc::spawn(label, &py, &args);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while children(p.pid()).len() < workers as usize || http_get(port, "/").is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "{label} did not start: {}",
+            p.stderr()
+        );
+        assert!(p.exited().is_none(), "{label} exited: {}", p.stderr());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Gunicorn(p)
+}

@@ -86,6 +86,7 @@ impl FakeProc {
             info: ProcessInfo {
                 pid,
                 name: name.to_string(),
+                role: pyfleet_policies::Role::Single,
                 cmdline: format!("python3 {name}.py"),
                 python_version: "3.13.1".to_string(),
                 start_time: 0,

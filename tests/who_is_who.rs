@@ -1,0 +1,184 @@
+//! The first fifteen minutes with real programs: a gunicorn app with a CPU-heavy and a
+//! sleeping endpoint under load, recorded with the defaults (cpu mode ranks the CPU-heavy
+//! handler first, and every output says so); `list` and `--exclude-role` telling the master
+//! from its workers; a multiprocessing job with each start method, whose workers
+//! `--subprocesses` finds and names after the script.
+
+mod common;
+
+use common::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Requests `path` on `port` in a loop until `stop`.
+fn load(port: u16, path: &'static str, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let mut n = 0;
+        while !stop.load(Ordering::Relaxed) {
+            if http_get(port, path).is_some() {
+                n += 1;
+            }
+        }
+        n
+    })
+}
+
+/// The pids at the roots of folded stacks (`<name>-<pid>;...`), with their names.
+fn roots(folded: &str) -> BTreeMap<i32, String> {
+    folded
+        .lines()
+        .filter_map(|l| {
+            let root = l.split(';').next()?;
+            let (name, pid) = root.rsplit_once('-')?;
+            Some((pid.parse().ok()?, name.to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn gunicorn_with_the_defaults_and_its_roles() {
+    let port = free_port();
+    let g = gunicorn("gunicorn 3.15", "gunicorn-3.15", port, 2);
+    let workers = children(g.pid());
+    assert_eq!(workers.len(), 2);
+    let stop = Arc::new(AtomicBool::new(false));
+    // One client per endpoint, each waiting for its answer: the machine's two cores are not
+    // saturated, so a thread the kernel calls runnable is running, not waiting for a core.
+    let loaders: Vec<_> = ["/expensive", "/sleep"]
+        .into_iter()
+        .map(|p| load(port, p, stop.clone()))
+        .collect();
+    let bind = format!("127.0.0.1:{port}");
+    let dir = tempdir("pyfleet-who-");
+
+    // `list` tells the master from its workers.
+    let out = pyfleet(&["list", "--match", &bind]);
+    assert!(out.success(), "{}", out.describe());
+    let mut roles = BTreeMap::new();
+    for line in out.stdout.lines().skip(1) {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        if let [pid, ppid, _, name, role, ..] = w[..] {
+            roles.insert(
+                pid.parse::<i32>().unwrap(),
+                (ppid.to_string(), name.to_string(), role),
+            );
+        }
+    }
+    assert_eq!(roles.len(), 3, "{}", out.stdout);
+    assert_eq!(roles[&g.pid()].2, "master", "{}", out.stdout);
+    for w in &workers {
+        let (ppid, name, role) = &roles[w];
+        assert_eq!(
+            (ppid.as_str(), name.as_str(), *role),
+            (g.pid().to_string().as_str(), "gunicorn", "worker"),
+            "{}",
+            out.stdout
+        );
+    }
+
+    // The defaults answer "where does the CPU go?".
+    let svg = dir.path().join("rec.svg");
+    let out = pyfleet(&[
+        "record",
+        "--match",
+        &bind,
+        "--duration",
+        "4s",
+        "-o",
+        &svg.display().to_string(),
+    ]);
+    assert!(out.success(), "{}", out.describe());
+    let last = out
+        .stderr
+        .trim_end()
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        last.contains("(svg, cpu mode); hottest: fib_work (wsgi_app.py) "),
+        "{}",
+        out.describe()
+    );
+    let text = fs::read_to_string(&svg).unwrap();
+    assert!(
+        text.contains("cpu mode (threads on a CPU), 100 Hz"),
+        "the SVG says its mode"
+    );
+
+    // Without the master, in wall mode (where its idle threads would show).
+    let folded = dir.path().join("workers.folded");
+    let out = pyfleet(&[
+        "record",
+        "--match",
+        &bind,
+        "--exclude-role",
+        "master",
+        "--mode",
+        "wall",
+        "--duration",
+        "2",
+        "-o",
+        &folded.display().to_string(),
+    ]);
+    assert!(out.success(), "{}", out.describe());
+    let seen = roots(&fs::read_to_string(&folded).unwrap());
+    let seen_pids: BTreeSet<i32> = seen.keys().copied().collect();
+    assert_eq!(seen_pids, workers, "{}", out.describe());
+
+    stop.store(true, Ordering::Relaxed);
+    let served: u64 = loaders.into_iter().map(|l| l.join().unwrap()).sum();
+    assert!(served > 0);
+}
+
+#[test]
+fn multiprocessing_workers_of_every_start_method() {
+    let token = unique_token("mp");
+    let py = any_interpreter();
+    let dir = tempdir("pyfleet-mp-");
+    let mut jobs = Vec::new();
+    for method in ["fork", "spawn", "forkserver"] {
+        let ready = format!("ready-{token}-{method}");
+        let mut job = Proc::python(
+            &py.label,
+            &py.path,
+            "mpjob.py",
+            &[ready.as_str(), method, "8"],
+        );
+        let pids_file = job.wait_for_file(&ready, Duration::from_secs(60));
+        let workers: BTreeSet<i32> = fs::read_to_string(&pids_file)
+            .unwrap()
+            .lines()
+            .map(|l| l.trim().parse().unwrap())
+            .collect();
+        assert_eq!(workers.len(), 3);
+        let out = dir.path().join(format!("{method}.folded"));
+        let rec = start_pyfleet(&[
+            "record",
+            "--match",
+            &format!("{ready} {method}"),
+            "--subprocesses",
+            "--duration",
+            "3",
+            "-o",
+            &out.display().to_string(),
+        ]);
+        jobs.push((method, job, workers, out, rec));
+    }
+    for (method, _job, workers, out, rec) in jobs {
+        let run = rec.finish();
+        assert!(run.success(), "[{method}] {}", run.describe());
+        let seen = roots(&fs::read_to_string(&out).unwrap_or_default());
+        for w in &workers {
+            assert_eq!(
+                seen.get(w).map(String::as_str),
+                Some("mpjob"),
+                "[{method}] worker {w} not sampled as mpjob: {seen:?}\n{}",
+                run.describe()
+            );
+        }
+    }
+}
