@@ -12,7 +12,7 @@ the kernel says has not run: the memory path alone).
 It reports the median of the rounds, the ratio, and the floor: one bare 8-byte
 process_vm_readv on the same target (`pyfleet bench --floor`). With --all-versions it also
 runs pyfleet alone on the same workloads under 3.11-3.14 (no reference unwinder there) and
-reports time and syscalls per sample. Output: Markdown tables (the README's), and --json.
+reports time and syscalls per sample. Output: Markdown tables (BENCHMARKS.md's), and --json.
 """
 import argparse
 import json

@@ -11,7 +11,7 @@ before the end). Run as root after `cargo build --release`:
     python3 examples/fleet/bench.py --max-cpu 1           # show the budget holding
     python3 examples/fleet/bench.py --json
 
-Not a test: figures go in the README.
+Not a test: figures go in BENCHMARKS.md.
 """
 import argparse
 import json
