@@ -179,8 +179,25 @@ fn gunicorn_fleet_under_load_with_a_killed_worker() {
     let mut handler_seen = false;
     for d in &dirs {
         for e in fs::read_dir(d).unwrap().flatten() {
+            let len = e.metadata().unwrap().len();
+            assert!(len > 0, "{} is empty", e.path().display());
             files_seen.insert(e.file_name().to_string_lossy().into_owned());
         }
+        let meta: serde_json::Value =
+            serde_json::from_slice(&fs::read(d.join("metadata.json")).unwrap()).unwrap();
+        assert_eq!(meta["mode"], "wall", "{}", d.display());
+        for p in meta["processes"].as_array().unwrap() {
+            let role = if p["pid"] == g15.pid() || p["pid"] == g11.pid() {
+                "master"
+            } else {
+                "worker"
+            };
+            assert_eq!(p["role"], role, "{p}");
+        }
+        assert!(
+            meta["window_start"].as_str() < meta["window_end"].as_str(),
+            "{meta}"
+        );
         let all = fs::read_to_string(d.join("all.folded")).unwrap();
         for line in all.lines() {
             let (stack, n) = line.rsplit_once(' ').expect("folded line without a count");

@@ -31,6 +31,7 @@ pub(crate) struct Batch {
     pub epoch: u64,
     pub pid: i32,
     pub name: Arc<str>,
+    pub role: pyfleet_policies::Role,
     /// `(stack id, status, count)`, only samples the mode counts.
     pub counts: Vec<(u64, ThreadStatus, u64)>,
     /// Frames of the stack ids in `counts` not sent before in this life and epoch.
@@ -58,6 +59,7 @@ const MAX_IDLE_WINDOWS: u32 = 2;
 
 struct ProcessWindow {
     name: Arc<str>,
+    role: pyfleet_policies::Role,
     entries: HashMap<(u64, u64, ThreadStatus), (Frames, u64)>,
     truncated: BTreeMap<ThreadStatus, u64>,
 }
@@ -107,12 +109,14 @@ impl Aggregation {
             .entry(batch.pid)
             .or_insert_with(|| ProcessWindow {
                 name: batch.name.clone(),
+                role: batch.role,
                 entries: HashMap::new(),
                 truncated: BTreeMap::new(),
             });
         if window.name != batch.name {
             window.name = batch.name.clone();
         }
+        window.role = batch.role;
         for (stack, status, n) in batch.counts {
             if n == 0 {
                 continue;
@@ -174,6 +178,7 @@ impl Aggregation {
                 ProcessProfile {
                     pid,
                     name: w.name.to_string(),
+                    role: w.role,
                     samples,
                 }
             })
@@ -257,6 +262,7 @@ mod tests {
             epoch: 0,
             pid: 7,
             name: Arc::from("app"),
+            role: pyfleet_policies::Role::Single,
             counts,
             new_stacks: Vec::new(),
             last: false,

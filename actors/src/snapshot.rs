@@ -33,6 +33,8 @@ pub struct Snapshot {
 pub struct ProcessProfile {
     pub pid: i32,
     pub name: String,
+    /// Master, worker or single, as of the scan that listed it.
+    pub role: pyfleet_policies::Role,
     /// `(status, frames innermost first, count)`, one entry per distinct (status, frames),
     /// highest count first. A stack of the single frame [`TRUNCATED_FUNCTION`] holds the
     /// samples that did not fit under the per-process cap of distinct stacks.

@@ -98,6 +98,7 @@ mod tests {
         let p = ProcessProfile {
             pid: 7,
             name: "app".into(),
+            role: pyfleet_policies::Role::Single,
             samples: vec![
                 (
                     busy,

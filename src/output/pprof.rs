@@ -352,6 +352,7 @@ mod tests {
                 ProcessProfile {
                     pid: 7,
                     name: "app".into(),
+                    role: pyfleet_policies::Role::Single,
                     samples: vec![
                         (gil, vec![leaf.clone(), main.clone()].into(), 2),
                         (
@@ -365,6 +366,7 @@ mod tests {
                 ProcessProfile {
                     pid: 8,
                     name: "other".into(),
+                    role: pyfleet_policies::Role::Single,
                     samples: vec![(gil, vec![main.clone()].into(), 4)],
                 },
             ],

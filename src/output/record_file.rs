@@ -252,6 +252,7 @@ pub fn merge(acc: &mut Snapshot, window: &Snapshot) {
                 acc.processes.push(ProcessProfile {
                     pid: p.pid,
                     name: p.name.clone(),
+                    role: pyfleet_policies::Role::Single,
                     samples: Vec::new(),
                 });
                 acc.processes.len() - 1
@@ -297,6 +298,7 @@ mod tests {
             processes: vec![ProcessProfile {
                 pid,
                 name: "app".into(),
+                role: pyfleet_policies::Role::Single,
                 samples: vec![(
                     ThreadStatus::default(),
                     vec![FrameInfo {

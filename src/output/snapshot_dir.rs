@@ -170,6 +170,7 @@ impl SnapshotDir {
                 serde_json::json!({
                     "pid": p.pid,
                     "name": folded::process_root(p),
+                    "role": p.role.as_str(),
                     "samples": p.total(),
                 })
             })
@@ -345,6 +346,7 @@ mod tests {
             processes: vec![ProcessProfile {
                 pid: 42,
                 name: name.into(),
+                role: pyfleet_policies::Role::Single,
                 samples: vec![(
                     ThreadStatus::default(),
                     vec![FrameInfo {
@@ -463,6 +465,7 @@ mod tests {
         s.processes.push(ProcessProfile {
             pid: 43,
             name: "web".into(),
+            role: pyfleet_policies::Role::Single,
             samples: vec![],
         });
         let p = dir.write(&s).unwrap();
@@ -475,6 +478,7 @@ mod tests {
         assert_eq!(meta["rate_hz"], 100.0);
         assert_eq!(meta["samples"], 5);
         assert_eq!(meta["processes"][1]["samples"], 0);
+        assert_eq!(meta["processes"][0]["role"], "single");
         assert_eq!(meta["pyfleet_version"], env!("CARGO_PKG_VERSION"));
         assert!(p.join("web-42.folded").exists());
         assert!(

@@ -137,6 +137,7 @@ mod tests {
                 ProcessProfile {
                     pid: 7,
                     name: "app".into(),
+                    role: pyfleet_policies::Role::Single,
                     samples: vec![
                         (gil, vec![leaf.clone(), main.clone()].into(), 2),
                         (
@@ -151,6 +152,7 @@ mod tests {
                 ProcessProfile {
                     pid: 8,
                     name: "idle".into(),
+                    role: pyfleet_policies::Role::Single,
                     samples: vec![],
                 },
             ],
