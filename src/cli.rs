@@ -433,6 +433,17 @@ fn bench(
                 outln!("  {k:<26} {v}");
             }
         }
+        if !floor {
+            let secs = wall.as_secs_f64();
+            outln!(
+                "what it cost: {} samples of process {pid} in {secs:.1} s ({:.0} a second), {} \
+                 writes to it (the 3.15 marker), {:.2} s of pyfleet's CPU",
+                st.samples,
+                st.samples as f64 / secs.max(1e-9),
+                st.marker_writes,
+                cpu_ns as f64 / 1e9
+            );
+        }
     }
     if let Some(e) = last_error {
         eprintln!("pyfleet: last sampling error: {e}");

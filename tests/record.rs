@@ -440,6 +440,17 @@ fn first_mistakes_get_one_line_and_touch_nothing() {
         "created: {left:?}"
     );
 
+    // bench asks before it samples a process this shell did not start (pid 1) flat out.
+    let out = pyfleet(&["bench", "--pid", "1", "--duration", "1"]);
+    assert_error_contract(&out, Some("--yes"));
+    // dump takes a bare pid, as py-spy users type it.
+    let out = pyfleet(&["dump", &pid]);
+    assert!(
+        out.success() && out.stdout.contains("pyfleet_sleeping_worker"),
+        "{}",
+        out.describe()
+    );
+
     // What works: a bare pid, a duration with a unit, --force over the source file.
     let out = pyfleet(&[
         "record",
