@@ -7,6 +7,9 @@
 //! - spawns one sampler, linked to itself, per newly listed pid;
 //! - stops the sampler of each pid no longer listed and counts the exit
 //!   (`pyfleet_process_exits_total{process}`);
+//! - restarts (without counting an exit) the sampler of a pid whose role changed, so that its
+//!   series and snapshots carry the role it has now (a master listed before its workers
+//!   existed);
 //! - marks samplers that have run for `healthy_after` as healthy (the restart policy's backoff
 //!   starts over for them).
 //!
@@ -43,6 +46,9 @@ use crate::source::{Discovery, ProcessInfo, SourceFactory};
 use crate::timing::{spawn_ticker, Jitter};
 
 const REASON_UNLISTED: &str = "unlisted";
+/// A listed process's role changed (a master whose workers appeared after it was listed): its
+/// sampler is stopped and, at the next scan, started afresh under the new labels.
+const REASON_RELABEL: &str = "role changed";
 const REASON_SHUTDOWN: &str = "shutdown";
 
 pub(crate) struct SupervisorArgs<D, F> {
@@ -329,6 +335,24 @@ impl<D: Discovery, F: SourceFactory> SupervisorState<D, F> {
                 }
                 Some(entry) => {
                     entry.listed = true;
+                    if entry.info.role != info.role {
+                        if let EntryState::Running {
+                            actor, stopping, ..
+                        } = &mut entry.state
+                        {
+                            if !*stopping {
+                                tracing::debug!(
+                                    pid,
+                                    "role {} -> {}: sampler restarted",
+                                    entry.info.role,
+                                    info.role
+                                );
+                                *stopping = true;
+                                actor.stop(Some(REASON_RELABEL.to_string()));
+                            }
+                            continue;
+                        }
+                    }
                     let idle = matches!(
                         entry.state,
                         EntryState::GivenUp | EntryState::Exited | EntryState::Backoff { .. }

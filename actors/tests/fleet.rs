@@ -410,3 +410,33 @@ async fn a_pid_reused_by_another_process_gets_a_sampler_of_its_own() {
     );
     h.fleet.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_change_restarts_the_sampler_under_the_new_role_without_an_exit() {
+    use pyfleet_policies::Role;
+    let world = World::new();
+    let master = world.add(FakeProc::new(301, "web", vec![(CPU, 1)]));
+    let h = start(fast_config(), &world).await;
+    assert!(eventually(|| master.ok() > 5).await);
+    assert_eq!(master.attach_count(), 1);
+    // Its workers appeared: discovery calls it a master now.
+    world.roles.lock().unwrap().insert(301, Role::Master);
+    assert!(eventually(|| master.attach_count() == 2).await);
+    let before = master.ok();
+    assert!(eventually(|| master.ok() > before + 5).await);
+    let status = h.fleet.status().await.unwrap();
+    assert_eq!(status.exits, 0, "a relabel is not an exit");
+    assert_eq!(status.restarts, 0, "nor a failure's restart");
+    h.fleet.shutdown().await.expect("final snapshot");
+    let snaps = h.writer.snapshots();
+    let last_role = snaps
+        .iter()
+        .rev()
+        .find_map(|s| s.processes.iter().find(|p| p.pid == 301).map(|p| p.role));
+    assert_eq!(last_role, Some(Role::Master));
+    assert_eq!(
+        total(&snaps, 301),
+        master.ok(),
+        "no sample lost over the restart"
+    );
+}

@@ -165,6 +165,8 @@ pub fn frames_of(stack: u64) -> Vec<FrameInfo> {
 #[derive(Default)]
 pub struct World {
     procs: Mutex<BTreeMap<i32, Arc<FakeProc>>>,
+    /// Roles that discovery reports instead of the processes' own.
+    pub roles: Mutex<BTreeMap<i32, pyfleet_policies::Role>>,
     pub scans: AtomicUsize,
 }
 
@@ -196,13 +198,20 @@ pub struct FakeDiscovery(pub Arc<World>);
 impl Discovery for FakeDiscovery {
     fn scan(&mut self) -> Vec<ProcessInfo> {
         self.0.scans.fetch_add(1, Ordering::SeqCst);
+        let roles = self.0.roles.lock().unwrap().clone();
         self.0
             .procs
             .lock()
             .unwrap()
             .values()
             .filter(|p| p.listed.load(Ordering::SeqCst))
-            .map(|p| p.info.clone())
+            .map(|p| {
+                let mut info = p.info.clone();
+                if let Some(&role) = roles.get(&info.pid) {
+                    info.role = role;
+                }
+                info
+            })
             .collect()
     }
 }
