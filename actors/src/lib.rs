@@ -38,6 +38,8 @@
 //! the timeout starts its counters from zero again (a counter reset to Prometheus).
 //! Metric names are in [`metric_names`].
 
+#![forbid(unsafe_code)]
+
 mod aggregator;
 mod fleet;
 pub mod metric_names;

@@ -2,6 +2,8 @@
 //! callers pass in what they observed and get a decision back, so every rule is unit-tested
 //! exhaustively.
 
+#![forbid(unsafe_code)]
+
 pub mod family;
 pub mod matching;
 pub mod mode;
