@@ -42,6 +42,8 @@
 //! The only write to the target is the 3.15 marker, at the offset the target's own
 //! `_Py_DebugOffsets` gives (validated), and never in `read_only` mode.
 
+mod read_plan;
+
 use super::layout::{
     CurrentFrame, GilLayout, Layout, Liveness, CHUNK_DATA, CHUNK_PREVIOUS, CHUNK_SIZE, CHUNK_TOP,
     OWNED_BY_GENERATOR,
@@ -52,11 +54,12 @@ use super::objects::{
 use super::unwind::{Frame, InterpreterStacks, ThreadStack, MAX_DEPTH};
 use super::UnwindError;
 use crate::binary::RuntimeLocation;
-use crate::memory::{Bytes, Pauser, ReadRequest, RemoteMemory, STACK_IOVECS};
+use crate::memory::{Bytes, Pauser, RemoteMemory};
 use crate::process::namespace::ThreadIds;
 use crate::process::runstate::{RunWatch, Still};
 use crate::stacks::{FrameId, FunctionId, StackId, StackTable};
 use lru::LruCache;
+use read_plan::{Key, ReadPlan};
 use rustc_hash::{FxBuildHasher, FxHashMap, FxHashSet};
 use std::borrow::Cow;
 use std::cell::Cell;
@@ -303,223 +306,6 @@ struct ThreadCache {
     heavy: bool,
 }
 
-/// What was prefetched, by what it is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Key {
-    Head,
-    Interp(u64),
-    Word(u64),
-    Gil(u64),
-    Tstate(u64),
-    Region(u64),
-    /// The newest part of a data-stack region, read first (see [`top_split`]).
-    RegionTop(u64),
-    Frame(u64),
-    /// The validation fields of a code object (before 3.14).
-    Code(u64),
-    /// 3.12+: C stack around a thread's innermost entry frame (see [`ENTRY_WINDOW`]).
-    Entries(u64),
-}
-
-/// One sample's prefetch: what to read (`keys`, `ranges`, as `predict` pushed them) and,
-/// once fetched, where each range landed in `buf`. The physical plan (sorted, coalesced
-/// iovecs and the index) is rebuilt only when the prediction differs from the previous
-/// sample's; in steady state a fetch is one syscall and no hashing or sorting.
-///
-/// Order within the syscall: the kernel copies iovecs one after the other while the target
-/// runs. Data stacks come first, every thread's (the newest part of each, then the older
-/// part), then the rest by group (one per moving thread: its thread state, the words that
-/// hold its current frame on 3.11/3.12, its frames elsewhere: generators', entry frames on
-/// the C stack; last the shared group: interpreter state and the threads whose stacks held
-/// still). Reading memory the target writes makes its next writes there slower (the lines
-/// leave its cache): a thread state, the C stack and the interpreter state are written hardest
-/// by allocation, exception handling and calls into C, so reading them before the frames
-/// would slow exactly that code in the microsecond before the frames are copied, and the
-/// frames would show it more often than it runs. The frames, copied first, are the stack of
-/// one unperturbed instant; the pointer to the top, copied right after, only says
-/// where the search for the top starts (see [`settle_top`]).
-#[derive(Default)]
-struct Batch {
-    ranges: Vec<(u64, usize)>,
-    keys: Vec<Key>,
-    /// Each range's (group, rank in its group), and the group `push` puts ranges in now.
-    slots: Vec<(u32, u8)>,
-    group: u32,
-    groups: u32,
-    buf: Vec<u8>,
-    index: FxHashMap<Key, (usize, usize)>,
-    /// The prediction the plan below was built for.
-    plan_keys: Vec<Key>,
-    plan_ranges: Vec<(u64, usize)>,
-    plan_slots: Vec<(u32, u8)>,
-    // The plan: physical reads (start, end), their offsets in `buf`, and for each logical
-    // range its physical read and offset in it.
-    phys: Vec<(u64, u64)>,
-    offsets: Vec<usize>,
-    place: Vec<(usize, usize)>,
-    order: Vec<usize>,
-}
-
-impl Batch {
-    fn clear(&mut self) {
-        self.ranges.clear();
-        self.keys.clear();
-        self.slots.clear();
-        self.group = 0;
-        self.groups = 0;
-    }
-    /// Ranges pushed from now on, until [`Batch::shared_group`], are read together after
-    /// those of the groups before.
-    fn next_group(&mut self) {
-        self.groups += 1;
-        self.group = self.groups;
-    }
-    /// Ranges pushed from now on go to the shared group.
-    fn shared_group(&mut self) {
-        self.group = 0;
-    }
-    fn push(&mut self, key: Key, addr: u64, len: usize) {
-        if len > 0 {
-            let rank = match key {
-                Key::RegionTop(_) => 0,
-                Key::Region(_) => 1,
-                Key::Tstate(_) => 2,
-                Key::Word(_) => 3,
-                Key::Frame(_) => 4,
-                Key::Entries(_) => 5,
-                _ => 6,
-            };
-            self.keys.push(key);
-            self.ranges.push((addr, len));
-            self.slots.push((self.group, rank));
-        }
-    }
-    /// Sorts the ranges by group, rank (but in the shared group) and address, coalesces those
-    /// of one group less than [`MERGE_GAP`] apart or in one page into one iovec (each iovec
-    /// costs the kernel a lookup and a pin, a few hundred bytes more cost nothing) and indexes
-    /// where every key's bytes will land.
-    fn plan(&mut self) {
-        self.order.clear();
-        self.order.extend(0..self.ranges.len());
-        let (ranges, slots) = (&self.ranges, &self.slots);
-        // The shared group by address only (its ranges merge best that way).
-        self.order.sort_unstable_by_key(|&i| {
-            let (group, rank) = slots[i];
-            let frames_first = u8::from(rank > 1);
-            match group {
-                0 => (frames_first, u32::MAX, 0, ranges[i].0),
-                g => (frames_first, g, rank, ranges[i].0),
-            }
-        });
-        self.phys.clear();
-        self.place.clear();
-        self.place.resize(self.ranges.len(), (0, 0));
-        let mut last_group = None;
-        for &i in &self.order {
-            let (addr, len) = self.ranges[i];
-            let end = addr.saturating_add(len as u64);
-            let same_group = last_group == Some(self.slots[i].0);
-            last_group = Some(self.slots[i].0);
-            match self.phys.last_mut() {
-                Some((s, e))
-                    if same_group
-                        && addr >= *s
-                        && (addr <= e.saturating_add(MERGE_GAP)
-                            || addr <= (e.saturating_add(PAGE - 1) & !(PAGE - 1))) =>
-                {
-                    *e = (*e).max(end);
-                }
-                _ => self.phys.push((addr, end)),
-            }
-            let p = self.phys.len() - 1;
-            self.place[i] = (p, (addr - self.phys[p].0) as usize);
-        }
-        self.offsets.clear();
-        let mut total = 0usize;
-        for &(s, e) in &self.phys {
-            self.offsets.push(total);
-            total += (e - s) as usize;
-        }
-        self.buf.clear();
-        self.buf.resize(total, 0);
-        self.index.clear();
-        for (i, (k, r)) in self.keys.iter().zip(&self.ranges).enumerate() {
-            let (p, off) = self.place[i];
-            self.index.insert(*k, (self.offsets[p] + off, r.1));
-        }
-        self.plan_keys.clone_from(&self.keys);
-        self.plan_ranges.clone_from(&self.ranges);
-        self.plan_slots.clone_from(&self.slots);
-    }
-    /// Reads everything in one batch. A range that cannot be read (a thread that exited took
-    /// its memory with it) is left out and the rest read again from after it: predictions are
-    /// only hints, and a miss costs one more syscall, not the whole batch.
-    fn fetch<M: RemoteMemory>(&mut self, mem: &M) {
-        if self.keys != self.plan_keys
-            || self.ranges != self.plan_ranges
-            || self.slots != self.plan_slots
-        {
-            self.plan();
-        }
-        let mut failed: Vec<usize> = Vec::new();
-        let mut from = 0;
-        while from < self.phys.len() {
-            let n = self.phys.len() - from;
-            let mut rest = &mut self.buf[self.offsets[from]..];
-            let mut requests = self.phys[from..].iter().map(|&(s, e)| {
-                let (head, tail) = std::mem::take(&mut rest).split_at_mut((e - s) as usize);
-                rest = tail;
-                ReadRequest::new(s, head)
-            });
-            // Up to STACK_IOVECS ranges (any steady-state sample but of a process with very
-            // many threads) without allocating.
-            let mut on_stack: [ReadRequest<'_>; STACK_IOVECS];
-            let mut on_heap: Vec<ReadRequest<'_>>;
-            let reqs: &mut [ReadRequest<'_>] = if n <= STACK_IOVECS {
-                on_stack = std::array::from_fn(|_| {
-                    requests
-                        .next()
-                        .unwrap_or_else(|| ReadRequest::new(0, &mut []))
-                });
-                &mut on_stack[..n]
-            } else {
-                on_heap = requests.collect();
-                &mut on_heap
-            };
-            match mem.read_many(reqs) {
-                Ok(()) => break,
-                Err((i, e)) if !e.is_process_gone() => {
-                    failed.push(from + i);
-                    from += i + 1;
-                }
-                Err(_) => {
-                    failed.extend(from..self.phys.len());
-                    break;
-                }
-            }
-        }
-        if !failed.is_empty() {
-            // Unread keys are absent this time; the plan is rebuilt next time.
-            for (i, k) in self.keys.iter().enumerate() {
-                if failed.contains(&self.place[i].0) {
-                    self.index.insert(*k, (usize::MAX, 0));
-                }
-            }
-            self.plan_keys.clear();
-        }
-    }
-
-    fn get(&self, key: Key) -> Option<&[u8]> {
-        let (pos, len) = self.locate(key)?;
-        self.buf.get(pos..pos + len)
-    }
-    /// Where `key`'s bytes are in `buf` (position, length), if they were read.
-    fn locate(&self, key: Key) -> Option<(usize, usize)> {
-        let &(pos, len) = self.index.get(&key)?;
-        (pos.checked_add(len)? <= self.buf.len()).then_some((pos, len))
-    }
-}
-
 /// What a thread's read lacked (see `Sampler::walk`).
 #[derive(Debug, Default, Clone, Copy)]
 struct Missing {
@@ -603,7 +389,7 @@ pub struct Sampler<M: RemoteMemory> {
     threads: FxHashMap<u64, ThreadCache>,
     interps: Vec<u64>,
     gils: Vec<u64>,
-    batch: Batch,
+    batch: ReadPlan,
     epoch: u64,
     stats: SamplerStats,
     /// What the cached code objects cost (see [`entry_bytes`]).
@@ -666,7 +452,7 @@ struct Spare {
     fingerprints: Vec<u8>,
     outside: Vec<u64>,
     /// The batch of a thread read again (see `walk_consistent`).
-    reread: Batch,
+    reread: ReadPlan,
 }
 
 impl<M: RemoteMemory> Sampler<M> {
@@ -696,7 +482,7 @@ impl<M: RemoteMemory> Sampler<M> {
             threads: FxHashMap::default(),
             interps: Vec::new(),
             gils: Vec::new(),
-            batch: Batch::default(),
+            batch: ReadPlan::default(),
             epoch: 0,
             stats: SamplerStats::default(),
             code_bytes: 0,
@@ -907,7 +693,7 @@ impl<M: RemoteMemory> Sampler<M> {
         Ok(out)
     }
 
-    fn predict(&self, b: &mut Batch) {
+    fn predict(&self, b: &mut ReadPlan) {
         let l = &self.layout;
         b.clear();
         b.push(Key::Head, self.runtime + l.runtime_interpreters_head, 8);
@@ -954,7 +740,7 @@ impl<M: RemoteMemory> Sampler<M> {
 
     /// One thread's part of a prediction: its state and, unless its stack is kept, where its
     /// frames are expected.
-    fn predict_thread(&self, b: &mut Batch, ta: u64, tc: &ThreadCache, keep: bool) {
+    fn predict_thread(&self, b: &mut ReadPlan, ta: u64, tc: &ThreadCache, keep: bool) {
         let l = &self.layout;
         if keep || tc.quiet {
             b.shared_group();
@@ -1023,7 +809,7 @@ impl<M: RemoteMemory> Sampler<M> {
     /// Bytes at `addr`: from the batch when it holds them under `key`, else from the target.
     fn bytes<'b>(
         &self,
-        b: &'b Batch,
+        b: &'b ReadPlan,
         key: Key,
         addr: u64,
         len: usize,
@@ -1059,11 +845,11 @@ impl<M: RemoteMemory> Sampler<M> {
         Ok(())
     }
 
-    fn word(&self, b: &Batch, addr: u64) -> Result<u64, UnwindError> {
+    fn word(&self, b: &ReadPlan, addr: u64) -> Result<u64, UnwindError> {
         Ok(Bytes(&self.bytes(b, Key::Word(addr), addr, 8)?).u64(0)?)
     }
 
-    fn sample_with(&mut self, b: &mut Batch) -> Result<(), UnwindError> {
+    fn sample_with(&mut self, b: &mut ReadPlan) -> Result<(), UnwindError> {
         self.predict(b);
         b.fetch(&self.mem);
         self.sample_bytes = b.buf.len();
@@ -1081,7 +867,7 @@ impl<M: RemoteMemory> Sampler<M> {
     }
 
     /// Reads interpreters and threads, and walks every thread's frames.
-    fn collect(&mut self, b: &Batch, work: &mut Vec<Work>) -> Result<u64, UnwindError> {
+    fn collect(&mut self, b: &ReadPlan, work: &mut Vec<Work>) -> Result<u64, UnwindError> {
         let l = self.layout.clone();
         let head =
             Bytes(&self.bytes(b, Key::Head, self.runtime + l.runtime_interpreters_head, 8)?)
@@ -1215,7 +1001,7 @@ impl<M: RemoteMemory> Sampler<M> {
     /// next thread state's address. `may_keep`: the thread's last stack may be kept.
     fn tstate(
         &mut self,
-        b: &Batch,
+        b: &ReadPlan,
         ta: u64,
         interp_id: i64,
         order: usize,
@@ -1362,11 +1148,11 @@ impl<M: RemoteMemory> Sampler<M> {
     /// state the stack was read with.
     fn walk_consistent(
         &mut self,
-        b: &Batch,
+        b: &ReadPlan,
         mut ts: Tstate,
     ) -> Result<(Tstate, Option<usize>), (u64, UnwindError)> {
         let start = self.raws.len();
-        let mut own: Option<Batch> = None;
+        let mut own: Option<ReadPlan> = None;
         let mut reads = 1;
         loop {
             // Without the pointer to the top (3.11/3.12: its C frame was not read), the
@@ -1449,7 +1235,7 @@ impl<M: RemoteMemory> Sampler<M> {
     /// Walks one thread's frames into `self.raws`; returns the cached chain index from which
     /// the rest of the stack is unchanged (3.15 marker), if any, and the top frame walked
     /// from (see [`settle_top`]).
-    fn walk(&mut self, b: &Batch, ts: &Tstate) -> Result<(Option<usize>, u64), UnwindError> {
+    fn walk(&mut self, b: &ReadPlan, ts: &Tstate) -> Result<(Option<usize>, u64), UnwindError> {
         self.chunks(ts)?;
         let f = self.layout.frame.clone();
         let fsize = f.size as usize;
@@ -1874,7 +1660,7 @@ impl<M: RemoteMemory> Sampler<M> {
 
     /// Makes sure every code object walked this sample is cached and valid: one batch of
     /// validations, one batch of loads.
-    fn resolve_codes(&mut self, b: &Batch, generation: u64) -> Result<(), UnwindError> {
+    fn resolve_codes(&mut self, b: &ReadPlan, generation: u64) -> Result<(), UnwindError> {
         self.codes_changed = false;
         let use_generation = self.layout.interp.code_object_generation.is_some();
         let stamp = if use_generation {
@@ -2883,46 +2669,5 @@ mod settle_tests {
         assert_eq!(settle(0x1000, &[], &frames), 0x1000);
         // Unknown bytes and no anchor that proves anything.
         assert_eq!(settle(0x1234, &[0x1000], &frames), 0x1234);
-    }
-}
-
-#[cfg(test)]
-mod batch_tests {
-    use super::*;
-
-    #[test]
-    fn data_stacks_are_copied_before_anything_else() {
-        let mut b = Batch::default();
-        // Two moving threads and the shared group, pushed as `predict` does.
-        b.shared_group();
-        b.push(Key::Interp(0x100), 0x100, 64);
-        for (t, stack) in [(0x9000u64, 0x7000_0000u64), (0xa000, 0x7100_0000)] {
-            b.next_group();
-            b.push(Key::Tstate(t), t, 256);
-            b.push(Key::Region(stack), stack, 4096);
-            b.push(Key::RegionTop(stack + 8192), stack + 8192, 4096);
-            b.push(Key::Frame(0x7fff_0000 + t), 0x7fff_0000 + t, 80);
-            b.push(Key::Entries(0x7ffe_0000 + t), 0x7ffe_0000 + t, 8192);
-        }
-        b.plan();
-        let starts: Vec<u64> = b.phys.iter().map(|&(s, _)| s).collect();
-        // Each thread's newest part, then its older part; then each thread's state, its
-        // frames elsewhere and its C stack; the shared group last.
-        assert_eq!(
-            starts,
-            [
-                0x7000_2000,
-                0x7000_0000,
-                0x7100_2000,
-                0x7100_0000,
-                0x9000,
-                0x7fff_9000,
-                0x7ffe_9000,
-                0xa000,
-                0x7fff_a000,
-                0x7ffe_a000,
-                0x100,
-            ]
-        );
     }
 }
