@@ -296,18 +296,7 @@ const MAX_ANCESTORS: usize = 16;
 /// a script's own target) is benchmarked; anything else gets one line saying what it would
 /// cost and how to go ahead.
 fn bench_consent(pid: i32, duration: f64) -> Result<()> {
-    let parent_of = |p: i32| {
-        std::fs::read_to_string(format!("/proc/{p}/stat"))
-            .ok()
-            .and_then(|stat| {
-                let close = stat.rfind(')')?;
-                stat.get(close + 2..)?
-                    .split(' ')
-                    .nth(1)?
-                    .parse::<i32>()
-                    .ok()
-            })
-    };
+    let parent_of = |p: i32| pyfleet::process::parent_and_start(p).map(|(parent, _)| parent);
     let ours = std::os::unix::process::parent_id() as i32;
     // A descendant of pyfleet's parent (through `unshare`, `taskset`, a venv's launcher, ...).
     let mut p = pid;

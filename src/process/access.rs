@@ -7,8 +7,6 @@
 
 use std::fs;
 
-/// `CAP_SYS_PTRACE`'s bit in the capability sets.
-const CAP_SYS_PTRACE: u32 = 19;
 /// `PF_KTHREAD` in `/proc/PID/stat`'s flags.
 const PF_KTHREAD: u64 = 0x0020_0000;
 /// Yama's setting: who may ptrace (and so read the memory of) whom.
@@ -27,8 +25,7 @@ pub fn why_denied(pid: i32) -> String {
                 (kernel.yama.ptrace_scope = 3; only a reboot lowers it)"
             .to_string();
     }
-    let own = status_field("self", "CapEff:").and_then(|c| u64::from_str_radix(&c, 16).ok());
-    let ptrace_cap = own.is_some_and(|c| c & (1 << CAP_SYS_PTRACE) != 0);
+    let ptrace_cap = super::has_ptrace_capability() == Some(true);
     let own_uid = status_field("self", "Uid:").and_then(|u| first_number(&u));
     let target_uid = status_field(&pid.to_string(), "Uid:").and_then(|u| first_number(&u));
     if !ptrace_cap {
@@ -69,15 +66,9 @@ pub fn why_denied(pid: i32) -> String {
 
 /// Whether `pid` is a kernel thread (by its stat flags).
 fn is_kernel_thread(pid: i32) -> bool {
-    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    // Fields after the command name (which may hold spaces and parentheses): state is the
-    // first, flags the seventh.
-    stat.rfind(')')
-        .and_then(|close| stat.get(close + 2..))
-        .and_then(|rest| rest.split(' ').nth(6))
-        .and_then(|f| f.parse::<u64>().ok())
+    // Flags are field 9, the seventh after the command name.
+    super::stat_after_command(pid)
+        .and_then(|rest| rest.split_whitespace().nth(9 - 3)?.parse::<u64>().ok())
         .is_some_and(|flags| flags & PF_KTHREAD != 0)
 }
 

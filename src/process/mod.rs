@@ -337,15 +337,21 @@ pub fn start_time(pid: i32) -> Option<u64> {
 /// A process's parent pid and start time (clock ticks since boot), from one read of
 /// `/proc/PID/stat`.
 pub fn parent_and_start(pid: i32) -> Option<(i32, u64)> {
-    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
-    let close = stat.iter().rposition(|&b| b == b')')?;
-    let rest = std::str::from_utf8(stat.get(close + 2..)?).ok()?;
+    let rest = stat_after_command(pid)?;
     // Fields after the command name start at field 3 (state); the parent is field 4, the
     // start time field 22.
     let mut fields = rest.split_whitespace();
     let ppid = fields.nth(4 - 3)?.parse().ok()?;
     let start = fields.nth(22 - 4 - 1)?.parse().ok()?;
     Some((ppid, start))
+}
+
+/// `/proc/PID/stat` from field 3 (the state) on: the command name before it is in parentheses
+/// and may hold anything, spaces and parentheses included.
+pub fn stat_after_command(pid: i32) -> Option<String> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    String::from_utf8(stat.get(close + 2..)?.to_vec()).ok()
 }
 
 /// This process's resident memory in bytes (`/proc/self/statm`).
