@@ -79,23 +79,19 @@ pub fn create_last_component(dir: &std::path::Path) -> Result<(), String> {
         Err(_) => {}
     }
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-        match std::fs::metadata(parent) {
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => {
-                return Err(format!(
-                    "{shown}: {} is a file, not a directory",
-                    parent.display()
-                ))
-            }
-            Err(_) => {
-                return Err(format!(
-                    "{shown}: its parent directory {} does not exist",
-                    parent.display()
-                ))
-            }
-        }
+        existing_directory(parent).map_err(|e| format!("{shown}: {e}"))?;
     }
     std::fs::create_dir(dir).map_err(|e| format!("{shown}: cannot create it: {e}"))
+}
+
+/// That `dir` exists and is a directory, or what is wrong, in words ("directory /x does not
+/// exist", "/x is a file, not a directory").
+pub fn existing_directory(dir: &std::path::Path) -> Result<(), String> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(format!("{} is a file, not a directory", dir.display())),
+        Err(_) => Err(format!("directory {} does not exist", dir.display())),
+    }
 }
 
 /// Whether the first bytes of an existing file are a profile pyfleet could have written in

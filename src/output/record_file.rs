@@ -95,21 +95,8 @@ impl RecordFile {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        match fs::metadata(&dir) {
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => {
-                return Err(format!(
-                    "cannot write the output {shown}: {} is a file, not a directory",
-                    dir.display()
-                ))
-            }
-            Err(_) => {
-                return Err(format!(
-                    "cannot write the output {shown}: directory {} does not exist",
-                    dir.display()
-                ))
-            }
-        }
+        super::existing_directory(&dir)
+            .map_err(|e| format!("cannot write the output {shown}: {e}"))?;
         match fs::symlink_metadata(path) {
             Ok(m) if m.is_dir() => {
                 return Err(format!(
