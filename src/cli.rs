@@ -279,13 +279,10 @@ fn list(matches: &[String]) -> Result<()> {
 }
 
 fn positive_seconds(s: &str) -> Result<f64, String> {
-    match s.parse::<pyfleet::config::Seconds>()? {
-        pyfleet::config::Seconds(v) if v > 0.0 && v.is_finite() && v < 1e9 => Ok(v),
-        _ => Err(format!(
-            "'{}' is not a positive length of time",
-            s.escape_debug()
-        )),
-    }
+    let d = s
+        .parse::<pyfleet::config::Seconds>()?
+        .positive("duration")?;
+    Ok(d.as_secs_f64())
 }
 
 /// How far up `bench_consent` follows a target's parents.

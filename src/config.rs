@@ -43,6 +43,20 @@ impl std::str::FromStr for Seconds {
     }
 }
 
+impl Seconds {
+    /// The length as a `Duration` when it is positive and finite (under 10^9 s), else the
+    /// one-line error for option `--name`.
+    pub fn positive(self, name: &str) -> Result<Duration, String> {
+        let v = self.0;
+        if !(v.is_finite() && v > 0.0 && v < 1e9) {
+            return Err(format!(
+                "--{name} must be a positive length of time (got {v} s)"
+            ));
+        }
+        Ok(Duration::from_secs_f64(v))
+    }
+}
+
 impl<'de> Deserialize<'de> for Seconds {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
@@ -167,13 +181,7 @@ pub fn parse_roles(names: &[String]) -> Result<Vec<Role>, String> {
 }
 
 fn seconds(name: &str, v: Option<Seconds>, default: f64) -> Result<Duration, String> {
-    let v = v.map_or(default, |s| s.0);
-    if !(v.is_finite() && v > 0.0 && v < 1e9) {
-        return Err(format!(
-            "--{name} must be a positive number of seconds (got {v})"
-        ));
-    }
-    Ok(Duration::from_secs_f64(v))
+    v.unwrap_or(Seconds(default)).positive(name)
 }
 
 impl RunOptions {

@@ -132,11 +132,11 @@ fn plan(mut o: RecordOptions) -> Result<Plan> {
     )?;
     let rate = RatePolicy::new(o.rate, RECORD_MAX_CPU_PERCENT)?;
     let mode: Mode = o.mode.parse()?;
-    let duration = match o.duration {
-        Some(Seconds(d)) if d.is_finite() && d > 0.0 && d < 1e9 => Some(Duration::from_secs_f64(d)),
-        Some(Seconds(d)) => bail!("--duration must be a positive length of time (got {d} s)"),
-        None => None,
-    };
+    let duration = o
+        .duration
+        .map(|d| d.positive("duration"))
+        .transpose()
+        .map_err(|e| anyhow!(e))?;
     if o.wait && o.matches.is_empty() {
         bail!("--wait goes with --match (it waits for a matching process to start)");
     }
