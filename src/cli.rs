@@ -217,37 +217,12 @@ fn dump(pid: i32, json: bool, blocking: bool) -> Result<()> {
 }
 
 fn list(matches: &[String]) -> Result<()> {
-    use pyfleet_policies::{Family, ProcessFacts, PythonFacts, Role};
+    use pyfleet_actors::Discovery;
+    use pyfleet_policies::Role;
     let own = Some(std::process::id() as i32);
     let policy = MatchPolicy::new(matches, [] as [&str; 0], &[], own)?;
-    // Roles come from every Python process (a worker's master may not match).
-    let everything = MatchPolicy::new([] as [&str; 0], [] as [&str; 0], &[], own)?;
-    let all = pyfleet::discovery::scan(&everything);
-    let parents: Vec<(i32, i32)> = pyfleet::process::all_pids()
-        .into_iter()
-        .filter_map(|pid| Some((pid, pyfleet::process::parent_and_start(pid)?.0)))
-        .collect();
-    let family = Family::new(
-        parents,
-        all.iter()
-            .map(|p| PythonFacts {
-                pid: p.pid,
-                ppid: p.ppid,
-                name: pyfleet_policies::short_name(&p.argv, &p.exe_name),
-                multiprocessing_child: pyfleet_policies::is_multiprocessing_child(&p.argv),
-            })
-            .collect(),
-    );
-    let found: Vec<_> = all
-        .iter()
-        .filter(|p| {
-            policy.matches(&ProcessFacts {
-                pid: p.pid,
-                cmdline: &p.cmdline,
-                exe_name: &p.exe_name,
-            })
-        })
-        .collect();
+    // The daemon's own scan: the same processes, names and roles as it would list.
+    let found = pyfleet::fleet::HostDiscovery::new(policy).scan();
     outln!(
         "{:>7}  {:>7}  {:<9}  {:<24}  {:<6}  COMMAND",
         "PID",
@@ -258,7 +233,7 @@ fn list(matches: &[String]) -> Result<()> {
     );
     for p in &found {
         // Of its parent (PPID) for a worker.
-        let role = match family.role(p.pid) {
+        let role = match p.role {
             Role::Single => "-",
             r => r.as_str(),
         };
@@ -266,8 +241,8 @@ fn list(matches: &[String]) -> Result<()> {
             "{:>7}  {:>7}  {:<9}  {:<24}  {:<6}  {}",
             p.pid,
             p.ppid,
-            p.version.to_string(),
-            family.name(p.pid).unwrap_or("-"),
+            for_terminal(&p.python_version),
+            p.name,
             role,
             for_terminal(&p.cmdline)
         );

@@ -1,5 +1,6 @@
-//! Finding the Python processes on the host: the process source of `pyfleet list` and of the
-//! fleet supervisor. A process counts as Python when `_PyRuntime` is found in it and its
+//! Probing a process: is it Python, and which version. The host scan
+//! ([`HostDiscovery`](crate::fleet::HostDiscovery), shared by `list`, `record` and the daemon)
+//! probes each new process with it. A process counts as Python when `_PyRuntime` is found in it and its
 //! version can be read; processes that vanish or refuse us while we look are skipped.
 //!
 //! A probe reads files a target names and its memory: hostile input. Each runs on a thread
@@ -12,8 +13,7 @@
 use crate::binary;
 use crate::cpython::{self, Version};
 use crate::memory::ProcessMemory;
-use crate::process::{self, Process};
-use pyfleet_policies::{MatchPolicy, ProcessFacts};
+use crate::process::Process;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -47,10 +47,6 @@ pub struct PythonProcess {
     pub version: Version,
     /// Arguments joined by spaces (untrusted: escape before display).
     pub cmdline: String,
-    /// The arguments (untrusted).
-    pub argv: Vec<String>,
-    /// The parent's pid (0 if unknown).
-    pub ppid: i32,
     /// The executable's file name.
     pub exe_name: String,
 }
@@ -82,9 +78,7 @@ pub fn probe(pid: i32) -> Option<PythonProcess> {
     }
     let loc = binary::locate_runtime(&p).ok()?;
     let version = cpython::detect_version(&ProcessMemory::new(pid), &loc, pid).ok()?;
-    let argv = p.cmdline().ok()?;
-    let cmdline = argv.join(" ");
-    let ppid = process::parent_and_start(pid).map_or(0, |(ppid, _)| ppid);
+    let cmdline = p.cmdline().ok()?.join(" ");
     let exe_name = p
         .exe()
         .ok()
@@ -94,8 +88,6 @@ pub fn probe(pid: i32) -> Option<PythonProcess> {
         pid,
         version,
         cmdline,
-        argv,
-        ppid,
         exe_name,
     })
 }
@@ -195,25 +187,6 @@ fn probe_many_with(
 /// Probes given up on whose thread is still running.
 pub fn stuck_probes() -> usize {
     STUCK.load(Ordering::Relaxed)
-}
-
-/// Every Python process on the host that the policy matches, in pid order (a process whose
-/// probe does not return within [`PROBE_DEADLINE`] is left out).
-pub fn scan(policy: &MatchPolicy) -> Vec<PythonProcess> {
-    probe_many(&process::all_pids(), PROBE_DEADLINE)
-        .into_iter()
-        .filter_map(|probed| match probed {
-            Probed::Python(p) => Some(p),
-            _ => None,
-        })
-        .filter(|p| {
-            policy.matches(&ProcessFacts {
-                pid: p.pid,
-                cmdline: &p.cmdline,
-                exe_name: &p.exe_name,
-            })
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -211,6 +211,7 @@ impl Discovery for HostDiscovery {
             }
             found.push(ProcessInfo {
                 pid,
+                ppid: parent_of.get(&pid).copied().unwrap_or(0),
                 start_time: start,
                 name: family
                     .name(pid)

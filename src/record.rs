@@ -359,7 +359,12 @@ pub fn run(opts: RecordOptions) -> Result<()> {
 /// With `--match`: returns once a process matches. Without `--wait` that is now or never: a
 /// scan that finds nothing is an error (the user sees it at once, not after the duration).
 fn await_match(plan: &Plan) -> Result<()> {
-    let found = || !pyfleet::discovery::scan(&plan.policy).is_empty();
+    use pyfleet_actors::Discovery;
+    // What the fleet would list: the same scan, rules and roles.
+    let mut discovery = HostDiscovery::new(plan.policy.clone())
+        .with_subprocesses(plan.subprocesses)
+        .excluding_roles(&plan.exclude_roles);
+    let mut found = || !discovery.scan().is_empty();
     if found() {
         return Ok(());
     }

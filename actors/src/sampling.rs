@@ -430,6 +430,7 @@ mod tests {
     /// A process's info and sampler settings for a test slot (batches only at the end).
     fn slot_args(pid: i32, name: &str) -> (ProcessInfo, SamplerSettings) {
         let info = ProcessInfo {
+            ppid: 1,
             role: pyfleet_policies::Role::Single,
             pid,
             name: name.to_string(),
@@ -589,6 +590,7 @@ mod tests {
             panic_at: None,
         };
         let info = ProcessInfo {
+            ppid: 1,
             role: pyfleet_policies::Role::Single,
             pid: 5,
             name: "late".to_string(),

@@ -14,6 +14,8 @@ use std::sync::Arc;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcessInfo {
     pub pid: i32,
+    /// The parent's pid (0 if unknown).
+    pub ppid: i32,
     /// Short name, already sanitised (it becomes the `process` metric label and part of file
     /// names).
     pub name: String,

@@ -84,6 +84,7 @@ impl FakeProc {
     pub fn new(pid: i32, name: &str, threads: Vec<(ThreadStatus, u64)>) -> Self {
         FakeProc {
             info: ProcessInfo {
+                ppid: 1,
                 pid,
                 name: name.to_string(),
                 role: pyfleet_policies::Role::Single,
