@@ -169,14 +169,12 @@ impl Discovery for HostDiscovery {
                 .unwrap_or_default();
             python.push((pid, start, version, argv, exe_name));
         }
-        let parent_of: HashMap<i32, i32> = parents.iter().copied().collect();
         let family = Family::new(
             parents,
             python
                 .iter()
                 .map(|(pid, _, _, argv, exe_name)| PythonFacts {
                     pid: *pid,
-                    ppid: parent_of.get(pid).copied().unwrap_or(0),
                     name: short_name(argv, exe_name),
                     multiprocessing_child: is_multiprocessing_child(argv),
                 })
@@ -211,7 +209,7 @@ impl Discovery for HostDiscovery {
             }
             found.push(ProcessInfo {
                 pid,
-                ppid: parent_of.get(&pid).copied().unwrap_or(0),
+                ppid: family.parent(pid).unwrap_or(0),
                 start_time: start,
                 name: family
                     .name(pid)

@@ -76,7 +76,6 @@ impl FromStr for Role {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PythonFacts {
     pub pid: i32,
-    pub ppid: i32,
     /// Its short name (see [`short_name`](crate::short_name)).
     pub name: String,
     /// Started by multiprocessing (`python -c "from multiprocessing..."`).
@@ -94,8 +93,8 @@ pub struct Family {
 }
 
 impl Family {
-    /// `parents`: (pid, parent pid) of every process the caller saw; `python`: the Python
-    /// processes among them.
+    /// `parents`: (pid, parent pid) of every process the caller saw, Python or not; `python`:
+    /// the Python processes among them.
     pub fn new(parents: impl IntoIterator<Item = (i32, i32)>, python: Vec<PythonFacts>) -> Self {
         let mut f = Family {
             parents: parents.into_iter().collect(),
@@ -103,9 +102,6 @@ impl Family {
             names: HashMap::new(),
             masters: HashSet::new(),
         };
-        for p in f.python.values() {
-            f.parents.entry(p.pid).or_insert(p.ppid);
-        }
         let names: HashMap<i32, String> = f
             .python
             .keys()
@@ -114,9 +110,9 @@ impl Family {
         f.names = names;
         let masters: HashSet<i32> = f
             .python
-            .values()
-            .filter(|p| f.same_name_as_parent(p.pid))
-            .map(|p| p.ppid)
+            .keys()
+            .filter(|&&pid| f.same_name_as_parent(pid))
+            .filter_map(|pid| f.parents.get(pid).copied())
             .collect();
         f.masters = masters;
         f
@@ -162,13 +158,14 @@ impl Family {
     }
 
     fn same_name_as_parent(&self, pid: i32) -> bool {
-        let Some(p) = self.python.get(&pid) else {
+        let Some(&parent) = self.parents.get(&pid) else {
             return false;
         };
-        self.python.contains_key(&p.ppid)
-            && p.ppid != pid
+        self.python.contains_key(&pid)
+            && self.python.contains_key(&parent)
+            && parent != pid
             && self.names.contains_key(&pid)
-            && self.names.get(&pid) == self.names.get(&p.ppid)
+            && self.names.get(&pid) == self.names.get(&parent)
     }
 
     fn resolve_name(&self, pid: i32) -> String {
@@ -200,24 +197,33 @@ impl Family {
 mod tests {
     use super::*;
 
-    fn py(pid: i32, ppid: i32, name: &str, mp: bool) -> PythonFacts {
-        PythonFacts {
-            pid,
-            ppid,
-            name: name.into(),
-            multiprocessing_child: mp,
-        }
+    /// A family of the processes `others` (pid, parent) and the Python processes `python`
+    /// (pid, parent, name, started by multiprocessing).
+    fn family(others: &[(i32, i32)], python: &[(i32, i32, &str, bool)]) -> Family {
+        let parents = others
+            .iter()
+            .copied()
+            .chain(python.iter().map(|&(pid, ppid, ..)| (pid, ppid)));
+        let facts = python
+            .iter()
+            .map(|&(pid, _, name, mp)| PythonFacts {
+                pid,
+                name: name.into(),
+                multiprocessing_child: mp,
+            })
+            .collect();
+        Family::new(parents, facts)
     }
 
     #[test]
     fn a_prefork_server_has_one_master_and_its_workers() {
-        let f = Family::new(
-            [(1, 0), (10, 1)],
-            vec![
-                py(100, 10, "gunicorn", false),
-                py(101, 100, "gunicorn", false),
-                py(102, 100, "gunicorn", false),
-                py(200, 10, "batch", false),
+        let f = family(
+            &[(1, 0), (10, 1)],
+            &[
+                (100, 10, "gunicorn", false),
+                (101, 100, "gunicorn", false),
+                (102, 100, "gunicorn", false),
+                (200, 10, "batch", false),
             ],
         );
         assert_eq!(f.role(100), Role::Master);
@@ -231,14 +237,14 @@ mod tests {
     fn multiprocessing_children_take_their_program_s_name() {
         // spawn: children of the script; forkserver: children of the server, itself a child
         // of the script; the resource tracker too.
-        let f = Family::new(
-            [(50, 1)],
-            vec![
-                py(60, 50, "mpjob", false),
-                py(61, 60, "python-c", true),
-                py(62, 60, "python-c", true),
-                py(63, 62, "python-c", true),
-                py(64, 60, "python-c", false),
+        let f = family(
+            &[(50, 1)],
+            &[
+                (60, 50, "mpjob", false),
+                (61, 60, "python-c", true),
+                (62, 60, "python-c", true),
+                (63, 62, "python-c", true),
+                (64, 60, "python-c", false),
             ],
         );
         for pid in [61, 62, 63] {
@@ -256,15 +262,15 @@ mod tests {
 
     #[test]
     fn descendants_through_any_process_and_bounded() {
-        let f = Family::new(
-            [(2, 1), (3, 2), (4, 3)],
-            vec![py(1, 0, "app", false), py(4, 3, "tool", false)],
+        let f = family(
+            &[(2, 1), (3, 2), (4, 3)],
+            &[(1, 0, "app", false), (4, 3, "tool", false)],
         );
         let set: HashSet<i32> = [1].into();
         assert!(f.descends_from(4, &set));
         assert!(!f.descends_from(1, &set), "not its own descendant");
         // A cycle in a (hostile, or racy) parent table ends.
-        let cyc = Family::new([(7, 8), (8, 7)], vec![py(7, 8, "x", true)]);
+        let cyc = family(&[(7, 8), (8, 7)], &[(7, 8, "x", true)]);
         assert!(!cyc.descends_from(7, &[99].into()));
         assert_eq!(cyc.name(7), Some("x"));
         assert_eq!("master".parse::<Role>(), Ok(Role::Master));
