@@ -76,8 +76,11 @@ pub enum Command {
     /// descendant of the shell that runs it.
     Bench {
         /// The process to sample (repeatable with `--floor --rate`: the fleet floor).
-        #[arg(long, short, required = true)]
+        #[arg(long, short, value_name = "PID", required_unless_present = "bare_pids")]
         pid: Vec<i32>,
+        /// The same as --pid, as py-spy users type it: `pyfleet bench 4242`.
+        #[arg(value_name = "PID", conflicts_with = "pid")]
+        bare_pids: Vec<i32>,
         /// With --floor: pace the bare reads at this many rounds per second over every --pid,
         /// as the daemon paces its samples, and report CPU percent of one core (the floor of
         /// a fleet at that rate).
@@ -138,6 +141,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::List { matches } => list(&matches),
         Command::Bench {
             pid,
+            bare_pids,
             rate,
             duration,
             no_frame_cache,
@@ -147,7 +151,7 @@ pub fn run(cli: Cli) -> Result<()> {
             floor,
             json,
             yes,
-        } => match (pid.as_slice(), rate) {
+        } => match ([pid, bare_pids].concat().as_slice(), rate) {
             (pids, Some(rate)) if floor => fleet_floor(pids, rate, duration, json),
             (_, Some(_)) => anyhow::bail!("--rate goes with --floor"),
             ([pid], None) => {
@@ -397,10 +401,14 @@ fn bench(
         if !floor {
             let secs = wall.as_secs_f64();
             outln!(
-                "what it cost: {} samples of process {pid} in {secs:.1} s ({:.0} a second), {} \
-                 writes to it (the 3.15 marker), {:.2} s of pyfleet's CPU",
+                "what it cost: {} samples of process {pid} in {secs:.1} s ({:.0} a second), \
+                 {:.0} MB read from its memory, {} writes to it (the 3.15 marker), {:.2} s of \
+                 pyfleet's CPU. The target was never stopped, but reads back to back slow a \
+                 busy one (measured: to about two thirds of its speed; README, \"What bench \
+                 costs\")",
                 st.samples,
                 st.samples as f64 / secs.max(1e-9),
+                st.remote_read_bytes as f64 / 1e6,
                 st.marker_writes,
                 cpu_ns as f64 / 1e9
             );

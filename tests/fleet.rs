@@ -215,21 +215,23 @@ fn gunicorn_fleet_under_load_with_a_killed_worker() {
         handler_seen,
         "no snapshot shows the WSGI handler's functions"
     );
-    for pid in workers15
-        .iter()
-        .chain(&workers11)
-        .chain([&replacement, &g15.pid(), &g11.pid()])
-    {
+    // Each process's file says its role: a master and its workers are told apart by name.
+    let masters = [g15.pid(), g11.pid()];
+    let worker_pids = workers15.iter().chain(&workers11).chain([&replacement]);
+    let named = worker_pids
+        .map(|pid| (*pid, "worker"))
+        .chain(masters.iter().map(|pid| (*pid, "master")));
+    for (pid, role) in named {
         assert!(
-            files_seen.contains(&format!("gunicorn-{pid}.folded")),
-            "no snapshot of gunicorn pid {pid} (replacement {replacement}, killed {victim}): {files_seen:?}"
+            files_seen.contains(&format!("gunicorn-{role}-{pid}.folded")),
+            "no snapshot of gunicorn {role} {pid} (replacement {replacement}, killed {victim}): {files_seen:?}"
         );
     }
     // Both Python versions' workers were sampled (their folded files have stacks).
     let last_with = |pid: i32| {
         dirs.iter()
             .rev()
-            .find_map(|d| fs::read_to_string(d.join(format!("gunicorn-{pid}.folded"))).ok())
+            .find_map(|d| fs::read_to_string(d.join(format!("gunicorn-worker-{pid}.folded"))).ok())
     };
     let w11 = *workers11.iter().next().unwrap();
     assert!(

@@ -443,6 +443,14 @@ fn first_mistakes_get_one_line_and_touch_nothing() {
     // bench asks before it samples a process this shell did not start (pid 1) flat out.
     let out = pyfleet(&["bench", "--pid", "1", "--duration", "1"]);
     assert_error_contract(&out, Some("--yes"));
+    // On a process this test started (pyfleet's parent's descendant) it needs no --yes, takes
+    // a bare pid, and says what it cost.
+    let out = pyfleet(&["bench", &pid, "--duration", "0.3"]);
+    assert!(
+        out.success() && out.stdout.contains("what it cost: ") && out.stdout.contains(" MB read"),
+        "{}",
+        out.describe()
+    );
     // dump takes a bare pid, as py-spy users type it.
     let out = pyfleet(&["dump", &pid]);
     assert!(

@@ -42,7 +42,8 @@ fn load(port: u16, path: &'static str, stop: Arc<AtomicBool>) -> std::thread::Jo
     })
 }
 
-/// The pids at the roots of folded stacks (`<name>-<pid>;...`), with their names.
+/// The pids at the roots of folded stacks (`<name>-<pid>;...`, `<name>-<role>-<pid>;...`),
+/// with the rest of the root (`<name>` or `<name>-<role>`).
 fn roots(folded: &str) -> BTreeMap<i32, String> {
     folded
         .lines()
@@ -145,6 +146,10 @@ fn gunicorn_with_the_defaults_and_its_roles() {
     let seen = roots(&fs::read_to_string(&folded).unwrap());
     let seen_pids: BTreeSet<i32> = seen.keys().copied().collect();
     assert_eq!(seen_pids, workers, "{}", out.describe());
+    assert!(
+        seen.values().all(|name| name == "gunicorn-worker"),
+        "workers are named by their role: {seen:?}"
+    );
 
     stop.store(true, Ordering::Relaxed);
     let served: u64 = loaders.into_iter().map(|l| l.join().unwrap()).sum();
@@ -195,7 +200,7 @@ fn multiprocessing_workers_of_every_start_method() {
         for w in &workers {
             assert_eq!(
                 seen.get(w).map(String::as_str),
-                Some("mpjob"),
+                Some("mpjob-worker"),
                 "[{method}] worker {w} not sampled as mpjob: {seen:?}\n{}",
                 run.describe()
             );

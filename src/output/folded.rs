@@ -58,9 +58,14 @@ pub fn process_lines(p: &ProcessProfile, prefix: Option<&str>) -> Vec<(String, u
     merged.into_iter().collect()
 }
 
-/// The root frame of a process in fleet-wide stacks: `<process>-<pid>`.
+/// The root frame of a process in fleet-wide stacks and the stem of its snapshot file:
+/// `<process>-<pid>`, or `<process>-master-<pid>` / `<process>-worker-<pid>` for a process
+/// in a family (a master and its workers sort together and are told apart by name).
 pub fn process_root(p: &ProcessProfile) -> String {
-    format!("{}-{}", p.name, p.pid)
+    match p.role {
+        pyfleet_policies::Role::Single => format!("{}-{}", p.name, p.pid),
+        role => format!("{}-{role}-{}", p.name, p.pid),
+    }
 }
 
 /// The folded stacks of a whole snapshot, each rooted at its process's
@@ -144,5 +149,20 @@ mod tests {
             assert!(n.parse::<u64>().is_ok(), "{l}");
             assert!(!stack.is_empty());
         }
+    }
+
+    #[test]
+    fn a_family_member_is_named_by_its_role() {
+        let mut p = ProcessProfile {
+            pid: 12,
+            name: "gunicorn".into(),
+            role: pyfleet_policies::Role::Single,
+            samples: vec![],
+        };
+        assert_eq!(process_root(&p), "gunicorn-12");
+        p.role = pyfleet_policies::Role::Master;
+        assert_eq!(process_root(&p), "gunicorn-master-12");
+        p.role = pyfleet_policies::Role::Worker;
+        assert_eq!(process_root(&p), "gunicorn-worker-12");
     }
 }

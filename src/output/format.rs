@@ -3,7 +3,8 @@
 //!
 //! Owns the format names (`--format`, `--snapshot-format`), the file-name extensions that
 //! select them, and what every format renders: the whole snapshot, every process in it. In the
-//! folded and SVG renditions each stack is rooted at a `<process>-<pid>` frame (as a
+//! folded and SVG renditions each stack is rooted at its process's frame
+//! ([`folded::process_root`]: `<process>-<pid>`, `<process>-worker-<pid>`...) (as a
 //! snapshot's `all.folded` and `flamegraph.svg`); speedscope has one profile per process;
 //! pprof carries the process and pid as labels. Must not do I/O: callers write the bytes.
 

@@ -224,7 +224,7 @@ impl SnapshotWriter for RecordFile {
     fn apply_retention(&self) {}
 }
 
-/// Adds `window` to `acc`: processes by (pid, name), samples by (status, frames), each
+/// Adds `window` to `acc`: processes by (pid, name) with the window's role, samples by (status, frames), each
 /// process's samples kept highest count first, processes by pid.
 pub fn merge(acc: &mut Snapshot, window: &Snapshot) {
     acc.taken_at = window.taken_at.max(acc.taken_at);
@@ -239,13 +239,15 @@ pub fn merge(acc: &mut Snapshot, window: &Snapshot) {
                 acc.processes.push(ProcessProfile {
                     pid: p.pid,
                     name: p.name.clone(),
-                    role: pyfleet_policies::Role::Single,
+                    role: p.role,
                     samples: Vec::new(),
                 });
                 acc.processes.len() - 1
             }
         };
         let target = &mut acc.processes[i];
+        // A process's role can change (its parent exits): the latest window's is kept.
+        target.role = p.role;
         let mut index: HashMap<(ThreadStatus, &[pyfleet_actors::FrameInfo]), usize> =
             HashMap::new();
         let mut added: Vec<(usize, u64)> = Vec::new();
@@ -298,6 +300,21 @@ mod tests {
                 )],
             }],
         }
+    }
+
+    #[test]
+    fn a_recording_keeps_each_process_role() {
+        let mut acc = window(0, 9, "a", 0);
+        acc.processes.clear();
+        let mut w = window(1, 9, "a", 2);
+        w.processes[0].role = pyfleet_policies::Role::Worker;
+        merge(&mut acc, &w);
+        assert_eq!(acc.processes[0].role, pyfleet_policies::Role::Worker);
+        // Its parent exited: the later window's role wins.
+        w.processes[0].role = pyfleet_policies::Role::Single;
+        merge(&mut acc, &w);
+        assert_eq!(acc.processes[0].role, pyfleet_policies::Role::Single);
+        assert_eq!(acc.processes[0].total(), 4);
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Snapshots on disk: `<out>/<UTC time the window ended>/` holding `metadata.json` (the
 //! window's start and end, mode, rate, pyfleet's version, samples per process) and, for the
-//! formats chosen (`--snapshot-format`, default folded and svg): `<process>-<pid>.folded` per
-//! process with samples and the fleet-wide `all.folded` (each stack rooted at
-//! `<process>-<pid>`) for folded, `flamegraph.svg` for svg, `profile.speedscope.json` (one
+//! formats chosen (`--snapshot-format`, default folded and svg): `<root>.folded` per process
+//! with samples (`<root>` is [`folded::process_root`]: `<process>-<pid>`, or with the role
+//! for a master and its workers) and the fleet-wide `all.folded` (each stack rooted at
+//! `<root>`) for folded, `flamegraph.svg` for svg, `profile.speedscope.json` (one
 //! profile per process) for speedscope and `profile.pb.gz` (the process as a label) for pprof.
 //! No file is empty: a folded file with no stack is not written (`metadata.json` says the
 //! window had no samples).

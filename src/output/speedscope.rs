@@ -1,5 +1,5 @@
 //! speedscope's JSON file format (the one speedscope.app loads, described by its published
-//! `file-format-schema.json`): one `sampled` profile per process, named `<process>-<pid>`,
+//! `file-format-schema.json`): one `sampled` profile per process, named as its folded root,
 //! whose samples are stacks of indices into one shared frame table (root first), weighted by
 //! their counts (unit `none`: the weights are sample counts, the same numbers as the folded
 //! output's).
