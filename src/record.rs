@@ -366,6 +366,7 @@ fn await_match(plan: &Plan) -> Result<()> {
         .excluding_roles(&plan.exclude_roles);
     let mut found = || !discovery.scan().is_empty();
     if found() {
+        note_left_out_subprocesses(plan);
         return Ok(());
     }
     let what = pyfleet::output::for_terminal(&plan.matches.join("|")).into_owned();
@@ -379,9 +380,54 @@ fn await_match(plan: &Plan) -> Result<()> {
     loop {
         std::thread::sleep(WAIT_POLL);
         if found() {
+            note_left_out_subprocesses(plan);
             return Ok(());
         }
     }
+}
+
+/// Without `--subprocesses`: says so when matched processes have Python descendants that do
+/// not match (uvicorn's and multiprocessing's workers run `python -c ...`), since a
+/// recording of a master that only waits would otherwise be empty without a word why.
+fn note_left_out_subprocesses(plan: &Plan) {
+    use pyfleet_actors::Discovery;
+    if plan.subprocesses {
+        return;
+    }
+    let scan = |subprocesses| {
+        HostDiscovery::new(plan.policy.clone())
+            .with_subprocesses(subprocesses)
+            .excluding_roles(&plan.exclude_roles)
+            .scan()
+            .into_iter()
+            .map(|p| p.pid)
+            .collect::<std::collections::BTreeSet<i32>>()
+    };
+    let matched = scan(false);
+    let left_out: Vec<String> = scan(true)
+        .difference(&matched)
+        .map(i32::to_string)
+        .collect();
+    if left_out.is_empty() {
+        return;
+    }
+    let n = left_out.len();
+    let (es, does, s) = if n == 1 {
+        ("", "does", "")
+    } else {
+        ("es", "do", "s")
+    };
+    let shown = left_out
+        .iter()
+        .take(8)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    let more = if n > 8 { ", ..." } else { "" };
+    eprintln!(
+        "pyfleet: note: {n} Python process{es} started by the matched ones {does} not match \
+         (pid{s} {shown}{more}) and will not be recorded; --subprocesses takes them in"
+    );
 }
 
 /// The end line's word on failed samples: how many, what share of those attempted, and when

@@ -193,6 +193,24 @@ fn multiprocessing_workers_of_every_start_method() {
         ]);
         jobs.push((method, job, workers, out, rec));
     }
+    // Without --subprocesses, spawn's workers (`python -c ...`) do not match: record says so.
+    let (_, _, spawned, _, _) = &jobs[1];
+    let out = pyfleet(&[
+        "record",
+        "--match",
+        &format!("ready-{token}-spawn spawn"),
+        "--duration",
+        "0.5",
+        "-o",
+        &dir.path().join("alone.folded").display().to_string(),
+    ]);
+    assert!(out.success(), "{}", out.describe());
+    assert!(
+        out.stderr.contains("--subprocesses takes them in")
+            && spawned.iter().all(|w| out.stderr.contains(&w.to_string())),
+        "no note of the workers left out: {}",
+        out.describe()
+    );
     for (method, _job, workers, out, rec) in jobs {
         let run = rec.finish();
         assert!(run.success(), "[{method}] {}", run.describe());
