@@ -3,9 +3,16 @@
 //! iovecs, in an order that is part of the consistency contract), and where each key's bytes
 //! landed. See [`ReadPlan`] for the order and why.
 
-use super::{MERGE_GAP, PAGE};
 use crate::memory::{ReadRequest, RemoteMemory, STACK_IOVECS};
 use rustc_hash::FxHashMap;
+
+/// Granularity of the kernel's work in `process_vm_readv` (pinning and copying a page).
+pub(super) const PAGE: u64 = 4096;
+
+/// Ranges of a batch closer than this, or that start in the page where the one before ends,
+/// are read as one iovec: on a cold target each iovec costs the kernel about 0.5-0.75 µs
+/// (pinning its pages), a few KiB more of a page it pins anyway cost less.
+pub(super) const MERGE_GAP: u64 = 1024;
 
 /// What was prefetched, by what it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -16,7 +23,7 @@ pub(super) enum Key {
     Gil(u64),
     Tstate(u64),
     Region(u64),
-    /// The newest part of a data-stack region, read first (see [`top_split`](super::top_split)).
+    /// The newest part of a data-stack region, read first (see [`top_split`](super::next_read::top_split)).
     RegionTop(u64),
     Frame(u64),
     /// The validation fields of a code object (before 3.14).

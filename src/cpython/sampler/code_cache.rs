@@ -1,0 +1,233 @@
+//! The code-object cache: a bounded LRU (entries and bytes) keyed by address, loaded and
+//! validated in batches. 3.14+ validate entries with the interpreter's
+//! `code_object_generation`; older versions compare each object's fingerprint (name, file,
+//! line-table pointers) every sample, prefetched with the sample's batch.
+
+use super::*;
+
+/// Code objects loaded after a sample because a frame of theirs stopped the search for a top.
+pub(super) const MAX_CALLEE_CODES: usize = 4;
+
+/// Addresses remembered as no code object's (so that they are not read again each sample).
+pub(super) const MAX_NOT_CODE: usize = 64;
+
+/// Failed samples in a row after which the cached code objects are dropped and loaded again:
+/// an entry read while its object changed (or freed and reused with the same fingerprint)
+/// would otherwise fail, or mislabel, every sample it is in for as long as it is cached.
+pub(super) const FORGET_AFTER_FAILURES: u32 = 8;
+
+/// Most code objects loaded in one sample.
+pub(super) const MAX_CODES_PER_SAMPLE: usize = 1024;
+
+/// Most bytes of code objects (names, decoded line tables) one sampler keeps.
+pub(super) const MAX_CODE_CACHE_BYTES: usize = 8 << 20;
+
+pub(super) struct CodeEntry {
+    pub(super) function: FunctionId,
+    pub(super) info: Arc<CodeInfo>,
+    pub(super) fingerprint: u64,
+    /// Generation (3.14+) or sample epoch (older) when last known valid.
+    pub(super) valid_at: u64,
+}
+
+impl<M: RemoteMemory> Sampler<M> {
+    /// Makes sure every code object walked this sample is cached and valid: one batch of
+    /// validations, one batch of loads.
+    pub(super) fn resolve_codes(
+        &mut self,
+        b: &ReadPlan,
+        generation: u64,
+    ) -> Result<(), UnwindError> {
+        self.codes_changed = false;
+        let use_generation = self.layout.interp.code_object_generation.is_some();
+        let stamp = if use_generation {
+            generation
+        } else {
+            self.epoch
+        };
+        let (fp_lo, fp_len) = fingerprint_span(&self.layout);
+
+        // Distinct code objects of this sample, each counted once as a hit or a miss.
+        let mut distinct = std::mem::take(&mut self.spare.codes);
+        distinct.clear();
+        distinct.extend(
+            self.raws
+                .iter()
+                .filter(|r| !r.shim && r.code != 0)
+                .map(|r| r.code),
+        );
+        distinct.sort_unstable();
+        distinct.dedup();
+        let mut check = std::mem::take(&mut self.spare.check);
+        let mut load = std::mem::take(&mut self.spare.load);
+        check.clear();
+        load.clear();
+        for &a in &distinct {
+            match self.codes.peek(&a) {
+                Some(e) if e.valid_at == stamp => self.stats.code_cache_hits += 1,
+                Some(_) => check.push(a),
+                None => load.push(a),
+            }
+        }
+        if !check.is_empty() {
+            // Prefetched with the batch when the code object was in the last sample too.
+            let mut buf = std::mem::take(&mut self.spare.fingerprints);
+            buf.clear();
+            buf.resize(fp_len * check.len(), 0);
+            let mut unread = Vec::new();
+            for (i, (&a, slot)) in check.iter().zip(buf.chunks_exact_mut(fp_len)).enumerate() {
+                match b.get(Key::Code(a)) {
+                    Some(v) if v.len() == fp_len => slot.copy_from_slice(v),
+                    _ => unread.push(i),
+                }
+            }
+            if !unread.is_empty() {
+                let mut more = vec![0u8; fp_len * unread.len()];
+                read_chunks(
+                    &self.mem,
+                    unread
+                        .iter()
+                        .map(|&i| (check[i].wrapping_add(fp_lo), fp_len)),
+                    &mut more,
+                )?;
+                for (&i, v) in unread.iter().zip(more.chunks_exact(fp_len)) {
+                    buf[i * fp_len..(i + 1) * fp_len].copy_from_slice(v);
+                }
+            }
+            for (&a, fp) in check.iter().zip(buf.chunks_exact(fp_len)) {
+                let fp = fingerprint(fp);
+                let fresh = match self.codes.peek_mut(&a) {
+                    Some(e) if e.fingerprint == fp => {
+                        e.valid_at = stamp;
+                        true
+                    }
+                    _ => false,
+                };
+                if fresh {
+                    self.stats.code_cache_hits += 1;
+                } else {
+                    self.stats.stale_invalidations += 1;
+                    self.codes_changed = true;
+                    if let Some(e) = self.codes.pop(&a) {
+                        self.code_bytes = self.code_bytes.saturating_sub(entry_bytes(&e));
+                    }
+                    load.push(a);
+                }
+            }
+            self.spare.fingerprints = buf;
+        }
+        self.stats.code_cache_misses += load.len() as u64;
+        // Past the per-sample bound, the first ones are loaded and the sample fails: the
+        // next samples load the rest.
+        let over = load.len() > MAX_CODES_PER_SAMPLE;
+        load.truncate(MAX_CODES_PER_SAMPLE);
+        if !load.is_empty() {
+            self.check_budget()?;
+            let entries = self.read_code_entries(&load, stamp)?;
+            for (&a, entry) in load.iter().zip(entries) {
+                // Every frame but the interpreter's shims runs a code object: one that does
+                // not was read while it changed (its bytes are another frame's, or none), and
+                // the sample is read again or fails; it is never shortened.
+                self.cache_code(a, entry?);
+            }
+        }
+        self.spare.codes = std::mem::replace(&mut self.prev_codes, distinct);
+        self.spare.check = check;
+        self.spare.load = load;
+        match over {
+            true => Err(UnwindError::Budget("new code objects in one sample")),
+            false => Ok(()),
+        }
+    }
+
+    /// Reads code objects (what a stack needs of them, and their fingerprints) into cache
+    /// entries valid at `stamp`: one per address, or why it is no code object.
+    pub(super) fn read_code_entries(
+        &mut self,
+        addrs: &[u64],
+        stamp: u64,
+    ) -> Result<Vec<Result<CodeEntry, UnwindError>>, UnwindError> {
+        let codes = read_codes(&self.mem, &self.layout, self.code_type, addrs)?;
+        Ok(codes
+            .into_iter()
+            .map(|code| {
+                let LoadedCode { info, fingerprint } = code?;
+                let info = Arc::new(info);
+                Ok(CodeEntry {
+                    function: self.table.function(&info),
+                    info,
+                    fingerprint,
+                    valid_at: stamp,
+                })
+            })
+            .collect())
+    }
+
+    /// Loads, best effort, the code objects of frames that stopped the search for a top
+    /// (their size was unknown, see `walk`); what is no code object is remembered as such.
+    pub(super) fn load_callee_codes(&mut self) {
+        let mut pending = std::mem::take(&mut self.callee_codes);
+        pending.retain(|c| self.codes.peek(c).is_none());
+        if pending.is_empty() {
+            self.callee_codes = pending;
+            return;
+        }
+        // Stamped 0: validated as any cached one before its first use in a stack.
+        let entries: Vec<Option<_>> = match self.read_code_entries(&pending, 0) {
+            Ok(entries) => entries.into_iter().map(Some).collect(),
+            Err(_) => pending.iter().map(|_| None).collect(),
+        };
+        for (&a, entry) in pending.iter().zip(entries) {
+            match entry {
+                Some(Ok(entry)) => self.cache_code(a, entry),
+                _ => {
+                    if self.not_code.len() >= MAX_NOT_CODE {
+                        self.not_code.remove(0);
+                    }
+                    self.not_code.push(a);
+                }
+            }
+        }
+        pending.clear();
+        self.callee_codes = pending;
+    }
+
+    /// Drops every cached code object (and what was found to be none), with the threads'
+    /// caches that refer to them.
+    pub(super) fn forget_codes(&mut self) {
+        self.codes.clear();
+        self.code_bytes = 0;
+        self.prev_codes.clear();
+        self.not_code.clear();
+        self.threads.clear();
+    }
+
+    /// Caches a code object, the least recently used ones leaving first when the cache would
+    /// hold more than [`MAX_CODE_CACHE_BYTES`] (or its entry count).
+    pub(super) fn cache_code(&mut self, addr: u64, entry: CodeEntry) {
+        let size = entry_bytes(&entry);
+        while self.code_bytes + size > MAX_CODE_CACHE_BYTES {
+            match self.codes.pop_lru() {
+                Some((_, old)) => {
+                    self.code_bytes = self.code_bytes.saturating_sub(entry_bytes(&old))
+                }
+                None => break,
+            }
+        }
+        self.code_bytes += size;
+        if let Some((_, old)) = self.codes.push(addr, entry) {
+            self.code_bytes = self.code_bytes.saturating_sub(entry_bytes(&old));
+        }
+    }
+}
+
+/// What a cached code object costs in memory (roughly: its strings and decoded line table).
+pub(super) fn entry_bytes(e: &CodeEntry) -> usize {
+    let i = &e.info;
+    std::mem::size_of::<CodeEntry>()
+        + std::mem::size_of::<CodeInfo>()
+        + i.name.len()
+        + i.qualname.len()
+        + i.filename.len()
+        + i.lines.len() * std::mem::size_of::<crate::cpython::linetable::LineRange>()
+}

@@ -1,0 +1,1116 @@
+//! Frame walking: one thread's frames from its top to its entry frame, from the bytes the
+//! sample read where they hold them, reading again what they lack (at most [`MAX_READS`]
+//! reads of a thread per sample). The top is the frame the frames show as running
+//! ([`settle_top`]), not the pointer read a moment before; a walk that does not hold
+//! together is read again or fails, never spliced.
+
+use super::*;
+
+/// Room read above the top frame when a thread is read again because its stack moved: it
+/// keeps moving during the microseconds until that read.
+pub(super) const REREAD_GROWTH: u64 = 8192;
+
+/// Most reads of one thread per sample (see `Sampler::walk_consistent`).
+pub(super) const MAX_READS: u32 = 4;
+
+/// Most frames of one thread outside its data stack (generators', entry frames on the C
+/// stack; each may cost a read of its own): real stacks have a few dozen.
+pub(super) const MAX_OUTSIDE_FRAMES: usize = 1024;
+
+/// Most frames outside the data stack (generators, coroutines) prefetched per thread.
+pub(super) const MAX_OUTSIDE: usize = 64;
+
+/// Frames outside the data stack met by earlier reads, and not by the last one, prefetched.
+pub(super) const MAX_RECENT_OUTSIDE: usize = 16;
+
+/// What a thread's read lacked (see `Sampler::walk`).
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Missing {
+    /// This range of the current data-stack chunk.
+    pub(super) chunk: Option<(u64, u64)>,
+    /// The used parts of the older chunks.
+    pub(super) older: bool,
+}
+
+impl Missing {
+    pub(super) fn any(&self) -> bool {
+        self.chunk.is_some() || self.older
+    }
+}
+
+/// A frame walked (read from the target) this sample.
+#[derive(Clone, Copy)]
+pub(super) struct RawFrame {
+    pub(super) addr: u64,
+    pub(super) code: u64,
+    pub(super) previous: u64,
+    pub(super) instr: u64,
+    pub(super) shim: bool,
+    pub(super) generator: bool,
+    /// 3.11: the frame's `is_entry` (false on later versions).
+    pub(super) entry: bool,
+}
+
+impl<M: RemoteMemory> Sampler<M> {
+    /// Walks one thread's frames from one read of it: first the sample's batch; when the
+    /// stack is not all in it (it moved since the prediction) or does not hold together (it
+    /// moved during the read), the thread's state and every range its stack needs are read
+    /// again at once, in one syscall, at most [`MAX_READS`] times in all. Returns the thread
+    /// state the stack was read with.
+    pub(super) fn walk_consistent(
+        &mut self,
+        b: &ReadPlan,
+        mut ts: Tstate,
+    ) -> Result<(Tstate, Option<usize>), (u64, UnwindError)> {
+        let start = self.raws.len();
+        let mut own: Option<ReadPlan> = None;
+        let mut reads = 1;
+        loop {
+            // Without the pointer to the top (3.11/3.12: its C frame was not read), the
+            // frames read may still tell the top (see `settle_top`); not on 3.11, where a
+            // frame that resumed a generator (from C) runs, while the generator's frame, the
+            // top, lives outside the chunk.
+            let walked = match ts.top_unread && self.layout.frame.is_entry.is_some() {
+                true => Err(UnwindError::Moved("the current frame's C frame")),
+                false => self.walk(own.as_ref().unwrap_or(b), &ts),
+            };
+            let err = match walked {
+                Ok((tail, top)) => {
+                    if let Some(mut o) = own {
+                        o.clear();
+                        self.spare.reread = o;
+                    }
+                    ts.current_frame = top;
+                    return Ok((ts, tail));
+                }
+                Err(e) => e,
+            };
+            self.raws.truncate(start);
+            if reads >= MAX_READS || err.is_process_gone() {
+                return Err((ts.addr, err));
+            }
+            reads += 1;
+            self.stats.rereads += 1;
+            let addr = ts.addr;
+            if !matches!(err, UnwindError::Moved(_)) {
+                // Read, but not whole: the cache's prediction (marker, regions) may be what
+                // misled it. Next read: the whole used stack.
+                // (A chunk that cannot be read was freed meanwhile: the next read of the
+                // thread state names the current one.)
+                if let Some(tc) = self.threads.get_mut(&addr) {
+                    tc.marker = None;
+                    tc.chunk = 0;
+                    tc.regions.clear();
+                }
+                if self.chunks(&ts).is_ok() {
+                    if let Some(tc) = self.threads.get_mut(&addr) {
+                        let lo = ts.chunk.saturating_add(CHUNK_DATA);
+                        let hi = tc.chunk_end;
+                        if hi > lo {
+                            tc.regions.push((lo.max(hi.saturating_sub(MAX_REGION)), hi));
+                        }
+                        let older = std::mem::take(&mut tc.older);
+                        tc.regions.extend(older.iter().filter(|(s, e)| e > s));
+                        tc.older = older;
+                    }
+                }
+            }
+            let mut o = own
+                .take()
+                .unwrap_or_else(|| std::mem::take(&mut self.spare.reread));
+            o.clear();
+            if let Some(tc) = self.threads.get(&addr) {
+                self.predict_thread(&mut o, addr, tc, false);
+            } else {
+                self.predict_thread(&mut o, addr, &ThreadCache::default(), false);
+            }
+            if let Err(e) = self.check_budget() {
+                return Err((addr, e));
+            }
+            // Checked before reading: what this read would add (merged ranges cost no more).
+            let planned: usize = o.ranges.iter().map(|r| r.1).sum();
+            self.sample_bytes = self.sample_bytes.saturating_add(planned);
+            if self.sample_bytes > MAX_SAMPLE_BYTES {
+                return Err((addr, UnwindError::Budget("bytes read in one sample")));
+            }
+            o.fetch(&self.mem);
+            let (interp_id, order, holds_gil) = (ts.interp_id, ts.order, ts.holds_gil);
+            ts = match self.tstate(&o, addr, interp_id, order, false) {
+                Ok((t, _)) => Tstate { holds_gil, ..t },
+                Err(e) => return Err((addr, e)),
+            };
+            own = Some(o);
+        }
+    }
+
+    /// Walks one thread's frames into `self.raws`; returns the cached chain index from which
+    /// the rest of the stack is unchanged (3.15 marker), if any, and the top frame walked
+    /// from (see [`settle_top`]).
+    pub(super) fn walk(
+        &mut self,
+        b: &ReadPlan,
+        ts: &Tstate,
+    ) -> Result<(Option<usize>, u64), UnwindError> {
+        self.chunks(ts)?;
+        let f = self.layout.frame.clone();
+        let fsize = f.size as usize;
+        let tc = self.threads.entry(ts.addr).or_default();
+        tc.seen = self.epoch;
+        let last_top = tc.last_top;
+        // Which cached frame, if any, the marker proves unchanged.
+        let mut valid: Option<usize> = None;
+        if self.use_marker {
+            if let (Some((m, seq)), Some((wm, wseq, wi))) = (ts.marker, tc.marker) {
+                let k = seq.wrapping_sub(wseq) as usize;
+                let i = wi.checked_add(k).filter(|&i| i < tc.chain.len());
+                if let Some(i) = i.filter(|&i| tc.chain[i].addr == m && (k > 0 || m == wm)) {
+                    valid = Some(i);
+                }
+            }
+        }
+        let chain = std::mem::take(&mut tc.chain);
+        let chunk_lo = ts.chunk.saturating_add(CHUNK_DATA);
+        let chunk_hi = tc.chunk_end;
+        // Addresses are the target's: a garbage one near 2^64 must not wrap into the chunk.
+        let in_chunk =
+            |a: u64| a >= chunk_lo && a.checked_add(fsize as u64).is_some_and(|e| e <= chunk_hi);
+        let older = std::mem::take(&mut tc.older);
+
+        // The bytes we hold: the prefetched regions; more is read at the first miss.
+        let mut held = std::mem::take(&mut self.spare.held);
+        held.clear();
+        for &(s, e) in &tc.regions {
+            let m = top_split(s, e, tc.last_top);
+            if let Some((pos, len)) = b.locate(Key::Region(s)) {
+                held.push((s, pos, len));
+            }
+            if let Some(m) = m {
+                if let Some((pos, len)) = b.locate(Key::RegionTop(m)) {
+                    held.push((m, pos, len));
+                }
+            }
+        }
+        if let Some(e) = tc.entries {
+            if let Some((pos, len)) = b.locate(Key::Entries(e)) {
+                held.push((e.saturating_sub(ENTRY_WINDOW), pos, len));
+            }
+        }
+        let mut older_loaded = false;
+        let mut frame_buf = [0u8; 256];
+        let batch_buf = &b.buf;
+        let find = |held: &[(u64, usize, usize)], a: u64, out: &mut [u8]| {
+            held.iter()
+                .filter_map(|&(s, pos, len)| Some((s, batch_buf.get(pos..pos + len)?)))
+                .find_map(|(s, v)| {
+                    let off = a.checked_sub(s)? as usize;
+                    v.get(off..off.checked_add(out.len())?)
+                })
+                .map(|v| out.copy_from_slice(v))
+                .is_some()
+        };
+        // What `b` lacked of the data stack: the walk stops there, and the thread is read
+        // again whole, in one read (by `walk_consistent`); bytes read on their own later would
+        // splice two instants. Frames outside the data stack (a generator's, an entry frame on
+        // the C stack) are prefetched where the last reads found them, else read on their own:
+        // they change only when their generator or C call ends, and a chain through a stale
+        // one does not hold together.
+        let mut missing = Missing::default();
+
+        // The top as of the read of the frames, not of the pointer to it (read at another time).
+        let mut addr = ts.current_frame;
+        let unread = ts.top_unread;
+        // A paused thread's pointer is its top: nothing moved after it was read.
+        let stopped = self.pauser.is_some() || self.opts.target_stopped;
+        let settles = unread || !stopped;
+        let mut unknown_callee = None;
+        if settles {
+            let adaptive = self.layout.code.code_adaptive;
+            let codes = &self.codes;
+            let header = |a: u64| {
+                let mut buf = [0u8; 256];
+                let out = buf.get_mut(..fsize)?;
+                if !find(&held, a, out) {
+                    out.copy_from_slice(b.get(Key::Frame(a))?.get(..fsize)?);
+                }
+                let mut h = FrameHeader::parse(&f, a, out)?;
+                // A frame without locals has its stack pointer there while it waits on its
+                // callee with an empty stack too.
+                let known = codes.peek(&h.code);
+                if h.emptied && h.code != 0 && known.is_some_and(|e| !e.info.has_locals) {
+                    h.running = true;
+                }
+                // 3.14+ tell live frames by a code object that is set, which leftovers of
+                // older, larger frames (whatever values they held) mostly have too: a frame
+                // that names none of the chunk (an entry frame's callee) is believed live
+                // only with a code object already known.
+                if matches!(f.liveness, Liveness::ClearedCode(_))
+                    && !in_chunk(h.previous)
+                    && known.is_none()
+                {
+                    h.running = false;
+                }
+                Some(h)
+            };
+            let size_of = |h: &FrameHeader| {
+                let e = codes.peek(&h.code)?;
+                let size = u64::from(e.info.frame_bytes);
+                (size > 0).then(|| (size, e.info.resumed(h.code, adaptive, h.instr)))
+            };
+            // Whether a pointer not in the cache is a code object's (one read; `true` when the
+            // code type is not known).
+            let (mem, code_type) = (&self.mem, self.code_type);
+            let is_code = |c: u64| match code_type {
+                Some(ty) => mem.read_u64(c.wrapping_add(8)).is_ok_and(|t| t == ty),
+                None => true,
+            };
+            // A pointer to an entry frame on the C stack (3.12+): the C call's Python callee
+            // returned, and the eval loop is about to leave, or left already and its C stack
+            // was reused (the frame's owner overwritten: not a frame of this thread's data
+            // stack, nor a generator's or a frame object's). Either way the thread runs, or
+            // will, in the entry frame's caller: the top is settled from there.
+            let in_older = |a: u64| older.iter().any(|&(s, e)| a >= s && a < e);
+            if !unread && addr != 0 && !in_chunk(addr) {
+                if let Some(h) = header(addr).filter(|h| {
+                    h.shim || (h.owner == OWNED_BY_THREAD && !in_older(addr) && h.previous != 0)
+                }) {
+                    if in_chunk(h.previous) {
+                        addr = h.previous;
+                    }
+                }
+            }
+            if in_chunk(addr) || unread {
+                // Without the pointer (its C frame unread), every frame of the last sample.
+                let below = |a: u64| a < addr || unread;
+                let anchors = chain
+                    .iter()
+                    .map(|c| c.addr)
+                    .filter(|&a| below(a) && in_chunk(a));
+                addr = settle_top(addr, anchors, header, size_of, is_code, in_chunk, in_older);
+                // A frame after the top that names it, with a code object not known yet,
+                // stopped the search there (its size is unknown): its code object is loaded
+                // after the sample, so that the next reads look past it.
+                unknown_callee = header(addr)
+                    .and_then(|h| size_of(&h))
+                    .map(|(size, _)| addr.wrapping_add(size))
+                    .filter(|&c| in_chunk(c))
+                    .and_then(&header)
+                    .filter(|c| c.previous == addr && c.code != 0 && !c.shim)
+                    .map(|c| c.code)
+                    .filter(|c| codes.peek(c).is_none());
+            }
+        }
+        if let Some(code) = unknown_callee.filter(|c| {
+            !self.not_code.contains(c)
+                && !self.callee_codes.contains(c)
+                && self.callee_codes.len() < MAX_CALLEE_CODES
+        }) {
+            self.callee_codes.push(code);
+        }
+        let top = addr;
+        let mut tail = None;
+        let mut depth = 0usize;
+        // Frames outside the data stack this walk meets, newest first; the thread's list keeps
+        // those of earlier reads too (an entry frame on the C stack comes back at the same
+        // address whenever C calls into Python at the same depth).
+        let mut recent = std::mem::take(&mut tc.outside);
+        let mut entries: Option<u64> = None;
+        let mut outside = std::mem::take(&mut self.spare.outside);
+        outside.clear();
+        let walked_from = self.raws.len();
+        let mut outside_frames = 0usize;
+        // Frames of the current chunk come lower and lower down the stack.
+        let mut last_in_chunk = u64::MAX;
+        while addr != 0 {
+            if in_chunk(addr) {
+                if addr >= last_in_chunk {
+                    return Err(UnwindError::Cycle("frame chain"));
+                }
+                last_in_chunk = addr;
+            }
+            depth += 1;
+            if depth > MAX_DEPTH {
+                return Err(UnwindError::TooLong("frame chain", MAX_DEPTH));
+            }
+            if self.raws.len() >= MAX_SAMPLE_FRAMES {
+                return Err(UnwindError::Budget("frames in one sample"));
+            }
+            let out = frame_buf
+                .get_mut(..fsize)
+                .ok_or(UnwindError::TooLong("frame header", 256))?;
+            let mut local = find(&held, addr, out);
+            if !local && in_chunk(addr) {
+                // Everything needed from the current chunk: down to the marker when it is
+                // valid, else the whole used part (bounded), up to the top frame.
+                let top = if in_chunk(ts.current_frame) {
+                    ts.current_frame.max(addr)
+                } else {
+                    addr
+                };
+                let end = top + fsize as u64;
+                let low = match valid {
+                    Some(i) if in_chunk(chain[i].addr) && chain[i].addr <= addr => chain[i].addr,
+                    _ => chunk_lo.max(end.saturating_sub(MAX_REGION)),
+                };
+                missing.chunk = Some((low, end));
+                break;
+            }
+            if !local && !older_loaded && older.iter().any(|&(s, e)| addr >= s && addr < e) {
+                // A deep stack continues in older chunks: their used parts, at once.
+                older_loaded = true;
+                for &(s, e) in &older {
+                    // Prefetched whole, or in its two parts (see `top_split`).
+                    let whole = |k: Key, len: u64| b.locate(k).filter(|&(_, l)| l as u64 == len);
+                    let parts = match top_split(s, e, last_top) {
+                        Some(m) => whole(Key::Region(s), m + TOP_OVERLAP - s)
+                            .zip(whole(Key::RegionTop(m), e - m))
+                            .map(|(lo, hi)| [(s, lo), (m, hi)]),
+                        None => whole(Key::Region(s), e - s).map(|lo| [(s, lo), (s, lo)]),
+                    };
+                    if let Some(parts) = parts {
+                        held.extend(parts.iter().map(|&(a, (pos, len))| (a, pos, len)));
+                        continue;
+                    }
+                    missing.older = true;
+                }
+                if missing.older {
+                    break;
+                }
+                local = find(&held, addr, out);
+            }
+            let bytes: Cow<'_, [u8]> = match local {
+                true => Cow::Borrowed(&*out),
+                false => {
+                    if outside.len() < MAX_OUTSIDE {
+                        outside.push(addr);
+                    }
+                    outside_frames += 1;
+                    if outside_frames > MAX_OUTSIDE_FRAMES {
+                        return Err(UnwindError::Budget("frames outside the data stack"));
+                    }
+                    self.bytes(b, Key::Frame(addr), addr, fsize)?
+                }
+            };
+            let fb = Bytes(&bytes);
+            let previous = fb.u64(f.previous)?;
+            let owner = fb.u8(f.owner)?;
+            // The entry frame of a C call into Python lives on the C stack, read at another
+            // time than the data stack: when it no longer names the frame the callee was pushed
+            // after (the C call returned, its stack was reused), that frame is the caller.
+            let from = self.raws[walked_from..].last().map(|r| r.addr);
+            // A thread's frames lie back to back in its chunk: a caller that does not end
+            // where its callee begins was pushed after the callee was read (the callee and its
+            // caller returned meanwhile). Their chain would splice two instants.
+            if let Some(x) = from.filter(|&x| in_chunk(x) && in_chunk(addr)) {
+                let code = fb.u64(f.code)? & !f.code_tag_mask;
+                let size = match f.shim_owners.contains(&owner) {
+                    true => None,
+                    false => self
+                        .codes
+                        .peek(&code)
+                        .map(|e| u64::from(e.info.frame_bytes)),
+                };
+                if size.is_some_and(|size| size > 0 && addr.wrapping_add(size) != x) {
+                    // Either the stack changed or the cached size is wrong (its code object
+                    // was read torn): the entry is loaded again when next needed.
+                    if let Some(e) = self.codes.pop(&code) {
+                        self.code_bytes = self.code_bytes.saturating_sub(entry_bytes(&e));
+                    }
+                    return Err(UnwindError::BadObject {
+                        addr: x,
+                        what: "a frame whose caller does not end where it begins (read while \
+                               it changed)"
+                            .into(),
+                    });
+                }
+            }
+            if let Some(x) = from.filter(|&x| in_chunk(x) && !in_chunk(addr)) {
+                let header = |a: u64| {
+                    let mut buf = [0u8; 256];
+                    let out = buf.get_mut(..fsize)?;
+                    find(&held, a, out).then(|| FrameHeader::parse(&f, a, out))?
+                };
+                let adjacent = |a: u64| {
+                    header(a).is_some_and(|h| {
+                        !h.shim
+                            && self.codes.peek(&h.code).is_some_and(|e| {
+                                e.info.frame_bytes > 0
+                                    && a.wrapping_add(u64::from(e.info.frame_bytes)) == x
+                            })
+                    })
+                };
+                let fits = match f.shim_owners.contains(&owner) {
+                    // A generator's or coroutine's frame (they live outside), a frame
+                    // object's, or a thread's in an older chunk: a thread's frame elsewhere
+                    // is the stale C stack of a call that returned.
+                    false => match owner {
+                        OWNED_BY_GENERATOR | OWNED_BY_FRAME_OBJECT => true,
+                        OWNED_BY_THREAD => older.iter().any(|&(s, e)| addr >= s && addr < e),
+                        _ => false,
+                    },
+                    true => {
+                        previous != addr
+                            && match in_chunk(previous) {
+                                // The thread's outermost entry frame.
+                                _ if previous == 0 => true,
+                                true => adjacent(previous),
+                                // A generator's frame (it called into C): when prefetched, it
+                                // must be one; else the walk reads it next (no read of its own
+                                // here: this runs every sample).
+                                false => b.get(Key::Frame(previous)).is_none_or(|g| {
+                                    Bytes(g).u8(f.owner).ok() == Some(OWNED_BY_GENERATOR)
+                                }),
+                            }
+                    }
+                };
+                if !fits {
+                    let last = chain.iter().map(|c| c.addr).filter(|&a| a < x);
+                    let below = caller_below(x, last, in_chunk, adjacent);
+                    if let Some(y) = below {
+                        // The stale entry frame is left out: what it says is another call's.
+                        addr = y;
+                        continue;
+                    }
+                }
+            }
+            // An entry frame outside the data stack and the thread state (3.15's base frame
+            // lives there) is on the C stack.
+            if f.shim_owners.contains(&owner)
+                && !in_chunk(addr)
+                && addr.wrapping_sub(ts.addr) >= self.layout.tstate.size
+            {
+                entries = Some(entries.map_or(addr, |e: u64| e.min(addr)));
+            }
+            let raw = RawFrame {
+                addr,
+                code: fb.u64(f.code)? & !f.code_tag_mask,
+                previous,
+                instr: fb.u64(f.instr)?,
+                shim: f.shim_owners.contains(&owner),
+                generator: owner == OWNED_BY_GENERATOR,
+                entry: match f.is_entry {
+                    Some(off) => fb.u8(off)? != 0,
+                    None => false,
+                },
+            };
+            // A frame of a Python function without its code object returned (3.14+ clear it)
+            // after the pointer to it was read: leaving it out would count its caller for it
+            // (and only calls that end, never calls that begin, are seen that way).
+            if raw.code == 0 && !raw.shim {
+                return Err(UnwindError::BadObject {
+                    addr,
+                    what: "a frame that returned (read while it changed)".into(),
+                });
+            }
+            if previous == addr {
+                return Err(UnwindError::Cycle("frame chain"));
+            }
+            self.raws.push(raw);
+            if let Some(i) = valid {
+                if chain[i].addr == addr {
+                    if chain[i].code == raw.code && chain[i].previous == previous {
+                        tail = Some(i);
+                        break;
+                    }
+                    valid = None;
+                }
+            }
+            addr = previous;
+        }
+        // The pointer to the top was not read and the frames did not tell the top.
+        let no_top = unread && top == 0;
+        if missing.any() || no_top {
+            // Read this thread again, whole, in one read: what the cache predicted and what
+            // this walk lacked (the top with room to move).
+            self.raws.truncate(walked_from);
+            let tc = self.threads.entry(ts.addr).or_default();
+            if let Some((low, end)) = missing.chunk {
+                let end = end.saturating_add(REREAD_GROWTH).min(chunk_hi);
+                tc.regions.retain(|&(s, e)| e <= low || s >= end);
+                tc.regions.push((low, end));
+            }
+            if missing.older {
+                tc.regions.extend(older.iter().filter(|(s, e)| e > s));
+            }
+            tc.chain = chain;
+            tc.older = older;
+            remember(&mut outside, &mut recent);
+            tc.outside = recent;
+            self.spare.outside = outside;
+            tc.entries = entries.or(tc.entries);
+            self.spare.held = held;
+            return Err(UnwindError::Moved(match no_top {
+                true => "the current frame's C frame",
+                false => "frames outside the read",
+            }));
+        }
+        // From 3.12 every entry into the interpreter pushes a C-stack shim frame, so a thread's
+        // chain always ends in a shim. One that ends in a Python frame was read torn (a
+        // generator's frame suspended, a frame being pushed, between reading the thread state
+        // and the frame): reporting it would count a truncated stack.
+        // On 3.11 the outermost frame is the first one its eval loop ran (`is_entry`), and not
+        // a generator's (a generator's frame loses its `previous` when it yields: read then,
+        // its chain ends there).
+        if tail.is_none() && (!f.shim_owners.is_empty() || f.is_entry.is_some()) {
+            if let Some(last) = self.raws[walked_from..]
+                .last()
+                .filter(|r| !r.shim && (!r.entry || r.generator))
+            {
+                return Err(UnwindError::BadObject {
+                    addr: last.addr,
+                    what: "the stack does not end at an entry frame (read while it changed)".into(),
+                });
+            }
+        }
+        self.stats.frames_from_memory += (self.raws.len() - walked_from) as u64;
+        let tc = self.threads.entry(ts.addr).or_default();
+        tc.chain = chain;
+        tc.older = older;
+        remember(&mut outside, &mut recent);
+        tc.outside = recent;
+        self.spare.outside = outside;
+        tc.entries = entries;
+        self.spare.held = held;
+        Ok((tail, top))
+    }
+}
+
+/// `FRAME_OWNED_BY_THREAD` and `FRAME_OWNED_BY_FRAME_OBJECT` on every supported version (a
+/// thread's frame lives in its data stack, a frame object's in the object).
+pub(super) const OWNED_BY_THREAD: u8 = 0;
+
+pub(super) const OWNED_BY_FRAME_OBJECT: u8 = 2;
+
+/// How far below a frame its caller is looked for when the entry frame between them is stale.
+pub(super) const MAX_CALLER_SCAN: u64 = 4096;
+
+/// Most frames [`settle_top`] moves the top by.
+pub(super) const MAX_SETTLE: usize = 32;
+
+/// The fields of a frame's header that tell where it is in its thread's stack.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct FrameHeader {
+    pub(super) code: u64,
+    pub(super) previous: u64,
+    pub(super) instr: u64,
+    /// Whether the frame is live (see [`Liveness`]; 3.11-3.13: runs, a frame waiting on its
+    /// callee does not).
+    pub(super) running: bool,
+    /// 3.14+: its stack pointer is at its first local (being cleared, unless it has none).
+    pub(super) emptied: bool,
+    /// 3.11-3.13: `running` tells a frame that runs from one that waits on a callee (3.14+:
+    /// both are live).
+    pub(super) tells_waiting: bool,
+    pub(super) shim: bool,
+    pub(super) owner: u8,
+    /// 3.11: the first frame its eval loop ran (a C call into Python, or a generator).
+    pub(super) entry: bool,
+}
+
+impl FrameHeader {
+    pub(super) fn parse(
+        f: &crate::cpython::layout::FrameLayout,
+        addr: u64,
+        bytes: &[u8],
+    ) -> Option<FrameHeader> {
+        let b = Bytes(bytes);
+        let owner = b.u8(f.owner).ok()?;
+        let code = b.u64(f.code).ok()? & !f.code_tag_mask;
+        let emptied = match f.liveness {
+            Liveness::ClearedCode(off) => b.u64(off).ok()? == addr.wrapping_add(f.localsplus),
+            _ => false,
+        };
+        Some(FrameHeader {
+            code,
+            previous: b.u64(f.previous).ok()?,
+            instr: b.u64(f.instr).ok()?,
+            running: match f.liveness {
+                Liveness::RunningStacktop(off) => b.i32(off).ok()? == -1,
+                Liveness::ClearedCode(_) => code != 0 && !emptied,
+            },
+            emptied,
+            tells_waiting: matches!(f.liveness, Liveness::RunningStacktop(_)),
+            shim: f.shim_owners.contains(&owner),
+            owner,
+            entry: match f.is_entry {
+                Some(off) => b.u8(off).ok()? != 0,
+                None => false,
+            },
+        })
+    }
+}
+
+/// The thread's top frame at the time its data stack was read, from the top frame at the
+/// time its thread state was read (`hint`, a microsecond or so later, or earlier when the
+/// frames were read again; frames say whether they are live, see [`Liveness`]). A thread's
+/// frames in one chunk lie back to back, each right after its caller, so the frames read say
+/// by themselves how the stack differs from the hint's (below, "since" the hint: the rules
+/// are the same when the hint is the newer read, a frame pushed since the frames were read
+/// then looks returned and one returned since looks pushed). "Runs" below is
+/// [`FrameHeader::running`]: on 3.11-3.13 the frame the eval loop runs, on 3.14+ any live
+/// frame.
+///
+/// - It grew: the frames after the hint (each `size_of` its caller further on) have started and
+///   name the one before as their caller, or a frame outside the chunk (the entry frame of a C
+///   call into Python, a generator's: read at other times, not followed here); the highest of
+///   them that runs is the top. A frame that runs is live, and so is every frame below it in
+///   the chunk (its callers).
+/// - It shrank: the hint neither runs nor waits on a running callee (or lost its code object
+///   when it returned, 3.14+), and the frame now at its caller's place runs: that frame (or
+///   what it called since) is the top.
+/// - The hint's bytes are another frame's now (a larger frame was pushed below it): the same
+///   from the frames of the last sample below the hint (`anchors`, highest first), but only
+///   when that proves the top: a running frame whose next frame was read and is no callee.
+///
+/// Only frames whose bytes were read and whose code objects are known are believed; whatever
+/// does not hold together leaves the hint, which the walk then checks as before.
+pub(super) fn settle_top(
+    hint: u64,
+    anchors: impl Iterator<Item = u64> + Clone,
+    header: impl Fn(u64) -> Option<FrameHeader>,
+    size_of: impl Fn(&FrameHeader) -> Option<(u64, bool)>,
+    is_code: impl Fn(u64) -> bool,
+    in_chunk: impl Fn(u64) -> bool,
+    in_older: impl Fn(u64) -> bool,
+) -> u64 {
+    // The top found up from a frame and whether it is proven, or None when the frame's bytes
+    // are not a known frame's. `anchored`: `start` is a frame of the last sample, tried
+    // because the hint's bytes are no frame's (its place was overwritten): a frame after
+    // `start` that names a frame outside the chunk and has no code object is taken for such
+    // leftovers too.
+    let settle_from = |start: u64, anchored: bool| -> Option<(u64, bool)> {
+        let first = header(start).filter(|h| !h.shim)?;
+        size_of(&first)?;
+        // The highest running frame up the chain of callees, and whether the frame after the
+        // last of the chain was read and is no callee.
+        let mut top = first.running.then_some(start);
+        let mut looked = false;
+        let (mut at, mut cur) = (start, first);
+        for _ in 0..MAX_SETTLE {
+            let Some((size, _)) = size_of(&cur) else {
+                break;
+            };
+            let child = at.wrapping_add(size);
+            let Some(c) = header(child).filter(|_| in_chunk(child)) else {
+                break;
+            };
+            if c.shim || c.code == 0 {
+                looked = true;
+                break;
+            }
+            // Its caller: this frame (a call), or a frame elsewhere: the entry frame of a C
+            // call into Python, a generator's (both read at other times than the chunk, so
+            // not followed here). A frame right after this one that runs, or waits on one
+            // that runs, was pushed on top of it: its way down leads here. One that names
+            // another frame of the chunk is another frame's callee, which returned.
+            if c.previous != at && in_chunk(c.previous) {
+                looked = true;
+                break;
+            }
+            if anchored && c.previous != at && size_of(&c).is_none() && !is_code(c.code) {
+                looked = true;
+                break;
+            }
+            // A frame that runs has no live callee of its own pushing: one that names it and
+            // does not run returned (or is not yet its thread's current frame). But for a
+            // callee of C code it called (3.11: such callees name it, and are entry frames),
+            // which waits on a callee of its own as any frame does.
+            if cur.running && c.previous == at && !c.running && !c.entry {
+                looked = true;
+                break;
+            }
+            // Its code object is new: what it calls, if anything, cannot be placed.
+            let (known, resumed) = size_of(&c).map_or((false, true), |(_, r)| (true, r));
+            // One that has not run past its `RESUME` is pushed but not yet its thread's
+            // current frame, or a trampoline that waits on its own callee (the 3.13+ clean-up
+            // frame of a class call, whose `__init__` runs on top of it): only what it calls
+            // can be the top.
+            if c.running && resumed {
+                top = Some(child);
+            }
+            if !known {
+                break;
+            }
+            at = child;
+            cur = c;
+        }
+        Some(top.map_or((start, false), |t| (t, looked)))
+    };
+    // Down: a frame that does not run may have returned, with its callers: the top is found
+    // from the first of them that proves it, short of a running one.
+    let settle = |start: u64, anchored: bool| -> Option<(u64, bool)> {
+        let mut first = settle_from(start, anchored);
+        let mut at = start;
+        for _ in 0..MAX_SETTLE {
+            match settle_from(at, anchored) {
+                Some((top, true)) => return Some((top, true)),
+                Some((top, false)) if top != at => break,
+                Some(_) => {}
+                // A frame that returned and lost its code object (3.14+): its caller may run
+                // again.
+                None if header(at).is_some_and(|h| h.code == 0 && !h.shim) => {}
+                None => break,
+            }
+            let Some(h) = header(at).filter(|h| !h.running) else {
+                break;
+            };
+            at = match h.previous {
+                p if in_chunk(p) && p < at => {
+                    // Its caller's place holds another frame now (one that does not end where
+                    // `at` begins): `at` returned with its caller, and that frame was pushed
+                    // since. What `start` said is void: the top is found from that frame.
+                    let size = header(p).and_then(|c| size_of(&c)).map(|(size, _)| size);
+                    if size.is_some_and(|size| p.wrapping_add(size) != at) {
+                        first = settle_from(p, anchored);
+                    }
+                    p
+                }
+                // Through a C call into Python only when the call's eval loop left `at`: it
+                // went back to its entry frame (3.12/3.13: that frame runs; 3.14+: `at`, not
+                // running, returned), or left it and its C stack was reused (the entry frame
+                // is no frame now: not a shim, a generator's or one of an older chunk; the
+                // caller is then the frame that ends where `at` begins).
+                // A frame that does not run may still be live otherwise (in C code that
+                // stored its stack pointer), and its C caller runs.
+                // Called by a generator (its frame lives outside the chunk) read with the
+                // chunk: when the generator runs (3.11-3.13), or lives while `at` lost its
+                // code object or is being cleared (3.14+), `at` returned to it, and it is the
+                // top.
+                e => {
+                    let gone_if_caller_runs = h.tells_waiting || h.code == 0 || h.emptied;
+                    let caller = match header(e) {
+                        Some(eh) if eh.shim => eh.running.then_some(eh.previous),
+                        Some(eh)
+                            if eh.owner == OWNED_BY_GENERATOR
+                                && eh.running
+                                && eh.code != 0
+                                && gone_if_caller_runs =>
+                        {
+                            return Some((e, true));
+                        }
+                        Some(eh) if eh.owner == OWNED_BY_GENERATOR || in_older(e) => None,
+                        Some(_) => caller_below(at, anchors.clone(), &in_chunk, |a| {
+                            header(a)
+                                .filter(|h| !h.shim)
+                                .and_then(|h| size_of(&h))
+                                .is_some_and(|(size, _)| a.wrapping_add(size) == at)
+                        }),
+                        None => None,
+                    };
+                    match caller {
+                        Some(p) if in_chunk(p) && p < at => {
+                            first = settle_from(p, anchored);
+                            p
+                        }
+                        _ => break,
+                    }
+                }
+            };
+        }
+        first.map(|(top, _)| (top, false))
+    };
+    // Bytes not read at all are read again by the walk, and a frame of a code object not yet
+    // known is walked as it is; a hint of 0 (its C frame unread) tells nothing of what lies
+    // above the anchors.
+    if let Some((top, _)) = settle(hint, false) {
+        return top;
+    }
+    let overwritten = hint != 0 && header(hint).is_some_and(|h| h.shim || !is_code(h.code));
+    if hint != 0 && !overwritten {
+        return hint;
+    }
+    anchors
+        .clone()
+        .take(4)
+        .find_map(|a| settle(a, overwritten || hint == 0).filter(|&(_, proven)| proven))
+        .map_or(hint, |(top, _)| top)
+}
+
+/// The frame of the chunk right before `callee` (it ends where `callee` begins, by `ends_at`):
+/// among `known` frames (the last sample's), then word by word down to [`MAX_CALLER_SCAN`]
+/// bytes below. Used when what links them (an entry frame on the C stack) is gone.
+pub(super) fn caller_below(
+    callee: u64,
+    known: impl Iterator<Item = u64>,
+    in_chunk: impl Fn(u64) -> bool,
+    ends_at: impl Fn(u64) -> bool,
+) -> Option<u64> {
+    known
+        .chain((1..=MAX_CALLER_SCAN / 8).map(|k| callee.wrapping_sub(8 * k)))
+        .find(|&a| in_chunk(a) && ends_at(a))
+}
+
+/// The outside frames to prefetch next, into `recent` (the thread's own list, so that its
+/// buffer stays with it): those just `found`, then up to [`MAX_RECENT_OUTSIDE`] of the
+/// `recent` ones not among them, newest first. `found` is scratch.
+pub(super) fn remember(found: &mut Vec<u64>, recent: &mut Vec<u64>) {
+    let limit = found.len() + MAX_RECENT_OUTSIDE;
+    for &a in recent.iter() {
+        if found.len() >= limit {
+            break;
+        }
+        if !found.contains(&a) {
+            found.push(a);
+        }
+    }
+    recent.clear();
+    recent.extend_from_slice(found);
+}
+
+#[cfg(test)]
+mod settle_tests {
+    use super::*;
+
+    const CHUNK: (u64, u64) = (0x1000, 0x2000);
+    // Code objects and the bytes their frames take.
+    const A: u64 = 0xa0;
+    const B: u64 = 0xb0;
+    const C: u64 = 0xc0;
+    pub(super) fn size(code: u64) -> Option<u64> {
+        match code {
+            A => Some(0x60),
+            B => Some(0x80),
+            C => Some(0x70),
+            _ => None,
+        }
+    }
+    /// The instruction pointer of a frame that has not run past its `RESUME`.
+    const NOT_RESUMED: u64 = 1;
+    pub(super) fn frame(code: u64, previous: u64, running: bool) -> FrameHeader {
+        FrameHeader {
+            code,
+            previous,
+            instr: 0,
+            running,
+            emptied: false,
+            tells_waiting: false,
+            shim: false,
+            owner: OWNED_BY_THREAD,
+            entry: false,
+        }
+    }
+    pub(super) fn generator(code: u64, previous: u64, running: bool) -> FrameHeader {
+        FrameHeader {
+            owner: OWNED_BY_GENERATOR,
+            ..frame(code, previous, running)
+        }
+    }
+
+    #[test]
+    pub(super) fn a_callee_of_a_generator_that_runs_again_returned() {
+        // A generator's frame (outside the chunk) called B and runs again: B returned.
+        const G: u64 = 0x7fff_0000;
+        // 3.14+: B lost its code object; the generator lives.
+        let frames = [
+            (0x1000, frame(A, 0, true)),
+            (G, generator(C, 0x1000, true)),
+            (0x1060, frame(0, G, false)),
+        ];
+        assert_eq!(settle(0x1060, &[], &frames), G);
+        // 3.11-3.13: B does not run, the generator does.
+        let waits = |h: FrameHeader| FrameHeader {
+            tells_waiting: true,
+            ..h
+        };
+        let frames = [
+            (0x1000, waits(frame(A, 0, false))),
+            (G, waits(generator(C, 0x1000, true))),
+            (0x1060, waits(frame(B, G, false))),
+        ];
+        assert_eq!(settle(0x1060, &[], &frames), G);
+        // 3.11-3.13: the generator waits (on B, which waits on its own callee): B stays.
+        let frames = [
+            (0x1000, waits(frame(A, 0, false))),
+            (G, waits(generator(C, 0x1000, false))),
+            (0x1060, waits(frame(B, G, false))),
+        ];
+        assert_eq!(settle(0x1060, &[], &frames), 0x1060);
+        // 3.14+: B is live (its code object known): the generator waits on it.
+        let frames = [
+            (0x1000, frame(A, 0, true)),
+            (G, generator(C, 0x1000, true)),
+            (0x1060, frame(B, G, true)),
+        ];
+        assert_eq!(settle(0x1060, &[], &frames), 0x1060);
+        // A generator whose frame was not read tells nothing.
+        let frames = [(0x1000, frame(A, 0, true)), (0x1060, frame(0, G, false))];
+        assert_eq!(settle(0x1060, &[], &frames), 0x1060);
+    }
+    pub(super) fn settle(hint: u64, anchors: &[u64], frames: &[(u64, FrameHeader)]) -> u64 {
+        settle_top(
+            hint,
+            anchors.iter().copied(),
+            |a| frames.iter().find(|(at, _)| *at == a).map(|(_, h)| *h),
+            |h| size(h.code).map(|s| (s, h.instr != NOT_RESUMED)),
+            |c| size(c).is_some(),
+            |a| a >= CHUNK.0 && a < CHUNK.1,
+            |_| false,
+        )
+    }
+
+    #[test]
+    pub(super) fn the_top_moves_up_to_a_running_callee() {
+        let frames = [
+            (0x1000, frame(A, 0, false)),
+            (0x1060, frame(B, 0x1000, true)),
+            (0x10e0, frame(C, 0x1060, false)), // returned before
+        ];
+        assert_eq!(settle(0x1000, &[], &frames), 0x1060);
+        // Through an entry frame on the C stack (not followed).
+        let frames = [
+            (0x1000, frame(A, 0, true)),
+            (0x1060, frame(B, 0x7fff_0000, true)),
+        ];
+        assert_eq!(settle(0x1000, &[], &frames), 0x1060);
+    }
+
+    #[test]
+    pub(super) fn a_cleared_hint_settles_to_its_live_caller() {
+        // 3.14+: frames that returned lost their code objects (B called C; both returned).
+        let frames = [
+            (0x1000, frame(A, 0, true)),
+            (0x1060, frame(0, 0x1000, false)),
+            (0x10e0, frame(0, 0x1060, false)),
+        ];
+        assert_eq!(settle(0x10e0, &[], &frames), 0x1000);
+        assert_eq!(settle(0x1060, &[], &frames), 0x1000);
+        // A caller that names a frame above itself is no caller.
+        let frames = [
+            (0x1000, frame(A, 0, true)),
+            (0x1060, frame(0, 0x1100, false)),
+        ];
+        assert_eq!(settle(0x1060, &[], &frames), 0x1060);
+    }
+
+    #[test]
+    pub(super) fn a_callee_not_yet_resumed_is_passed_through_but_not_the_top() {
+        let pushed = FrameHeader {
+            instr: NOT_RESUMED,
+            ..frame(B, 0x1000, true)
+        };
+        // Pushed, its arguments being bound: its caller is the top.
+        let frames = [(0x1000, frame(A, 0, true)), (0x1060, pushed)];
+        assert_eq!(settle(0x1000, &[], &frames), 0x1000);
+        // A trampoline (the clean-up frame of a class call) whose `__init__` runs on top.
+        let frames = [
+            (0x1000, frame(A, 0, true)),
+            (0x1060, pushed),
+            (0x10e0, frame(C, 0x1060, true)),
+        ];
+        assert_eq!(settle(0x1000, &[], &frames), 0x10e0);
+    }
+
+    #[test]
+    pub(super) fn a_callee_of_c_code_waits_on_its_own_callee() {
+        // 3.11: A called C code that called B (an entry frame naming A); B waits on C, which
+        // runs. A runs too (its eval loop is in the C call).
+        let entry = |code, previous, running| FrameHeader {
+            entry: true,
+            ..frame(code, previous, running)
+        };
+        let frames = [
+            (0x1000, frame(A, 0, true)),
+            (0x1060, entry(B, 0x1000, false)),
+            (0x10e0, frame(C, 0x1060, true)),
+        ];
+        assert_eq!(settle(0x1000, &[], &frames), 0x10e0);
+        // Not an entry frame: B returned, and what is above it is older still.
+        let frames = [
+            (0x1000, frame(A, 0, true)),
+            (0x1060, frame(B, 0x1000, false)),
+            (0x10e0, frame(C, 0x1060, true)),
+        ];
+        assert_eq!(settle(0x1000, &[], &frames), 0x1000);
+    }
+
+    #[test]
+    pub(super) fn a_callee_that_returned_is_not_the_top() {
+        let frames = [
+            (0x1000, frame(A, 0, true)),
+            (0x1060, frame(B, 0x1000, false)),
+        ];
+        assert_eq!(settle(0x1000, &[], &frames), 0x1000);
+        // The hint itself returned: its caller runs again.
+        assert_eq!(settle(0x1060, &[], &frames), 0x1000);
+    }
+
+    #[test]
+    pub(super) fn a_frame_in_the_place_of_the_hints_caller_is_found() {
+        // The hint (B) returned, so did its caller; C now runs where its caller was (and has
+        // no callee: nothing after it).
+        let frames = [
+            (0x1000, frame(C, 0, true)),
+            (0x1060, frame(B, 0x1000, false)),
+            (0x1070, frame(0, 0, false)),
+        ];
+        assert_eq!(settle(0x1060, &[], &frames), 0x1000);
+        // The hint's bytes were overwritten: the last sample's frames prove the top.
+        let frames = [
+            (0x1000, frame(C, 0, true)),
+            (0x1060, frame(0xdead, 0x5, false)),
+            (0x1070, frame(0xbeef, 0x7fff_0000, true)),
+        ];
+        assert_eq!(settle(0x1060, &[0x1000], &frames), 0x1000);
+    }
+
+    #[test]
+    pub(super) fn a_hint_whose_callers_place_holds_another_frame_is_void() {
+        // B returned, and so did its caller; C (called from C code: its caller is an entry
+        // frame on the C stack) now runs where B's caller was, and ends below B.
+        let frames = [
+            (0x1000, frame(C, 0x7fff_0000, true)),
+            (0x1060, frame(B, 0x1000, false)),
+        ];
+        assert_eq!(settle(0x1060, &[], &frames), 0x1000);
+    }
+
+    #[test]
+    pub(super) fn a_returned_callee_of_a_c_call_gives_way_to_the_c_caller() {
+        const ENTRY: u64 = 0x7fff_0000;
+        let entry = |running: bool| FrameHeader {
+            shim: true,
+            owner: 3,
+            ..frame(0x5, 0x1000, running)
+        };
+        // A called C code that called B; B returned, and the C call's eval loop went back to
+        // its entry frame (which then runs).
+        let with = |e: FrameHeader| {
+            [
+                (0x1000, frame(A, 0, true)),
+                (0x1060, frame(B, ENTRY, false)),
+                (ENTRY, e),
+            ]
+        };
+        assert_eq!(settle(0x1060, &[], &with(entry(true))), 0x1000);
+        // The entry frame does not run: B may still be live (in C code that stored its stack
+        // pointer).
+        assert_eq!(settle(0x1060, &[], &with(entry(false))), 0x1060);
+        // The C call returned and its C stack was reused: the caller is the frame that ends
+        // where B begins.
+        let reused = frame(0x77, 0x4242, false);
+        assert_eq!(settle(0x1060, &[], &with(reused)), 0x1000);
+        // A generator's frame called B: it is not followed.
+        let generator = FrameHeader {
+            owner: OWNED_BY_GENERATOR,
+            ..frame(C, 0, true)
+        };
+        assert_eq!(settle(0x1060, &[], &with(generator)), 0x1060);
+    }
+
+    #[test]
+    pub(super) fn what_does_not_hold_together_keeps_the_hint() {
+        // Nothing runs: the hint stays (the walk checks it as before).
+        let frames = [
+            (0x1000, frame(A, 0, false)),
+            (0x1060, frame(B, 0x1000, false)),
+        ];
+        assert_eq!(settle(0x1060, &[], &frames), 0x1060);
+        // A frame after the hint that names another frame of the chunk is no callee.
+        let frames = [
+            (0x1000, frame(A, 0, false)),
+            (0x1060, frame(B, 0x1800, true)),
+        ];
+        assert_eq!(settle(0x1000, &[], &frames), 0x1000);
+        // Unknown bytes and no anchor that proves anything.
+        assert_eq!(settle(0x1234, &[0x1000], &frames), 0x1234);
+    }
+}

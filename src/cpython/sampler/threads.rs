@@ -1,0 +1,345 @@
+//! Thread collection: the interpreters of the runtime, their thread states (bounded in
+//! number), which thread holds the GIL, and each thread's data-stack chunks. Produces one
+//! [`Work`] per thread, its frames walked by [`frames`](super::frames).
+
+use super::*;
+
+/// Most interpreters and threads followed per sample.
+pub(super) const MAX_INTERPRETERS: usize = 256;
+
+/// Most threads read in one sample, all interpreters together.
+pub(super) const MAX_THREADS: usize = 8192;
+
+/// 3.11/3.12: C frames of a thread whose current-frame words are prefetched.
+pub(super) const MAX_CFRAMES: usize = 4;
+
+/// Most data-stack chunks followed per thread.
+pub(super) const MAX_CHUNKS: usize = 64;
+
+/// Largest data-stack chunk believed (bytes). CPython's chunks are 16 KiB unless one frame
+/// needs more; a larger size read from the target is garbage.
+pub(super) const MAX_CHUNK_SIZE: u64 = 1 << 24;
+
+/// Most bytes of older chunks read per thread (a 2^16-frame stack fits).
+pub(super) const MAX_OLDER_BYTES: u64 = 1 << 25;
+
+/// A thread state as read this sample.
+pub(super) struct Tstate {
+    pub(super) addr: u64,
+    /// Position in the interpreters' thread lists as walked (newest thread first).
+    pub(super) order: usize,
+    /// The thread has not run since its stack was read, and its state agrees: the stack is
+    /// kept, nothing of it is read.
+    pub(super) keep: bool,
+    pub(super) interp_id: i64,
+    pub(super) thread_id: u64,
+    /// As the target's namespace sees it, and as we do (0: not found).
+    pub(super) native_thread_id: u64,
+    pub(super) host_tid: i32,
+    pub(super) current_frame: u64,
+    /// 3.11/3.12: the C frame holding the current frame's pointer was not in the read.
+    pub(super) top_unread: bool,
+    pub(super) chunk: u64,
+    pub(super) marker: Option<(u64, u64)>,
+    pub(super) holds_gil: Option<bool>,
+}
+
+impl Tstate {
+    /// The thread's id as pyfleet sees it, else as the target does.
+    pub(super) fn native(&self) -> u64 {
+        match self.host_tid {
+            0 => self.native_thread_id,
+            t => t as u64,
+        }
+    }
+}
+
+/// Per-thread work of one sample.
+pub(super) struct Work {
+    pub(super) ts: Tstate,
+    pub(super) raw: std::ops::Range<usize>,
+    /// Cached chain index from which the rest of the stack is reused.
+    pub(super) tail: Option<usize>,
+    pub(super) holds_gil: bool,
+}
+
+impl<M: RemoteMemory> Sampler<M> {
+    /// Reads interpreters and threads, and walks every thread's frames.
+    pub(super) fn collect(
+        &mut self,
+        b: &ReadPlan,
+        work: &mut Vec<Work>,
+    ) -> Result<u64, UnwindError> {
+        let l = self.layout.clone();
+        let head =
+            Bytes(&self.bytes(b, Key::Head, self.runtime + l.runtime_interpreters_head, 8)?)
+                .u64(0)?;
+        let (span_lo, span_len) = self.interp_span();
+        let gil_struct = self.gil_from_struct();
+        let mut interps = std::mem::take(&mut self.spare.interps);
+        let mut holders = std::mem::take(&mut self.spare.holders);
+        let mut gils = std::mem::take(&mut self.spare.gils);
+        let mut generation = 0u64;
+        let mut tstates = std::mem::take(&mut self.spare.tstates);
+        let mut interp_ids = std::mem::take(&mut self.spare.interp_ids);
+        interps.clear();
+        holders.clear();
+        gils.clear();
+        tstates.clear();
+        let mut seen_tstates = std::mem::take(&mut self.spare.seen_tstates);
+        seen_tstates.clear();
+        interp_ids.clear();
+
+        if let (GilLayout::Runtime { locked, holder }, true) = (l.gil, gil_struct) {
+            let lo = locked.min(holder);
+            let len = (locked.max(holder) - lo + 8) as usize;
+            let g = self.bytes(b, Key::Gil(self.runtime + lo), self.runtime + lo, len)?;
+            if Bytes(&g).u32(locked - lo)? != 0 {
+                holders.push(Bytes(&g).u64(holder - lo)?);
+            }
+        }
+        let mut ia = head;
+        while ia != 0 {
+            if interps.len() >= MAX_INTERPRETERS || interps.contains(&ia) {
+                return Err(UnwindError::Cycle("interpreter list"));
+            }
+            interps.push(ia);
+            let ib = self.bytes(b, Key::Interp(ia), ia.wrapping_add(span_lo), span_len)?;
+            let ib = Bytes(&ib);
+            let at = |off: u64| off - span_lo;
+            let interp_id = ib.i64(at(l.interp.id))?;
+            interp_ids.push(interp_id);
+            if let Some(g) = l.interp.code_object_generation {
+                generation = generation.wrapping_add(self.word(b, ia.wrapping_add(g))?);
+            }
+            if let (
+                GilLayout::InterpPointer {
+                    ptr,
+                    locked,
+                    holder,
+                },
+                true,
+            ) = (l.gil, gil_struct)
+            {
+                let gp = self.word(b, ia.wrapping_add(ptr))?;
+                if gp != 0 && !gils.contains(&gp) {
+                    gils.push(gp);
+                    let lo = locked.min(holder);
+                    let len = (locked.max(holder) - lo + 8) as usize;
+                    let g =
+                        self.bytes(b, Key::Gil(gp.wrapping_add(lo)), gp.wrapping_add(lo), len)?;
+                    if Bytes(&g).u32(locked - lo)? != 0 {
+                        holders.push(Bytes(&g).u64(holder - lo)?);
+                    }
+                }
+            }
+            let mut ta = ib.u64(at(l.interp.threads_head))?;
+            while ta != 0 {
+                if tstates.len() >= MAX_THREADS {
+                    return Err(UnwindError::TooLong("thread lists", MAX_THREADS));
+                }
+                // A thread state met twice (in one list or two interpreters') is a cycle.
+                if !seen_tstates.insert(ta) {
+                    return Err(UnwindError::Cycle("thread list"));
+                }
+                // Thread states outside the batch are read one by one.
+                if tstates.len() % 64 == 63 {
+                    self.check_budget()?;
+                }
+                let (ts, next) = self.tstate(b, ta, interp_id, tstates.len(), true)?;
+                tstates.push(ts);
+                ta = next;
+            }
+            ia = ib.u64(at(l.interp.next))?;
+        }
+        self.spare.interps = std::mem::replace(&mut self.interps, interps);
+        self.spare.gils = std::mem::replace(&mut self.gils, gils);
+        self.spare.interp_ids = std::mem::replace(&mut self.interp_ids, interp_ids);
+
+        // Threads, oldest first within each interpreter (the lists are newest first).
+        tstates.sort_unstable_by_key(|t| (t.interp_id, std::cmp::Reverse(t.order)));
+        for ts in tstates.drain(..) {
+            let start = self.raws.len();
+            let holds_gil = ts.holds_gil.unwrap_or_else(|| holders.contains(&ts.addr));
+            if ts.keep {
+                self.threads.entry(ts.addr).or_default().seen = self.epoch;
+                work.push(Work {
+                    raw: start..start,
+                    tail: None,
+                    holds_gil,
+                    ts,
+                });
+                continue;
+            }
+            self.check_budget()?;
+            let (ts, tail) = match self.walk_consistent(b, ts) {
+                Ok(done) => done,
+                Err((addr, e)) => {
+                    // What this thread's cache predicted may be what misled the walk: it
+                    // starts afresh, unless the walk only lacked bytes (the cache then
+                    // knows where they are). The other threads' caches stay (a torn read
+                    // of one thread says nothing about the others, and re-learning every
+                    // thread of a busy process costs a syscall each).
+                    if !matches!(e, UnwindError::Moved(_)) {
+                        self.threads.remove(&addr);
+                    }
+                    return Err(e);
+                }
+            };
+            work.push(Work {
+                raw: start..self.raws.len(),
+                tail,
+                holds_gil,
+                ts,
+            });
+        }
+        self.spare.tstates = tstates;
+        self.spare.seen_tstates = seen_tstates;
+        self.spare.holders = holders;
+        Ok(generation)
+    }
+
+    /// Parses the thread state at `ta` from `b` (reading what `b` lacks); returns it and the
+    /// next thread state's address. `may_keep`: the thread's last stack may be kept.
+    pub(super) fn tstate(
+        &mut self,
+        b: &ReadPlan,
+        ta: u64,
+        interp_id: i64,
+        order: usize,
+        may_keep: bool,
+    ) -> Result<(Tstate, u64), UnwindError> {
+        let l = &self.layout;
+        let tb = self.bytes(b, Key::Tstate(ta), ta, l.tstate.size as usize)?;
+        let t = Bytes(&tb);
+        let mut top_unread = false;
+        // A thread that has not run keeps its stack if its state agrees.
+        let kept = self
+            .threads
+            .get(&ta)
+            .filter(|tc| may_keep && self.keeps(tc))
+            .map(|tc| (tc.cframe, tc.last_top, tc.tid));
+        let current_frame = match l.tstate.current_frame {
+            CurrentFrame::Direct(off) => t.u64(off)?,
+            CurrentFrame::ViaCFrame {
+                cframe,
+                current_frame,
+            } => {
+                let cf = t.u64(cframe)?;
+                match kept {
+                    // The C frame holding the pointer is the idle thread's own.
+                    Some((c, top, _)) if c == cf && cf != 0 => top,
+                    _ => {
+                        let at = cf.wrapping_add(current_frame);
+                        let tc = self.threads.entry(ta).or_default();
+                        tc.cframe = cf;
+                        // The thread's C frames of late, newest first (a generator's eval loop
+                        // comes and goes: its C frame and its caller's take turns).
+                        if cf != 0 && tc.cframes.first() != Some(&cf) {
+                            tc.cframes.retain(|&c| c != cf);
+                            tc.cframes.truncate(MAX_CFRAMES - 1);
+                            tc.cframes.insert(0, cf);
+                        }
+                        // 3.12: an eval loop's C frame and its entry frame are locals of one
+                        // C function, so the C stack read around the innermost entry frame
+                        // mostly holds the word too (read after the frames: the frames then
+                        // tell whether the top moved, see `settle_top`).
+                        let near_entry = || {
+                            let e = tc.entries?;
+                            let (pos, len) = b.locate(Key::Entries(e))?;
+                            let off = at.checked_sub(e.saturating_sub(ENTRY_WINDOW))? as usize;
+                            (off.checked_add(8)? <= len).then_some(())?;
+                            b.buf.get(pos + off..pos + off + 8)
+                        };
+                        match b.get(Key::Word(at)) {
+                            _ if cf == 0 => 0,
+                            Some(w) => Bytes(w).u64(0)?,
+                            None => match near_entry().and_then(|w| Bytes(w).u64(0).ok()) {
+                                Some(w) if w != 0 => w,
+                                // A C frame the prediction did not know: read later, its
+                                // pointer could be anything (the C frame may be gone). The
+                                // thread is read again with it.
+                                _ => {
+                                    top_unread = true;
+                                    0
+                                }
+                            },
+                        }
+                    }
+                }
+            }
+        };
+        let l = &self.layout;
+        let native_thread_id = t.u64(l.tstate.native_thread_id)?;
+        let host_tid = self.tids.host(native_thread_id).unwrap_or(0);
+        let ts = Tstate {
+            addr: ta,
+            order,
+            interp_id,
+            thread_id: t.u64(l.tstate.thread_id)?,
+            native_thread_id,
+            host_tid,
+            keep: !top_unread
+                && kept.is_some_and(|(_, top, tid)| top == current_frame && tid == host_tid),
+            current_frame,
+            top_unread,
+            chunk: match l.tstate.datastack_chunk {
+                Some(off) => t.u64(off)?,
+                None => 0,
+            },
+            marker: match l.tstate.frame_marker {
+                Some((m, s)) => Some((t.u64(m)?, t.u64(s)?)),
+                None => None,
+            },
+            holds_gil: match l.tstate.holds_gil {
+                Some(off) => Some(t.i32(off)? != 0),
+                None => None,
+            },
+        };
+        Ok((ts, t.u64(l.tstate.next)?))
+    }
+
+    /// Refreshes what we know of a thread's data-stack chunks when its current chunk changed.
+    pub(super) fn chunks(&mut self, ts: &Tstate) -> Result<(), UnwindError> {
+        let tc = self.threads.entry(ts.addr).or_default();
+        if tc.chunk == ts.chunk && ts.chunk != 0 {
+            return Ok(());
+        }
+        tc.chunk = ts.chunk;
+        tc.older.clear();
+        tc.chunk_end = 0;
+        let mut c = ts.chunk;
+        let mut first = true;
+        let mut older = Vec::new();
+        let mut chunk_end = 0;
+        let mut older_bytes = 0u64;
+        while c != 0 && older.len() < MAX_CHUNKS {
+            let h = self.mem.read_vec(c, CHUNK_DATA as usize)?;
+            let h = Bytes(&h);
+            let size = h.u64(CHUNK_SIZE)?;
+            // Sizes and addresses are the target's: bounded, and never wrapped around.
+            let Some(end) = c.checked_add(size) else {
+                break;
+            };
+            if size <= CHUNK_DATA || size > MAX_CHUNK_SIZE {
+                break;
+            }
+            if first {
+                chunk_end = end;
+                first = false;
+            } else {
+                let used = h.u64(CHUNK_TOP)?.saturating_mul(8).min(size - CHUNK_DATA);
+                older_bytes += used;
+                if older_bytes > MAX_OLDER_BYTES {
+                    break;
+                }
+                older.push((c + CHUNK_DATA, c + CHUNK_DATA + used));
+            }
+            c = h.u64(CHUNK_PREVIOUS)?;
+        }
+        let tc = self.threads.entry(ts.addr).or_default();
+        tc.chunk_end = chunk_end;
+        tc.older = older;
+        Ok(())
+    }
+}
