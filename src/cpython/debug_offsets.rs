@@ -320,16 +320,6 @@ pub const FIELDS_315: &[&str] = &[
     "debugger_support.debugger_script_path_size",
 ];
 
-/// The field list of a minor version.
-pub fn fields(minor: u32) -> Option<&'static [&'static str]> {
-    match minor {
-        13 => Some(FIELDS_313),
-        14 => Some(FIELDS_314),
-        15 => Some(FIELDS_315),
-        _ => None,
-    }
-}
-
 /// The debug offsets as read from a target, addressable by field name.
 pub struct DebugOffsets {
     names: &'static [&'static str],
@@ -570,14 +560,14 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
     })
 }
 
-/// Reads and validates the target's debug offsets and builds its layout.
+/// Reads and validates the target's debug offsets (`names`: its version's field list, from
+/// the table of supported versions) and builds its layout.
 pub fn layout<M: RemoteMemory>(
     mem: &M,
     runtime: u64,
     version: Version,
+    names: &'static [&'static str],
 ) -> Result<Layout, AttachError> {
-    let names =
-        fields(version.minor).ok_or_else(|| AttachError::Unsupported(version.to_string()))?;
     let raw = mem.read_vec(runtime, names.len() * 8)?;
     let d = DebugOffsets::parse(names, &raw).map_err(AttachError::BadDebugOffsets)?;
     if d.get("free_threaded")

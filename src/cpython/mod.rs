@@ -12,6 +12,7 @@ pub mod objects;
 pub mod sampler;
 pub mod tables;
 pub mod unwind;
+pub mod versions;
 
 #[cfg(test)]
 mod image_tests;
@@ -26,9 +27,6 @@ pub use unwind::{Frame, InterpreterStacks, ThreadStack};
 use crate::binary::{self, BinaryError, RuntimeLocation};
 use crate::memory::{FieldOutOfRange, MemoryError, ProcessMemory, RemoteMemory};
 use crate::process::{Process, ProcessError};
-
-/// Oldest and newest minor versions of Python 3 that pyfleet reads.
-pub const SUPPORTED: std::ops::RangeInclusive<u32> = 11..=15;
 
 /// Why a walk over target memory failed. Every variant is an expected outcome of reading a
 /// live process (it changed or exited under us, or its memory is not what it should be).
@@ -101,7 +99,7 @@ pub enum AttachError {
     Binary(#[from] BinaryError),
     #[error(transparent)]
     Memory(#[from] MemoryError),
-    #[error("unsupported Python version {0} (pyfleet supports 3.11 to 3.15)")]
+    #[error("unsupported Python version {0} (pyfleet supports {range})", range = versions::supported_range())]
     Unsupported(String),
     #[error("free-threaded Python builds are not supported yet (Python {0})")]
     FreeThreaded(String),
@@ -147,17 +145,17 @@ pub fn detect_layout<M: RemoteMemory>(
     pid: i32,
 ) -> Result<Layout, AttachError> {
     let version = detect_version(mem, loc, pid)?;
-    if version.major != 3 || !SUPPORTED.contains(&version.minor) {
+    let Some(supported) = versions::find(version) else {
         return Err(AttachError::Unsupported(format!(
             "{}.{}",
             version.major, version.minor
         )));
-    }
-    match version.minor {
-        11 | 12 => {
-            tables::layout(version).ok_or_else(|| AttachError::Unsupported(version.to_string()))
+    };
+    match supported.layout {
+        versions::LayoutSource::BuiltIn(build) => Ok(build(version)),
+        versions::LayoutSource::DebugOffsets(names) => {
+            debug_offsets::layout(mem, loc.runtime, version, names)
         }
-        _ => debug_offsets::layout(mem, loc.runtime, version),
     }
 }
 

@@ -216,7 +216,7 @@ pub fn unwinder_with(img: MemoryImage, opts: SamplerOptions) -> Sampler<MemoryIm
         code_type: None,
         name_version: Some((3, 13)),
     };
-    let layout = debug_offsets::layout(&img, RUNTIME, Version::from_hex(V313)).unwrap();
+    let layout = debug_offsets::layout(&img, RUNTIME, Version::from_hex(V313), FIELDS_313).unwrap();
     assert_eq!(layout, self::layout());
     Sampler::new(0, img, layout, &loc, opts)
 }

@@ -73,16 +73,8 @@ pub fn extras(minor: u32) -> Option<Extras> {
     }
 }
 
-/// Whole layouts for versions without debug offsets.
-pub fn layout(version: Version) -> Option<Layout> {
-    match (version.major, version.minor) {
-        (3, 11) => Some(layout_311(version)),
-        (3, 12) => Some(layout_312(version)),
-        _ => None,
-    }
-}
-
-fn layout_311(version: Version) -> Layout {
+/// The whole layout of 3.11 (no debug offsets).
+pub fn layout_311(version: Version) -> Layout {
     Layout {
         version,
         runtime_interpreters_head: 40, // runtime.interpreters_head
@@ -155,7 +147,8 @@ fn layout_311(version: Version) -> Layout {
     }
 }
 
-fn layout_312(version: Version) -> Layout {
+/// The whole layout of 3.12 (no debug offsets).
+pub fn layout_312(version: Version) -> Layout {
     Layout {
         version,
         runtime_interpreters_head: 40, // runtime.interpreters_head
@@ -255,10 +248,7 @@ mod tests {
 
     #[test]
     fn legacy_tables_are_consistent() {
-        for hex in [0x030b02f0, 0x030c01f0] {
-            let l = layout(Version::from_hex(hex)).unwrap();
-            check_spans(&l);
-        }
-        assert!(layout(Version::from_hex(0x030a0df0)).is_none());
+        check_spans(&layout_311(Version::from_hex(0x030b02f0)));
+        check_spans(&layout_312(Version::from_hex(0x030c01f0)));
     }
 }
