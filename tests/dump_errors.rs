@@ -60,6 +60,11 @@ fn unsupported_python_version() {
     );
     let out = pyfleet(&["dump", "--pid", &target.pid().to_string(), "--json"]);
     assert_error_contract(&out, Some("unsupported python version 3.10"));
+    assert!(
+        out.stderr.contains("pyfleet supports 3.11 to 3.15"),
+        "the message names what is supported: {}",
+        out.describe()
+    );
 }
 
 #[test]
