@@ -282,19 +282,13 @@ impl StackSource for UnwinderSource {
     }
 
     fn resolve(&self, stack: u64) -> Option<Vec<FrameInfo>> {
-        let table = self.sampler.stacks();
-        let frames = table.stack_frames(u32::try_from(stack).ok()?)?;
+        let frames = self.sampler.stacks().resolve(u32::try_from(stack).ok()?)?;
         Some(
             frames
-                .iter()
-                .filter_map(|&f| {
-                    let key = table.frame_key(f)?;
-                    let (qualname, filename) = table.function_names(key.function)?;
-                    Some(FrameInfo {
-                        function: qualname.clone(),
-                        file: filename.clone(),
-                        line: key.line,
-                    })
+                .map(|f| FrameInfo {
+                    function: f.function.qualname.clone(),
+                    file: f.function.filename.clone(),
+                    line: f.line,
                 })
                 .collect(),
         )

@@ -25,9 +25,9 @@ fn flatten(interps: &[InterpreterStacks]) -> BTreeMap<(i64, u64), Frames> {
                     .iter()
                     .map(|f| {
                         (
-                            f.code.name.clone(),
-                            f.code.qualname.clone(),
-                            f.code.filename.clone(),
+                            f.function.name.to_string(),
+                            f.function.qualname.to_string(),
+                            f.function.filename.to_string(),
                             f.line,
                         )
                     })

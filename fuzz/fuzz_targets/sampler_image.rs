@@ -21,7 +21,7 @@ fuzz_target!(|data: &[u8]| {
         if let Ok(samples) = u.sample() {
             let stacks: Vec<u32> = samples.iter().map(|t| t.stack).collect();
             for id in stacks {
-                let _ = u.stacks().resolve(id);
+                let _ = u.stacks().resolve(id).map(Iterator::count);
             }
         }
     }

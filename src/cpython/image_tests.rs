@@ -21,8 +21,9 @@ fn the_interning_table_is_bounded() {
             .map(|&id| {
                 u.stacks()
                     .resolve(id)
-                    .iter()
-                    .map(|(c, l)| format!("{}:{l:?}", c.name))
+                    .into_iter()
+                    .flatten()
+                    .map(|f| format!("{}:{:?}", f.function.name, f.line))
                     .collect()
             })
             .collect()
@@ -58,9 +59,9 @@ fn walks_a_synthetic_runtime() {
         .iter()
         .map(|f| {
             (
-                f.code.name.as_str(),
-                f.code.qualname.as_str(),
-                f.code.filename.as_str(),
+                &*f.function.name,
+                &*f.function.qualname,
+                &*f.function.filename,
                 f.line,
             )
         })

@@ -52,6 +52,17 @@ pub struct CodeInfo {
 }
 
 impl CodeInfo {
+    /// The function this code object is, for interning (its names only: a function outlives
+    /// the code object's cache entry, and its line table is not needed to print it).
+    pub fn function(&self) -> crate::stacks::Function {
+        crate::stacks::Function {
+            name: self.name.as_str().into(),
+            qualname: self.qualname.as_str().into(),
+            filename: self.filename.as_str().into(),
+            first_line: self.first_line,
+        }
+    }
+
     /// The line for an instruction pointer into this code object (see `linetable`).
     pub fn line_at(&self, code_addr: u64, code_adaptive: u64, instr: u64) -> Option<i32> {
         let start = code_addr.wrapping_add(code_adaptive);

@@ -1,8 +1,7 @@
 //! Fully resolved stacks (what `dump` shows), as opposed to the interned ids of a sample.
 //! The walking itself is the sampler's (`sampler`): one walker for `dump` and profiling.
 
-use super::objects::CodeInfo;
-use std::sync::Arc;
+use crate::stacks::Function;
 
 /// Deepest stack believed (frames). CPython's default recursion limit is 1000.
 pub const MAX_DEPTH: usize = 1 << 16;
@@ -10,7 +9,7 @@ pub const MAX_DEPTH: usize = 1 << 16;
 /// One Python frame of a stack.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame {
-    pub code: Arc<CodeInfo>,
+    pub function: Function,
     /// `None` where the instruction has no line (as `frame.f_lineno` gives None).
     pub line: Option<i32>,
 }

@@ -67,9 +67,9 @@ pub fn to_json(h: &DumpHeader<'_>, interps: &[InterpreterStacks]) -> String {
                             .frames
                             .iter()
                             .map(|f| JsonFrame {
-                                function: &f.code.name,
-                                qualname: &f.code.qualname,
-                                file: &f.code.filename,
+                                function: &f.function.name,
+                                qualname: &f.function.qualname,
+                                file: &f.function.filename,
                                 line: f.line,
                             })
                             .collect(),
@@ -124,8 +124,8 @@ pub fn to_text(h: &DumpHeader<'_>, interps: &[InterpreterStacks]) -> String {
                 let _ = writeln!(
                     s,
                     "    {} ({}:{})",
-                    for_terminal(&f.code.qualname),
-                    for_terminal(&f.code.filename),
+                    for_terminal(&f.function.qualname),
+                    for_terminal(&f.function.filename),
                     line
                 );
             }

@@ -10,9 +10,8 @@
 //! Stack ids are never reused across resets (they continue from where the last table ended),
 //! so an id handed out before a reset resolves to nothing rather than to another stack. A
 //! long-running profiler resets a table that grew too large, so its memory stays bounded.
-//! This module knows nothing about target memory.
+//! This module knows nothing about targets: the unwinder hands it functions by content.
 
-use crate::cpython::CodeInfo;
 use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
@@ -20,28 +19,35 @@ pub type FunctionId = u32;
 pub type FrameId = u32;
 pub type StackId = u32;
 
-/// A resolved frame: its function and line (`None` where the instruction has no line).
+/// A frame by content: its function and line (`None` where the instruction has no line).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct FrameKey {
+struct FrameKey {
     pub function: FunctionId,
     pub line: Option<i32>,
 }
 
+/// A function by content (a code object reloaded at another address is the same function),
+/// its names shared by every frame that shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct FunctionKey {
-    name: Arc<str>,
-    qualname: Arc<str>,
-    filename: Arc<str>,
-    first_line: i32,
+pub struct Function {
+    pub name: Arc<str>,
+    pub qualname: Arc<str>,
+    pub filename: Arc<str>,
+    pub first_line: i32,
+}
+
+/// One frame of a resolved stack: its function and line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResolvedFrame<'a> {
+    pub function: &'a Function,
+    pub line: Option<i32>,
 }
 
 /// The interning tables of one unwinder.
 #[derive(Debug, Default)]
 pub struct StackTable {
-    function_ids: HashMap<FunctionKey, FunctionId>,
-    functions: Vec<Arc<CodeInfo>>,
-    /// The interned names of `functions[i]`, shared by every frame handed out.
-    function_keys: Vec<FunctionKey>,
+    function_ids: HashMap<Function, FunctionId>,
+    functions: Vec<Function>,
     frame_ids: HashMap<FrameKey, FrameId>,
     frames: Vec<FrameKey>,
     stack_ids: HashMap<Box<[FrameId]>, StackId>,
@@ -55,26 +61,14 @@ impl StackTable {
         Self::default()
     }
 
-    /// The id of a code object's function (interning it the first time).
-    pub fn function(&mut self, code: &Arc<CodeInfo>) -> FunctionId {
-        let key = FunctionKey {
-            name: code.name.as_str().into(),
-            qualname: code.qualname.as_str().into(),
-            filename: code.filename.as_str().into(),
-            first_line: code.first_line,
-        };
-        if let Some(&id) = self.function_ids.get(&key) {
+    /// The id of a function (interning it the first time).
+    pub fn function(&mut self, function: Function) -> FunctionId {
+        if let Some(&id) = self.function_ids.get(&function) {
             return id;
         }
         let id = self.functions.len() as FunctionId;
-        // Names only: a function outlives its code object's cache entry, and its line table
-        // (up to 64 KiB) is not needed to print it.
-        self.functions.push(Arc::new(CodeInfo {
-            lines: Vec::new(),
-            ..(**code).clone()
-        }));
-        self.function_keys.push(key.clone());
-        self.function_ids.insert(key, id);
+        self.functions.push(function.clone());
+        self.function_ids.insert(function, id);
         id
     }
 
@@ -101,21 +95,6 @@ impl StackTable {
         id
     }
 
-    pub fn function_info(&self, id: FunctionId) -> Option<&Arc<CodeInfo>> {
-        self.functions.get(id as usize)
-    }
-
-    /// A function's qualified name and file, shared (cloning them does not copy the strings).
-    pub fn function_names(&self, id: FunctionId) -> Option<(&Arc<str>, &Arc<str>)> {
-        self.function_keys
-            .get(id as usize)
-            .map(|k| (&k.qualname, &k.filename))
-    }
-
-    pub fn frame_key(&self, id: FrameId) -> Option<FrameKey> {
-        self.frames.get(id as usize).copied()
-    }
-
     /// The frames of a stack, innermost first.
     pub fn stack_frames(&self, id: StackId) -> Option<&[FrameId]> {
         let index = id.wrapping_sub(self.stack_base) as usize;
@@ -128,23 +107,23 @@ impl StackTable {
         self.stack_base = self.stack_base.wrapping_add(self.stacks.len() as StackId);
         self.function_ids.clear();
         self.functions.clear();
-        self.function_keys.clear();
         self.frame_ids.clear();
         self.frames.clear();
         self.stack_ids.clear();
         self.stacks.clear();
     }
 
-    /// (function info, line) of each frame of a stack, innermost first.
-    pub fn resolve(&self, id: StackId) -> Vec<(&CodeInfo, Option<i32>)> {
-        self.stack_frames(id)
-            .unwrap_or(&[])
-            .iter()
-            .filter_map(|&f| {
-                let key = self.frame_key(f)?;
-                Some((&**self.function_info(key.function)?, key.line))
+    /// The frames of a stack, innermost first, as functions and lines: the one way from a
+    /// stack id to what it shows (`None` for an id from before a reset).
+    pub fn resolve(&self, id: StackId) -> Option<impl Iterator<Item = ResolvedFrame<'_>> + '_> {
+        let frames = self.stack_frames(id)?;
+        Some(frames.iter().filter_map(|&f| {
+            let key = self.frames.get(f as usize)?;
+            Some(ResolvedFrame {
+                function: self.functions.get(key.function as usize)?,
+                line: key.line,
             })
-            .collect()
+        }))
     }
 
     /// Sizes: (functions, frames, stacks).
@@ -161,26 +140,22 @@ impl StackTable {
 mod tests {
     use super::*;
 
-    fn code(name: &str, first_line: i32) -> Arc<CodeInfo> {
-        Arc::new(CodeInfo {
+    fn code(name: &str, first_line: i32) -> Function {
+        Function {
             name: name.into(),
-            qualname: format!("C.{name}"),
+            qualname: format!("C.{name}").into(),
             filename: "/f.py".into(),
             first_line,
-            lines: Vec::new(),
-            first_traceable: 0,
-            frame_bytes: 0,
-            has_locals: false,
-        })
+        }
     }
 
     #[test]
     fn interning_is_stable_and_by_content() {
         let mut t = StackTable::new();
         let (a, a_again, b) = (code("a", 1), code("a", 1), code("b", 9));
-        let fa = t.function(&a);
-        assert_eq!(t.function(&a_again), fa, "same content, same function");
-        let fb = t.function(&b);
+        let fa = t.function(a.clone());
+        assert_eq!(t.function(a_again), fa, "same content, same function");
+        let fb = t.function(b);
         assert_ne!(fa, fb);
         let (x, y) = (t.frame(fa, Some(3)), t.frame(fb, None));
         assert_eq!(t.frame(fa, Some(3)), x);
@@ -189,18 +164,18 @@ mod tests {
         assert_eq!(t.stack(&[x, y]), s);
         assert_ne!(t.stack(&[y, x]), s);
         assert_eq!(t.stack_frames(s), Some(&[x, y][..]));
-        let r = t.resolve(s);
-        assert_eq!(r[0].0.name, "a");
-        assert_eq!(r[0].1, Some(3));
-        assert_eq!(r[1].1, None);
+        let r: Vec<_> = t.resolve(s).unwrap().collect();
+        assert_eq!(&*r[0].function.name, "a");
+        assert_eq!(r[0].line, Some(3));
+        assert_eq!(r[1].line, None);
         assert_eq!(t.len(), (2, 3, 2));
     }
 
     #[test]
     fn interning_and_reset() {
         let mut t = StackTable::new();
-        let f = t.function(&code("a", 1));
-        assert_eq!(t.function(&code("a", 1)), f);
+        let f = t.function(code("a", 1));
+        assert_eq!(t.function(code("a", 1)), f);
         let (x, y) = (t.frame(f, Some(1)), t.frame(f, Some(2)));
         let s1 = t.stack(&[x, y]);
         assert_eq!(t.stack(&[x, y]), s1);
@@ -213,11 +188,12 @@ mod tests {
         // Old stack ids resolve to nothing, and new ones do not reuse them.
         assert_eq!(t.stack_frames(s1), None);
         assert_eq!(t.stack_frames(s2), None);
-        let f = t.function(&code("b", 1));
+        let f = t.function(code("b", 1));
         let z = t.frame(f, None);
         let s3 = t.stack(&[z]);
         assert!(s3 != s1 && s3 != s2);
         assert_eq!(t.stack_frames(s3), Some(&[z][..]));
-        assert_eq!(t.resolve(s3)[0].0.name, "b");
+        assert!(t.resolve(s1).is_none());
+        assert_eq!(&*t.resolve(s3).unwrap().next().unwrap().function.name, "b");
     }
 }

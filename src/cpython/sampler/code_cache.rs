@@ -154,7 +154,7 @@ impl<M: RemoteMemory> Sampler<M> {
                 let LoadedCode { info, fingerprint } = code?;
                 let info = Arc::new(info);
                 Ok(CodeEntry {
-                    function: self.table.function(&info),
+                    function: self.table.function(info.function()),
                     info,
                     fingerprint,
                     valid_at: stamp,

@@ -475,15 +475,12 @@ impl<M: RemoteMemory> Sampler<M> {
         for s in samples {
             let frames: Vec<Frame> = self
                 .table
-                .stack_frames(s.stack)
-                .unwrap_or(&[])
-                .iter()
-                .filter_map(|&f| {
-                    let key = self.table.frame_key(f)?;
-                    Some(Frame {
-                        code: self.table.function_info(key.function)?.clone(),
-                        line: key.line,
-                    })
+                .resolve(s.stack)
+                .into_iter()
+                .flatten()
+                .map(|f| Frame {
+                    function: f.function.clone(),
+                    line: f.line,
                 })
                 .collect();
             if frames.is_empty() {
