@@ -226,7 +226,7 @@ fn list(matches: &[String]) -> Result<()> {
     let own = Some(std::process::id() as i32);
     let policy = MatchPolicy::new(matches, [] as [&str; 0], &[], own)?;
     // The daemon's own scan: the same processes, names and roles as it would list.
-    let found = pyfleet::fleet::HostDiscovery::new(policy).scan();
+    let found = pyfleet::discovery::HostDiscovery::new(policy).scan();
     outln!(
         "{:>7}  {:>7}  {:<9}  {:<24}  {:<6}  COMMAND",
         "PID",

@@ -7,8 +7,9 @@ use anyhow::{anyhow, Context, Result};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use metrics_util::MetricKindMask;
 use pyfleet::config::RunOptions;
-use pyfleet::fleet::{HostDiscovery, UnwinderFactory};
+use pyfleet::discovery::HostDiscovery;
 use pyfleet::output::snapshot_dir::SnapshotDir;
+use pyfleet::stack_source::UnwinderFactory;
 use pyfleet_actors::{Fleet, FleetConfig};
 use std::time::Duration;
 

@@ -18,10 +18,11 @@
 use anyhow::{anyhow, bail, Context, Result};
 use pyfleet::config::Seconds;
 use pyfleet::cpython;
-use pyfleet::fleet::{Counted, HostDiscovery, SampleCounters, UnwinderFactory};
+use pyfleet::discovery::HostDiscovery;
 use pyfleet::output::format::{Format, RenderContext};
 use pyfleet::output::record_file::RecordFile;
 use pyfleet::output::snapshot_dir::utc_name;
+use pyfleet::stack_source::{Counted, SampleCounters, UnwinderFactory};
 use pyfleet_actors::{Fleet, FleetConfig, FleetStatus, ProcessState};
 use pyfleet_policies::{MatchPolicy, Mode, RatePolicy};
 use std::io::{IsTerminal, Write};

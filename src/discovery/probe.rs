@@ -1,5 +1,5 @@
 //! Probing a process: is it Python, and which version. The host scan
-//! ([`HostDiscovery`](crate::fleet::HostDiscovery), shared by `list`, `record` and the daemon)
+//! ([`HostDiscovery`](super::HostDiscovery), shared by `list`, `record` and the daemon)
 //! probes each new process with it. A process counts as Python when `_PyRuntime` is found in it and its
 //! version can be read; processes that vanish or refuse us while we look are skipped.
 //!

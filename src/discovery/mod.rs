@@ -1,26 +1,25 @@
-//! The root package's side of the fleet daemon: the real implementations of the traits that
-//! `pyfleet-actors` defines. [`HostDiscovery`] finds and matches Python processes in procfs;
-//! [`UnwinderFactory`] attaches one [`UnwinderSource`] (the fast sampler of `cpython`) per
-//! process. [`Counted`] wraps a factory to count the samples taken and failed across the fleet
-//! (for `record`'s progress line).
+//! Finding the Python processes of the host: [`HostDiscovery`], the one host scan (`list`,
+//! `record` and the daemon use it, with the same names, roles and rules), and [`probe`],
+//! which tells whether one process is Python and which version, under a deadline.
 //!
-//! Must not schedule anything (the actors decide when) nor format output (`output/` does).
+//! A scan reads every pid's parent and start time, probes new or exec'd processes once per
+//! (pid, start time, executable), reads command lines every scan, and lets
+//! `policies::Family` name each Python process and give it its role; the match policy,
+//! `--subprocesses` and `--exclude-role` decide the list. It must not schedule anything (the
+//! actors decide when).
 
-use crate::cpython::{self, Sampler, SamplerOptions, Version};
-use crate::discovery;
-use crate::memory::ProcessMemory;
+pub mod probe;
+
+pub use probe::{probe_many, probe_within, stuck_probes, Probed, PythonProcess, PROBE_DEADLINE};
+
+use crate::cpython::Version;
 use crate::process::{self, Process};
-use pyfleet_actors::{
-    Discovery, FrameInfo, ProcessInfo, SampleError, SampledThread, SourceFactory, SourceStats,
-    StackSource, ThreadStatus,
-};
+use pyfleet_actors::{Discovery, ProcessInfo};
 use pyfleet_policies::{
     is_multiprocessing_child, short_name, Family, MatchPolicy, ProcessFacts, PythonFacts, Role,
 };
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A process just exec'd may not have mapped libpython yet: "not Python" is only believed
@@ -92,16 +91,16 @@ impl HostDiscovery {
     }
 
     /// Remembers what a probe of this process found.
-    fn learn(&mut self, pid: i32, start: u64, exe: &PathBuf, probed: discovery::Probed) {
+    fn learn(&mut self, pid: i32, start: u64, exe: &PathBuf, probed: probe::Probed) {
         let first_seen = self
             .known
             .get(&pid)
             .filter(|k| k.start == start && &k.exe == exe)
             .map_or_else(Instant::now, |k| k.first_seen);
         let (version, retry_at) = match probed {
-            discovery::Probed::Python(p) => (Some(p.version), None),
-            discovery::Probed::NotPython => (None, None),
-            discovery::Probed::TimedOut | discovery::Probed::Busy => {
+            probe::Probed::Python(p) => (Some(p.version), None),
+            probe::Probed::NotPython => (None, None),
+            probe::Probed::TimedOut | probe::Probed::Busy => {
                 (None, Some(Instant::now() + PROBE_RETRY))
             }
         };
@@ -150,7 +149,7 @@ impl Discovery for HostDiscovery {
             alive.push((pid, exe, start));
         }
         let probe_pids: Vec<i32> = unknown.iter().map(|&i| alive[i].0).collect();
-        let probed = discovery::probe_many(&probe_pids, discovery::PROBE_DEADLINE);
+        let probed = probe::probe_many(&probe_pids, probe::PROBE_DEADLINE);
         for (&i, probed) in unknown.iter().zip(probed) {
             let (pid, exe, start) = &alive[i];
             self.learn(*pid, *start, exe, probed);
@@ -221,154 +220,5 @@ impl Discovery for HostDiscovery {
         }
         self.known.retain(|pid, _| pids.binary_search(pid).is_ok());
         found
-    }
-}
-
-/// Attaches the fast sampler to each process.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct UnwinderFactory {
-    pub read_only: bool,
-    /// Pause each target for its samples (`--blocking`).
-    pub blocking: bool,
-}
-
-impl SourceFactory for UnwinderFactory {
-    type Source = UnwinderSource;
-
-    fn attach(&self, p: &ProcessInfo, needs_cpu_status: bool) -> Result<UnwinderSource, String> {
-        let opts = SamplerOptions {
-            frame_cache: true,
-            read_only: self.read_only,
-            cpu_status: needs_cpu_status,
-            blocking: self.blocking,
-            ..Default::default()
-        };
-        let sampler = cpython::attach(p.pid, opts).map_err(|e| e.to_string())?;
-        Ok(UnwinderSource { sampler })
-    }
-}
-
-/// One process's sampler, as the actors see it.
-pub struct UnwinderSource {
-    sampler: Sampler<ProcessMemory>,
-}
-
-impl StackSource for UnwinderSource {
-    fn sample(&mut self, out: &mut Vec<SampledThread>) -> Result<(), SampleError> {
-        // A target that changed its stack under the read (a torn frame chain, a frame freed
-        // mid-read) usually reads fine a moment later: one immediate retry, so the profile
-        // loses fewer samples. Both attempts count in the unwinder's own error stats.
-        let first = self.sampler.sample().map(|_| ());
-        let result = match first {
-            Err(e) if !e.is_process_gone() => self.sampler.sample().map(|_| ()),
-            other => other,
-        };
-        if let Err(e) = result {
-            return Err(SampleError {
-                kind: e.kind(),
-                process_gone: e.is_process_gone(),
-                message: e.to_string(),
-            });
-        }
-        out.extend(self.sampler.last_sample().iter().map(|t| SampledThread {
-            thread_id: t.thread_id,
-            status: ThreadStatus {
-                on_cpu: t.on_cpu.unwrap_or(false),
-                holds_gil: t.holds_gil,
-            },
-            stack: u64::from(t.stack),
-        }));
-        Ok(())
-    }
-
-    fn resolve(&self, stack: u64) -> Option<Vec<FrameInfo>> {
-        let frames = self.sampler.stacks().resolve(u32::try_from(stack).ok()?)?;
-        Some(
-            frames
-                .map(|f| FrameInfo {
-                    function: f.function.qualname.clone(),
-                    file: f.function.filename.clone(),
-                    line: f.line,
-                })
-                .collect(),
-        )
-    }
-
-    fn stats(&self) -> SourceStats {
-        let s = self.sampler.stats();
-        SourceStats {
-            samples: s.samples,
-            errors: s.errors,
-            frame_cache_hits: s.frame_cache_hits,
-            frame_cache_partial_hits: s.frame_cache_partial_hits,
-            frame_cache_misses: s.frame_cache_misses,
-            code_cache_hits: s.code_cache_hits,
-            code_cache_misses: s.code_cache_misses,
-            remote_reads: s.remote_reads,
-            remote_read_bytes: s.remote_read_bytes,
-        }
-    }
-}
-
-/// Samples taken and failed so far, across every source a [`Counted`] factory attached.
-#[derive(Debug, Default)]
-pub struct SampleCounters {
-    samples: AtomicU64,
-    errors: AtomicU64,
-}
-
-impl SampleCounters {
-    /// Successful samples (one per process per tick).
-    pub fn samples(&self) -> u64 {
-        self.samples.load(Ordering::Relaxed)
-    }
-
-    /// Failed samples (not counting the one that finds a process gone).
-    pub fn errors(&self) -> u64 {
-        self.errors.load(Ordering::Relaxed)
-    }
-}
-
-/// A factory whose sources count their samples and errors into shared [`SampleCounters`].
-pub struct Counted<F> {
-    pub inner: F,
-    pub counters: Arc<SampleCounters>,
-}
-
-impl<F: SourceFactory> SourceFactory for Counted<F> {
-    type Source = CountedSource<F::Source>;
-
-    fn attach(&self, p: &ProcessInfo, needs_cpu_status: bool) -> Result<Self::Source, String> {
-        Ok(CountedSource {
-            inner: self.inner.attach(p, needs_cpu_status)?,
-            counters: self.counters.clone(),
-        })
-    }
-}
-
-/// A source of a [`Counted`] factory.
-pub struct CountedSource<S> {
-    inner: S,
-    counters: Arc<SampleCounters>,
-}
-
-impl<S: StackSource> StackSource for CountedSource<S> {
-    fn sample(&mut self, out: &mut Vec<SampledThread>) -> Result<(), SampleError> {
-        let r = self.inner.sample(out);
-        match &r {
-            Ok(()) => self.counters.samples.fetch_add(1, Ordering::Relaxed),
-            // The process exiting is how a recording ends, not a failure.
-            Err(e) if e.process_gone => 0,
-            Err(_) => self.counters.errors.fetch_add(1, Ordering::Relaxed),
-        };
-        r
-    }
-
-    fn resolve(&self, stack: u64) -> Option<Vec<FrameInfo>> {
-        self.inner.resolve(stack)
-    }
-
-    fn stats(&self) -> SourceStats {
-        self.inner.stats()
     }
 }
