@@ -27,7 +27,7 @@ const MALLOC_ARENAS: i32 = 2;
 /// Limits glibc's malloc to [`MALLOC_ARENAS`] arenas. A long-running daemon spawns short
 /// threads (a probe per new process, the async runtime's blocking pool); each may get an
 /// arena of its own, and memory freed in one is not reused by another, so RSS creeps up with
-/// every thread that ever ran (measured in the README, "Beside hostile processes"). Call
+/// every thread that ever ran (measured in BENCHMARKS.md, "Hostile processes and churn"). Call
 /// once, first thing, before other threads start.
 pub fn limit_malloc_arenas() {
     // SAFETY: mallopt only sets an allocator parameter; called before any other thread exists,
