@@ -41,6 +41,8 @@
 #![forbid(unsafe_code)]
 
 mod aggregator;
+mod config;
+mod error;
 mod fleet;
 pub mod metric_names;
 mod panics;
@@ -50,13 +52,17 @@ mod self_cpu;
 mod sink;
 pub mod snapshot;
 pub mod source;
+mod status;
 mod supervisor;
 mod timing;
 
-pub use fleet::{Fleet, FleetConfig, FleetError, FleetStatus, ProcessState, ProcessStatus};
+pub use config::FleetConfig;
+pub use error::FleetError;
+pub use fleet::Fleet;
 pub use self_cpu::cpu_time as own_cpu_time;
 pub use snapshot::{Frames, ProcessProfile, Snapshot, SnapshotWriter};
 pub use source::{
     Discovery, FrameInfo, ProcessInfo, SampleError, SampledThread, SourceFactory, SourceStats,
     StackSource, ThreadStatus,
 };
+pub use status::{FleetStatus, ProcessState, ProcessStatus};

@@ -36,13 +36,14 @@ use pyfleet_policies::{RestartDecision, RestartState};
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::task::JoinHandle;
 
-use crate::fleet::{FleetConfig, FleetStatus, ProcessState, ProcessStatus};
+use crate::config::FleetConfig;
 use crate::metric_names as m;
 use crate::panics::guard;
 use crate::sampler::{SamplerActor, SamplerArgs, SamplerMsg, SamplerSettings, REASON_PROCESS_GONE};
 use crate::sampling::SamplingPool;
 use crate::self_cpu::{cpu_time, CpuMeter};
 use crate::source::{Discovery, ProcessInfo, SourceFactory};
+use crate::status::{FleetStatus, ProcessState, ProcessStatus};
 use crate::timing::{spawn_ticker, Jitter};
 
 const REASON_UNLISTED: &str = "unlisted";
