@@ -50,6 +50,7 @@ mod sampler;
 mod sampling;
 mod self_cpu;
 mod sink;
+mod slot;
 pub mod snapshot;
 pub mod source;
 mod status;

@@ -39,9 +39,10 @@ use tokio::task::JoinHandle;
 use crate::config::FleetConfig;
 use crate::metric_names as m;
 use crate::panics::guard;
-use crate::sampler::{SamplerActor, SamplerArgs, SamplerMsg, SamplerSettings, REASON_PROCESS_GONE};
+use crate::sampler::{SamplerActor, SamplerArgs, SamplerMsg, REASON_PROCESS_GONE};
 use crate::sampling::SamplingPool;
 use crate::self_cpu::{cpu_time, CpuMeter};
+use crate::slot::SlotSettings;
 use crate::source::{Discovery, ProcessInfo, SourceFactory};
 use crate::status::{FleetStatus, ProcessState, ProcessStatus};
 use crate::timing::{spawn_ticker, Jitter};
@@ -429,13 +430,13 @@ impl<D: Discovery, F: SourceFactory> SupervisorState<D, F> {
             factory: self.factory.clone(),
             info: entry.info.clone(),
             sampling: self.sampling.clone(),
-            settings: SamplerSettings {
+            settings: SlotSettings {
                 mode: self.config.mode,
                 batch_interval: self.config.batch_interval,
                 max_consecutive_errors: self.config.max_consecutive_errors,
                 max_known_stacks: self.config.max_stacks_per_process.saturating_mul(2),
-                stop_timeout: self.config.stop_timeout,
             },
+            stop_timeout: self.config.stop_timeout,
         };
         let spawned = myself
             .get_cell()

@@ -1,0 +1,582 @@
+//! One sampled process on a sampling thread: its [`StackSource`] and everything its sampling
+//! needs (the tally, the metric handles, the consecutive-error count, the settings), and how
+//! it ends.
+//!
+//! Owns [`Slot`], [`SlotSettings`], [`SlotEnd`] and the life ids ([`next_life`]). A slot is
+//! built by its owner once the process's source is attached, handed to a sampling thread
+//! ([`sampling`](crate::sampling)), and from then on used only by that thread. Its contract:
+//! - every tick ([`Slot::sample`]): applies the [`Mode`] to each thread's status and tallies
+//!   `(stack id, status)` locally (no allocation once the tally has seen the stacks; the
+//!   thread's `out` buffer is reused), records `pyfleet_sample_duration_seconds`, counts
+//!   samples and errors by kind. A sample slower than [`SLOW_SAMPLE`] costs its own process
+//!   the next ticks, never the other slots;
+//! - every `batch_interval` (checked after each tick), and once more when the slot ends
+//!   however it ends ([`Slot::flush_if_due`], [`Slot::finish`]): sends the aggregator a
+//!   batch: the counts, plus the frames of stack ids not sent before in this life (resolved
+//!   once per stack id; past a cap of remembered ids it forgets them all, bumps an epoch and
+//!   resends, which bounds memory here and in the aggregator), and turns the increases of
+//!   [`SourceStats`] into counters;
+//! - it ends ([`SlotEnd`]) by itself on a [`SampleError`](crate::SampleError) with
+//!   `process_gone` ([`SlotEnd::ProcessGone`]), after `max_consecutive_errors` errors in a
+//!   row or on a panic in any call into its source ([`SlotEnd::Failed`]; the panic is caught
+//!   and ends this slot only), or when the thread removes it ([`SlotEnd::Removed`]: asked
+//!   to, its owner dropped the "done" receiver, or the thread stops);
+//! - however it ends, in this order: the final batch is sent, the source dropped (a panic in
+//!   its `Drop` caught), the end given to the slot's [`OnEnd`], then "done" fired. So an owner
+//!   that waits for "done" knows the final batch is at the aggregator. A slot dropped without
+//!   finishing (its thread unwinding) reports [`SlotEnd::Failed`]; one discarded before it
+//!   was ever sampled ([`Slot::discard`]) reports nothing.
+//!
+//! It must not attach sources, decide restarts, aggregate across processes, or write files.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use metrics::{Counter, Gauge, Histogram};
+use pyfleet_policies::Mode;
+use ractor::ActorRef;
+use tokio::sync::oneshot;
+
+use crate::aggregator::{AggregatorMsg, Batch};
+use crate::metric_names as m;
+use crate::panics::guard;
+use crate::snapshot::UNKNOWN_FUNCTION;
+use crate::source::{
+    FrameInfo, ProcessInfo, SampledThread, SourceStats, StackSource, ThreadStatus,
+};
+
+/// Sampler lives (a restart is a new life); also the id of the life's slot.
+static NEXT_LIFE: AtomicU64 = AtomicU64::new(1);
+
+/// A new life id, unique in this process.
+pub(crate) fn next_life() -> u64 {
+    NEXT_LIFE.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Settings every slot gets from the fleet configuration. (The rate is not among them: it is
+/// one for the fleet and belongs to the sampling threads.)
+#[derive(Debug, Clone)]
+pub(crate) struct SlotSettings {
+    pub mode: Mode,
+    pub batch_interval: Duration,
+    pub max_consecutive_errors: u32,
+    /// Stack ids remembered as sent before the slot forgets them and starts a new epoch.
+    pub max_known_stacks: usize,
+}
+
+/// How a slot ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SlotEnd {
+    /// Removed by its thread: asked to, abandoned by its owner, or the thread stopped.
+    Removed,
+    /// The process is gone (a sample error said so); the message says how it was seen.
+    ProcessGone(String),
+    /// Too many sample errors in a row, or a panic in the source; the message says which.
+    Failed(String),
+}
+
+/// Told how a slot ended, once, on the sampling thread (after the final batch is sent and the
+/// source dropped). It must not block: the thread's other slots wait for it.
+pub(crate) type OnEnd = Box<dyn FnOnce(SlotEnd) + Send>;
+
+/// One process on a sampling thread: its source and everything its sampling needs; see the
+/// module documentation.
+pub(crate) struct Slot {
+    id: u64,
+    work: SlotWork,
+    reporter: Reporter,
+}
+
+/// The part of a slot that the thread drops (with the source) before reporting the end.
+struct SlotWork {
+    source: Box<dyn StackSource>,
+    tally: Tally,
+    metrics: ProcessMetrics,
+    mode: Mode,
+    batch_interval: Duration,
+    max_consecutive_errors: u32,
+    consecutive_errors: u32,
+    next_flush: Instant,
+    /// Slow samples in a row, and the ticks still to skip for them (see [`SLOW_SAMPLE`]).
+    slow_streak: u32,
+    skip: u32,
+}
+
+/// A sample that takes longer than this costs its process the next ticks (1, then 2, 4... up
+/// to [`MAX_SLOW_SKIP`] while its samples stay slow): a process whose memory is built to be
+/// expensive to read slows itself, not the fleet on its sampling thread. Ordinary samples
+/// take microseconds, the first of a process (code objects read afresh) up to a millisecond
+/// or two.
+pub(crate) const SLOW_SAMPLE: Duration = Duration::from_millis(5);
+/// Most ticks skipped after one slow sample.
+const MAX_SLOW_SKIP: u32 = 64;
+
+/// Tells the slot's owner how it ended, then fires "done". Dropped without
+/// [`Reporter::report`] (the sampling thread unwinding with the slot on it), it reports a
+/// failure, so no owner is left waiting for samples that will never come.
+struct Reporter {
+    /// `None` once used.
+    on_end: Option<OnEnd>,
+    /// Fired after the end is reported; `None` once used. Its receiver, dropped, abandons the
+    /// slot.
+    done: Option<oneshot::Sender<()>>,
+}
+
+impl Reporter {
+    fn report(mut self, end: SlotEnd) {
+        if let Some(on_end) = self.on_end.take() {
+            on_end(end);
+        }
+        if let Some(done) = self.done.take() {
+            let _ = done.send(());
+        }
+    }
+
+    /// Used up without a word (a slot never sampled); "done" is dropped unsent.
+    fn silence(mut self) {
+        self.on_end = None;
+        self.done = None;
+    }
+}
+
+impl Drop for Reporter {
+    fn drop(&mut self) {
+        if let Some(on_end) = self.on_end.take() {
+            on_end(SlotEnd::Failed(
+                "the sampling thread dropped this process without ending it".to_string(),
+            ));
+        }
+    }
+}
+
+impl Slot {
+    /// A slot for life `life` of the process `info`, sampling `source`; `on_end` is told how
+    /// it ends. Also returns the receiver of its "done" signal: fired once it has ended and
+    /// reported; dropping it abandons the slot (its thread removes it at the next tick).
+    pub(crate) fn new(
+        life: u64,
+        info: &ProcessInfo,
+        settings: &SlotSettings,
+        source: Box<dyn StackSource>,
+        on_end: OnEnd,
+    ) -> (Self, oneshot::Receiver<()>) {
+        let (done_tx, done_rx) = oneshot::channel();
+        let reporter = Reporter {
+            on_end: Some(on_end),
+            done: Some(done_tx),
+        };
+        let now = Instant::now();
+        let slot = Slot {
+            id: life,
+            work: SlotWork {
+                source,
+                tally: Tally {
+                    life,
+                    epoch: 0,
+                    pid: info.pid,
+                    name: Arc::from(info.name.as_str()),
+                    role: info.role,
+                    counts: HashMap::new(),
+                    known: HashSet::new(),
+                    max_known: settings.max_known_stacks.max(1),
+                },
+                metrics: ProcessMetrics::new(&info.name, info.role.as_str(), info.pid),
+                mode: settings.mode,
+                batch_interval: settings.batch_interval,
+                max_consecutive_errors: settings.max_consecutive_errors,
+                consecutive_errors: 0,
+                next_flush: later(now, settings.batch_interval),
+                slow_streak: 0,
+                skip: 0,
+            },
+            reporter,
+        };
+        (slot, done_rx)
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub(crate) fn pid(&self) -> i32 {
+        self.work.tally.pid
+    }
+
+    /// Placed on a sampling thread at `now`: the first batch is due one interval later.
+    pub(crate) fn placed(&mut self, now: Instant) {
+        self.work.next_flush = later(now, self.work.batch_interval);
+    }
+
+    /// The owner is gone without asking for removal (it dropped the "done" receiver).
+    pub(crate) fn abandoned(&self) -> bool {
+        self.reporter.done.as_ref().is_none_or(|d| d.is_closed())
+    }
+
+    /// One sample, tallied. `Some` when the slot must end.
+    pub(crate) fn sample(&mut self, out: &mut Vec<SampledThread>) -> Option<SlotEnd> {
+        let w = &mut self.work;
+        out.clear();
+        if w.skip > 0 {
+            w.skip -= 1;
+            w.metrics.slow_skips.increment(1);
+            return None;
+        }
+        let began = Instant::now();
+        let result = guard(|| w.source.sample(out));
+        let took = began.elapsed();
+        w.metrics.duration.record(took.as_secs_f64());
+        if took > SLOW_SAMPLE {
+            w.slow_streak = w.slow_streak.saturating_add(1);
+            w.skip = (1u32 << (w.slow_streak - 1).min(6)).min(MAX_SLOW_SKIP);
+        } else {
+            w.slow_streak = 0;
+        }
+        match result {
+            Ok(Ok(())) => {
+                w.consecutive_errors = 0;
+                w.metrics.samples.increment(1);
+                w.metrics.attempt(true);
+                for thread in out.iter() {
+                    let s = thread.status;
+                    if w.mode.counts(s.on_cpu, s.holds_gil) {
+                        w.tally.add(thread.stack, s);
+                    }
+                }
+                None
+            }
+            Ok(Err(e)) => {
+                w.metrics.error(e.kind);
+                if e.process_gone {
+                    return Some(SlotEnd::ProcessGone(e.message));
+                }
+                w.metrics.attempt(false);
+                w.consecutive_errors = w.consecutive_errors.saturating_add(1);
+                if w.consecutive_errors >= w.max_consecutive_errors {
+                    return Some(SlotEnd::Failed(format!(
+                        "{} consecutive sample errors, the last: {e}",
+                        w.consecutive_errors
+                    )));
+                }
+                None
+            }
+            Err(panic) => Some(SlotEnd::Failed(format!("sample panicked: {panic}"))),
+        }
+    }
+
+    /// Counts ticks this slot (like every slot on its thread) missed.
+    pub(crate) fn missed(&self, ticks: u64) {
+        self.work.metrics.missed.increment(ticks);
+    }
+
+    /// Sends a batch if one is due at `now`. `Some` when the slot must end (a panic in the
+    /// source while resolving stacks or reading its stats; the batch went out regardless).
+    pub(crate) fn flush_if_due(
+        &mut self,
+        now: Instant,
+        aggregator: &ActorRef<AggregatorMsg>,
+    ) -> Option<SlotEnd> {
+        let w = &mut self.work;
+        if now < w.next_flush {
+            return None;
+        }
+        w.next_flush = later(w.next_flush, w.batch_interval);
+        if w.next_flush <= now {
+            w.next_flush = later(now, w.batch_interval);
+        }
+        let flushed = flush(
+            &mut w.tally,
+            &mut w.metrics,
+            w.source.as_ref(),
+            aggregator,
+            false,
+        );
+        flushed.err().map(SlotEnd::Failed)
+    }
+
+    /// Ends the slot: sends the final batch, drops the source (a panic in its `Drop` is
+    /// caught), then tells the owner how it ended and fires "done". A panic in the source
+    /// while flushing turns any end into a failure.
+    pub(crate) fn finish(self, aggregator: &ActorRef<AggregatorMsg>, end: SlotEnd) {
+        let Slot {
+            id: _,
+            mut work,
+            reporter,
+        } = self;
+        let flushed = flush(
+            &mut work.tally,
+            &mut work.metrics,
+            work.source.as_ref(),
+            aggregator,
+            true,
+        );
+        let end = match (flushed, end) {
+            (_, SlotEnd::Failed(why)) | (Err(why), _) => SlotEnd::Failed(why),
+            (Ok(()), end) => end,
+        };
+        let pid = work.tally.pid;
+        let name = work.tally.name.clone();
+        if let Err(panic) = guard(move || drop(work)) {
+            tracing::warn!(pid, process = %name, "dropping the stack source panicked: {panic}");
+        }
+        if let SlotEnd::Failed(why) = &end {
+            tracing::warn!(pid, process = %name, "sampler failed: {why}");
+        }
+        reporter.report(end);
+    }
+
+    /// Drops a slot that was never sampled (its owner went away before it was placed, or no
+    /// thread took it), sending and reporting nothing.
+    pub(crate) fn discard(self) {
+        let Slot {
+            id: _,
+            work,
+            reporter,
+        } = self;
+        let _ = guard(move || drop(work));
+        reporter.silence();
+    }
+}
+
+/// `t + d`, saturating far in the future.
+fn later(t: Instant, d: Duration) -> Instant {
+    t.checked_add(d)
+        .or_else(|| t.checked_add(Duration::from_secs(100 * 365 * 24 * 3600)))
+        .unwrap_or(t)
+}
+
+/// Sends the tally as a batch and exports the source's counters. `Err` is a panic in the
+/// source (while resolving or reading stats); the batch is sent regardless.
+fn flush<S: StackSource + ?Sized>(
+    tally: &mut Tally,
+    metrics: &mut ProcessMetrics,
+    source: &S,
+    aggregator: &ActorRef<AggregatorMsg>,
+    last: bool,
+) -> Result<(), String> {
+    let (batch, resolved) = tally.batch(source, last);
+    // The aggregator is gone only when the fleet is shutting down: nothing to do about it.
+    let _ = aggregator.send_message(AggregatorMsg::Batch(batch));
+    let stats = guard(|| source.stats());
+    if let Ok(stats) = &stats {
+        metrics.add_stats(stats);
+    }
+    metrics.touch();
+    resolved?;
+    stats.map(|_| ())
+}
+
+/// The counts since the last batch, and what was sent of this life's stacks.
+struct Tally {
+    life: u64,
+    epoch: u64,
+    pid: i32,
+    name: Arc<str>,
+    role: pyfleet_policies::Role,
+    counts: HashMap<(u64, ThreadStatus), u64>,
+    known: HashSet<u64>,
+    max_known: usize,
+}
+
+impl Tally {
+    fn add(&mut self, stack: u64, status: ThreadStatus) {
+        let n = self.counts.entry((stack, status)).or_default();
+        *n = n.saturating_add(1);
+    }
+
+    /// Drains the counts into a batch (keeping the map's capacity). The second value is `Err`
+    /// with the message of a panic in `resolve`; the batch is complete regardless (the stack
+    /// is marked unknown).
+    fn batch<S: StackSource + ?Sized>(
+        &mut self,
+        source: &S,
+        last: bool,
+    ) -> (Batch, Result<(), String>) {
+        if self.known.len() > self.max_known {
+            self.known.clear();
+            self.epoch += 1;
+        }
+        let mut resolved = Ok(());
+        let mut counts = Vec::with_capacity(self.counts.len());
+        let mut new_stacks = Vec::new();
+        for ((stack, status), n) in self.counts.drain() {
+            if self.known.insert(stack) {
+                let frames = match guard(|| source.resolve(stack)) {
+                    Ok(Some(frames)) => frames,
+                    Ok(None) => unknown_stack(),
+                    Err(panic) => {
+                        resolved = Err(format!("resolve panicked: {panic}"));
+                        unknown_stack()
+                    }
+                };
+                new_stacks.push((stack, frames));
+            }
+            counts.push((stack, status, n));
+        }
+        let batch = Batch {
+            life: self.life,
+            epoch: self.epoch,
+            pid: self.pid,
+            name: self.name.clone(),
+            role: self.role,
+            counts,
+            new_stacks,
+            last,
+        };
+        (batch, resolved)
+    }
+}
+
+fn unknown_stack() -> Vec<FrameInfo> {
+    vec![FrameInfo::new(UNKNOWN_FUNCTION, "", None)]
+}
+
+/// The per-process metric handles of one sampler, registered once.
+struct ProcessMetrics {
+    process: String,
+    role: &'static str,
+    pid: String,
+    samples: Counter,
+    duration: Histogram,
+    missed: Counter,
+    slow_skips: Counter,
+    errors: Vec<(&'static str, Counter)>,
+    /// Samples that succeeded and failed, and their ratio as a gauge.
+    succeeded: u64,
+    failed: u64,
+    failure_ratio: Gauge,
+    frame_cache_hits: Counter,
+    frame_cache_partial_hits: Counter,
+    frame_cache_misses: Counter,
+    code_cache_hits: Counter,
+    code_cache_misses: Counter,
+    remote_reads: Counter,
+    remote_read_bytes: Counter,
+    last: SourceStats,
+}
+
+impl ProcessMetrics {
+    fn new(process: &str, role: &'static str, pid: i32) -> Self {
+        let process = process.to_string();
+        let pid = pid.to_string();
+        let counter = |name: &'static str| metrics::counter!(name, "process" => process.clone(), "role" => role, "pid" => pid.clone());
+        ProcessMetrics {
+            samples: counter(m::SAMPLES),
+            duration: metrics::histogram!(
+                m::SAMPLE_DURATION, "process" => process.clone(), "role" => role, "pid" => pid.clone()
+            ),
+            missed: counter(m::MISSED_TICKS),
+            slow_skips: counter(m::SLOW_SKIPS),
+            errors: Vec::new(),
+            succeeded: 0,
+            failed: 0,
+            failure_ratio: metrics::gauge!(
+                m::SAMPLE_FAILURE_RATIO, "process" => process.clone(), "role" => role, "pid" => pid.clone()
+            ),
+            frame_cache_hits: counter(m::FRAME_CACHE_HITS),
+            frame_cache_partial_hits: counter(m::FRAME_CACHE_PARTIAL_HITS),
+            frame_cache_misses: counter(m::FRAME_CACHE_MISSES),
+            code_cache_hits: counter(m::CODE_CACHE_HITS),
+            code_cache_misses: counter(m::CODE_CACHE_MISSES),
+            remote_reads: counter(m::REMOTE_READS),
+            remote_read_bytes: counter(m::REMOTE_READ_BYTES),
+            last: SourceStats::default(),
+            process,
+            role,
+            pid,
+        }
+    }
+
+    /// Counts one sample, successful or not, in the failure ratio.
+    fn attempt(&mut self, ok: bool) {
+        if ok {
+            self.succeeded += 1;
+        } else {
+            self.failed += 1;
+        }
+        self.failure_ratio
+            .set(self.failed as f64 / (self.failed + self.succeeded) as f64);
+    }
+
+    fn error(&mut self, kind: &'static str) {
+        if let Some((_, c)) = self.errors.iter().find(|(k, _)| *k == kind) {
+            c.increment(1);
+            return;
+        }
+        let c = metrics::counter!(
+            m::SAMPLE_ERRORS,
+            "process" => self.process.clone(),
+            "role" => self.role,
+            "pid" => self.pid.clone(),
+            "kind" => kind
+        );
+        c.increment(1);
+        self.errors.push((kind, c));
+    }
+
+    /// Exports the increases since the last call (a counter that went backwards adds 0).
+    fn add_stats(&mut self, now: &SourceStats) {
+        let last = &self.last;
+        let pairs = [
+            (
+                &self.frame_cache_hits,
+                now.frame_cache_hits,
+                last.frame_cache_hits,
+            ),
+            (
+                &self.frame_cache_partial_hits,
+                now.frame_cache_partial_hits,
+                last.frame_cache_partial_hits,
+            ),
+            (
+                &self.frame_cache_misses,
+                now.frame_cache_misses,
+                last.frame_cache_misses,
+            ),
+            (
+                &self.code_cache_hits,
+                now.code_cache_hits,
+                last.code_cache_hits,
+            ),
+            (
+                &self.code_cache_misses,
+                now.code_cache_misses,
+                last.code_cache_misses,
+            ),
+            (&self.remote_reads, now.remote_reads, last.remote_reads),
+            (
+                &self.remote_read_bytes,
+                now.remote_read_bytes,
+                last.remote_read_bytes,
+            ),
+        ];
+        for (counter, now, last) in pairs {
+            counter.increment(now.saturating_sub(last));
+        }
+        self.last = *now;
+    }
+
+    /// Marks every series of this process as alive, so an exporter's idle timeout removes
+    /// them only once the sampler is gone (see the crate documentation).
+    fn touch(&self) {
+        for c in [
+            &self.samples,
+            &self.missed,
+            &self.slow_skips,
+            &self.frame_cache_hits,
+            &self.frame_cache_partial_hits,
+            &self.frame_cache_misses,
+            &self.code_cache_hits,
+            &self.code_cache_misses,
+            &self.remote_reads,
+            &self.remote_read_bytes,
+        ] {
+            c.increment(0);
+        }
+        for (_, c) in &self.errors {
+            c.increment(0);
+        }
+        self.failure_ratio.increment(0.0);
+    }
+}
