@@ -1,21 +1,20 @@
 //! The entry point: [`Fleet::start`] spawns the aggregator, the fleet's sampling thread(s),
-//! the snapshot sink and the supervisor (which spawns the sampler actors);
+//! the snapshot sink and the supervisor (which starts a sampler per process);
 //! [`Fleet::shutdown`] stops them in the order that loses no sample and returns once the
 //! final snapshot is written.
 //!
-//! The samplers are one actor per process (supervision, restarts, exits, per-process
-//! metrics), but the sampling itself runs on shared threads owned here, by default exactly
-//! one: every process is sampled at the same tick by the same thread, so the fleet pays one
-//! thread wakeup per tick (about 60 µs of CPU on a VM) instead of one per process per tick.
-//! See [`sampling`](crate::sampling) for the thread and why one is the default, and
-//! [`sampler`](crate::sampler) for how a process's slot comes and goes.
+//! Each process's sampler is a slot on a shared sampling thread, by default exactly one:
+//! every process is sampled at the same tick by the same thread, so the fleet pays one thread
+//! wakeup per tick (about 60 µs of CPU on a VM) instead of one per process per tick. See
+//! [`sampling`](crate::sampling) for the thread and why one is the default,
+//! [`slot`](crate::slot) for what a slot does and how it ends, and
+//! [`supervisor`](crate::supervisor) for how samplers come and go.
 //!
-//! Shutdown order: the supervisor stops every sampler actor, each of which has its slot
-//! removed from the sampling thread and waits until the slot's final batch is sent; then the
-//! sampling threads stop (finishing any slot still there) and are joined, all of it bounded
-//! by `stop_timeout`; then the sink writes the final snapshot, which therefore holds every
-//! sample taken (not bounded: cut short, it would lose everything); then the sink and the
-//! aggregator stop.
+//! Shutdown order: the supervisor has every slot removed from its sampling thread and waits
+//! until each slot's final batch is sent; then the sampling threads stop (finishing any slot
+//! still there) and are joined, all of it bounded by `stop_timeout`; then the sink writes the
+//! final snapshot, which therefore holds every sample taken (not bounded: cut short, it would
+//! lose everything); then the sink and the aggregator stop.
 //!
 //! Owns [`Fleet`]: the start and shutdown order, and the status query. Its configuration is
 //! [`FleetConfig`](crate::FleetConfig) ([`config`](crate::config)). It must not parse command

@@ -46,7 +46,6 @@ mod error;
 mod fleet;
 pub mod metric_names;
 mod panics;
-mod sampler;
 mod sampling;
 mod self_cpu;
 mod sink;

@@ -8,7 +8,7 @@
 //!
 //! Owns [`SamplingPool`] (created by [`Fleet::start`](crate::Fleet::start), shut down by
 //! [`Fleet::shutdown`](crate::Fleet::shutdown)) and the loop of each sampling thread. A
-//! thread holds [`Slot`]s, one per sampled process, which the sampler actors hand over once
+//! thread holds [`Slot`]s, one per sampled process, which the supervisor hands over once
 //! their source is attached (see [`slot`](crate::slot)). The thread's loop:
 //! - ticks on one deadline grid ([`Deadlines`]): `next = previous deadline + period`; a tick
 //!   that overruns makes the deadlines already past count as missed, for every slot
@@ -17,8 +17,8 @@
 //!   new period). With no slot the thread does not tick at all: it blocks until one arrives,
 //!   and the grid starts afresh then (the first tick is at once);
 //! - at each tick samples every slot once ([`Slot::sample`]); slots that end (process gone,
-//!   too many errors, a panic in their source, or an actor gone without asking) are finished
-//!   after the tick: final batch, drop, report to the actor ([`Slot::finish`]);
+//!   too many errors, a panic in their source, or an owner gone without asking) are finished
+//!   after the tick: final batch, drop, report the end ([`Slot::finish`]);
 //! - sends each slot's batch (every `batch_interval` per slot) right after the first tick at
 //!   or past its due time: counts only change at ticks, so this delays no sample and costs no
 //!   wakeup of its own (with a period longer than `batch_interval`, a batch per tick);
@@ -35,11 +35,12 @@
 //! the thread used 65 µs of CPU per tick in all, 0.65% of a core, where a thread per process
 //! cost about 79 µs per process per tick. More threads are for isolation, not throughput: a
 //! source that stalls delays every slot on its thread (seen as missed ticks), and a fleet
-//! whose tick work approaches the period can be split. With several threads a new slot goes to the thread
-//! with the fewest slots (round-robin while processes only arrive, and even again after
-//! churn, which plain round-robin is not).
+//! whose tick work approaches the period can be split. With several threads a new slot goes
+//! to the thread with the fewest slots (round-robin while processes only arrive, and even
+//! again after churn, which plain round-robin is not).
 //!
-//! It must not attach sources, decide restarts or rates, or aggregate: the actors do.
+//! It must not attach sources, decide restarts or rates, or aggregate: the supervisor and the
+//! aggregator do.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
@@ -257,7 +258,7 @@ impl SamplingThread {
         match control {
             Control::Add(mut slot) => {
                 if slot.abandoned() {
-                    // Its actor is already gone: never sampled, nothing to send.
+                    // Its owner is already gone: never sampled, nothing to send.
                     (*slot).discard();
                     self.load.fetch_sub(1, Ordering::Relaxed);
                     return true;
@@ -540,7 +541,7 @@ mod tests {
         removed.done.take().unwrap().await.unwrap();
         assert!(removed.dropped.load(Ordering::SeqCst));
         assert_eq!(*removed.ends.lock().unwrap(), ["Removed"]);
-        // Its actor gone without asking (the receiver dropped): removed at the next tick.
+        // Its owner gone without asking (the receiver dropped): removed at the next tick.
         drop(abandoned.done.take());
         until(|| abandoned.dropped.load(Ordering::SeqCst)).await;
         // A panic ended its slot only, and was reported as a failure.

@@ -3,8 +3,9 @@
 //! it ends.
 //!
 //! Owns [`Slot`], [`SlotSettings`], [`SlotEnd`] and the life ids ([`next_life`]). A slot is
-//! built by its owner once the process's source is attached, handed to a sampling thread
-//! ([`sampling`](crate::sampling)), and from then on used only by that thread. Its contract:
+//! built by its owner (the supervisor) once the process's source is attached, handed to a
+//! sampling thread ([`sampling`](crate::sampling)), and from then on used only by that
+//! thread. Its contract:
 //! - every tick ([`Slot::sample`]): applies the [`Mode`] to each thread's status and tallies
 //!   `(stack id, status)` locally (no allocation once the tally has seen the stacks; the
 //!   thread's `out` buffer is reused), records `pyfleet_sample_duration_seconds`, counts
