@@ -2,7 +2,7 @@
 //! window.
 //!
 //! Owns the window's counts and, per sampler life, the frames of the stack ids that sampler
-//! has sent (a sampler sends each stack's frames once; see `sampler`). On `TakeSnapshot` it
+//! has sent (a sampler sends each stack's frames once; see `slot`). On `TakeSnapshot` it
 //! hands over the window as a [`Snapshot`] and starts a new, empty one.
 //!
 //! Memory is bounded: at most `max_stacks` distinct (sampler life, stack id, status) entries

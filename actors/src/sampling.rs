@@ -8,8 +8,8 @@
 //!
 //! Owns [`SamplingPool`] (created by [`Fleet::start`](crate::Fleet::start), shut down by
 //! [`Fleet::shutdown`](crate::Fleet::shutdown)) and the loop of each sampling thread. A
-//! thread holds [`Slot`]s, one per sampled process, which the sampler actors hand over once
-//! their source is attached (see [`sampler`](crate::sampler)). The thread's loop:
+//! thread holds [`Slot`]s, one per sampled process, which the supervisor hands over once
+//! their source is attached (see [`slot`](crate::slot)). The thread's loop:
 //! - ticks on one deadline grid ([`Deadlines`]): `next = previous deadline + period`; a tick
 //!   that overruns makes the deadlines already past count as missed, for every slot
 //!   (`pyfleet_missed_ticks_total`), and skip, never burst. The rate is one for the fleet
@@ -17,8 +17,8 @@
 //!   new period). With no slot the thread does not tick at all: it blocks until one arrives,
 //!   and the grid starts afresh then (the first tick is at once);
 //! - at each tick samples every slot once ([`Slot::sample`]); slots that end (process gone,
-//!   too many errors, a panic in their source, or an actor gone without asking) are finished
-//!   after the tick: final batch, drop, report to the actor ([`Slot::finish`]);
+//!   too many errors, a panic in their source, or an owner gone without asking) are finished
+//!   after the tick: final batch, drop, report the end ([`Slot::finish`]);
 //! - sends each slot's batch (every `batch_interval` per slot) right after the first tick at
 //!   or past its due time: counts only change at ticks, so this delays no sample and costs no
 //!   wakeup of its own (with a period longer than `batch_interval`, a batch per tick);
@@ -35,11 +35,12 @@
 //! the thread used 65 µs of CPU per tick in all, 0.65% of a core, where a thread per process
 //! cost about 79 µs per process per tick. More threads are for isolation, not throughput: a
 //! source that stalls delays every slot on its thread (seen as missed ticks), and a fleet
-//! whose tick work approaches the period can be split. With several threads a new slot goes to the thread
-//! with the fewest slots (round-robin while processes only arrive, and even again after
-//! churn, which plain round-robin is not).
+//! whose tick work approaches the period can be split. With several threads a new slot goes
+//! to the thread with the fewest slots (round-robin while processes only arrive, and even
+//! again after churn, which plain round-robin is not).
 //!
-//! It must not attach sources, decide restarts or rates, or aggregate: the actors do.
+//! It must not attach sources, decide restarts or rates, or aggregate: the supervisor and the
+//! aggregator do.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
@@ -52,7 +53,7 @@ use tokio::sync::oneshot;
 
 use crate::aggregator::AggregatorMsg;
 use crate::panics::guard;
-use crate::sampler::{End, Slot};
+use crate::slot::{Slot, SlotEnd};
 use crate::source::SampledThread;
 use crate::timing::{period_of, Deadlines, Jitter};
 
@@ -217,7 +218,7 @@ struct SamplingThread {
     /// Reused by every sample of every slot.
     out: Vec<SampledThread>,
     /// Slots to finish, by index, ascending; empty between uses.
-    ending: Vec<(usize, End)>,
+    ending: Vec<(usize, SlotEnd)>,
 }
 
 impl SamplingThread {
@@ -257,7 +258,7 @@ impl SamplingThread {
         match control {
             Control::Add(mut slot) => {
                 if slot.abandoned() {
-                    // Its actor is already gone: never sampled, nothing to send.
+                    // Its owner is already gone: never sampled, nothing to send.
                     (*slot).discard();
                     self.load.fetch_sub(1, Ordering::Relaxed);
                     return true;
@@ -272,7 +273,7 @@ impl SamplingThread {
             Control::Remove(id) => {
                 if let Some(i) = self.slots.iter().position(|s| s.id() == id) {
                     let slot = self.slots.remove(i);
-                    self.finish(slot, End::Removed);
+                    self.finish(slot, SlotEnd::Removed);
                 }
             }
             Control::SetRate(hz) => {
@@ -282,7 +283,7 @@ impl SamplingThread {
             }
             Control::Stop => {
                 for slot in std::mem::take(&mut self.slots) {
-                    self.finish(slot, End::Removed);
+                    self.finish(slot, SlotEnd::Removed);
                 }
                 return false;
             }
@@ -295,7 +296,7 @@ impl SamplingThread {
     fn tick(&mut self) {
         for (i, slot) in self.slots.iter_mut().enumerate() {
             let end = if slot.abandoned() {
-                Some(End::Removed)
+                Some(SlotEnd::Removed)
             } else {
                 slot.sample(&mut self.out)
             };
@@ -328,7 +329,7 @@ impl SamplingThread {
         }
     }
 
-    fn finish(&self, slot: Slot, end: End) {
+    fn finish(&self, slot: Slot, end: SlotEnd) {
         slot.finish(&self.aggregator, end);
         self.load.fetch_sub(1, Ordering::Relaxed);
     }
@@ -340,13 +341,13 @@ mod tests {
 
     use pyfleet_policies::Mode;
     use ractor::rpc::CallResult;
-    use ractor::{Actor, ActorProcessingErr};
+    use ractor::Actor;
 
     use super::*;
     use crate::aggregator::AggregatorActor;
-    use crate::sampler::{test_slot, SamplerMsg, SamplerSettings};
+    use crate::slot::{next_life, OnEnd, SlotSettings, SLOW_SAMPLE};
+    use crate::snapshot::Snapshot;
     use crate::source::{FrameInfo, ProcessInfo, SampleError, SourceStats, StackSource};
-    use crate::Snapshot;
 
     /// Counts its samples (one thread, stack 7, each) and its drop; panics on demand.
     struct Counting {
@@ -389,33 +390,10 @@ mod tests {
         }
     }
 
-    /// Stands in for a sampler actor: records the ends reported to it.
-    struct Probe;
-
-    impl Actor for Probe {
-        type Msg = SamplerMsg;
-        type State = Arc<Mutex<Vec<String>>>;
-        type Arguments = Arc<Mutex<Vec<String>>>;
-
-        async fn pre_start(
-            &self,
-            _myself: ActorRef<Self::Msg>,
-            ends: Self::Arguments,
-        ) -> Result<Self::State, ActorProcessingErr> {
-            Ok(ends)
-        }
-
-        async fn handle(
-            &self,
-            _myself: ActorRef<Self::Msg>,
-            message: Self::Msg,
-            ends: &mut Self::State,
-        ) -> Result<(), ActorProcessingErr> {
-            if let SamplerMsg::Ended(outcome) = message {
-                ends.lock().unwrap().push(format!("{outcome:?}"));
-            }
-            Ok(())
-        }
+    /// Records the ends reported to it, as their debug strings.
+    fn recorder(ends: &Arc<Mutex<Vec<String>>>) -> OnEnd {
+        let ends = ends.clone();
+        Box::new(move |end| ends.lock().unwrap().push(format!("{end:?}")))
     }
 
     struct Fake {
@@ -427,8 +405,8 @@ mod tests {
         done: Option<oneshot::Receiver<()>>,
     }
 
-    /// A process's info and sampler settings for a test slot (batches only at the end).
-    fn slot_args(pid: i32, name: &str) -> (ProcessInfo, SamplerSettings) {
+    /// A process's info and slot settings for a test slot (batches only at the end).
+    fn slot_args(pid: i32, name: &str) -> (ProcessInfo, SlotSettings) {
         let info = ProcessInfo {
             ppid: 1,
             role: pyfleet_policies::Role::Single,
@@ -438,12 +416,11 @@ mod tests {
             python_version: "3.13.1".to_string(),
             start_time: 0,
         };
-        let settings = SamplerSettings {
+        let settings = SlotSettings {
             mode: Mode::Wall,
             batch_interval: Duration::from_secs(3600),
             max_consecutive_errors: 10,
             max_known_stacks: 100,
-            stop_timeout: Duration::from_secs(1),
         };
         (info, settings)
     }
@@ -452,14 +429,19 @@ mod tests {
         let samples = Arc::new(AtomicU64::new(0));
         let dropped = Arc::new(AtomicBool::new(false));
         let ends = Arc::new(Mutex::new(Vec::new()));
-        let (probe, _) = Actor::spawn(None, Probe, ends.clone()).await.unwrap();
         let (info, settings) = slot_args(pid, &format!("p{pid}"));
         let source = Counting {
             samples: samples.clone(),
             dropped: dropped.clone(),
             panic_at,
         };
-        let (slot, done) = test_slot(&info, &settings, Box::new(source), probe);
+        let (slot, done) = Slot::new(
+            next_life(),
+            &info,
+            &settings,
+            Box::new(source),
+            recorder(&ends),
+        );
         let slot_id = slot.id();
         assert_eq!(pool.add(slot), Ok(0));
         Fake {
@@ -482,7 +464,7 @@ mod tests {
         fn sample(&mut self, _out: &mut Vec<SampledThread>) -> Result<(), SampleError> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             if self.slow.load(Ordering::SeqCst) {
-                std::thread::sleep(crate::sampler::SLOW_SAMPLE + Duration::from_millis(1));
+                std::thread::sleep(SLOW_SAMPLE + Duration::from_millis(1));
             }
             Ok(())
         }
@@ -496,14 +478,19 @@ mod tests {
 
     #[tokio::test]
     async fn a_slow_source_is_skipped_for_longer_and_longer_then_sampled_again() {
-        let (probe, _) = Actor::spawn(None, Probe, Arc::default()).await.unwrap();
         let (slow, calls) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicU64::new(0)));
         let (info, settings) = slot_args(1, "slow");
         let source = Slow {
             slow: slow.clone(),
             calls: calls.clone(),
         };
-        let (mut slot, _done) = test_slot(&info, &settings, Box::new(source), probe);
+        let (mut slot, _done) = Slot::new(
+            next_life(),
+            &info,
+            &settings,
+            Box::new(source),
+            recorder(&Arc::default()),
+        );
         let mut out = Vec::new();
         // Sampled at ticks 0, 2, 5, 10 and 19: skipped 1, 2, 4, 8 ticks after each.
         for _ in 0..20 {
@@ -549,11 +536,12 @@ mod tests {
         let all = [&removed, &abandoned, &panics, &stays];
         until(|| all.iter().all(|f| f.samples.load(Ordering::SeqCst) >= 5)).await;
 
-        // Removal: the final batch is sent before "done" fires; nothing is reported.
+        // Removal: the final batch is sent and the end reported before "done" fires.
         pool.remove(0, removed.slot_id);
         removed.done.take().unwrap().await.unwrap();
         assert!(removed.dropped.load(Ordering::SeqCst));
-        // Its actor gone without asking (the receiver dropped): removed at the next tick.
+        assert_eq!(*removed.ends.lock().unwrap(), ["Removed"]);
+        // Its owner gone without asking (the receiver dropped): removed at the next tick.
         drop(abandoned.done.take());
         until(|| abandoned.dropped.load(Ordering::SeqCst)).await;
         // A panic ended its slot only, and was reported as a failure.
@@ -577,13 +565,14 @@ mod tests {
         for f in [&removed, &abandoned, &panics, &stays] {
             assert_eq!(total(&snap, f.pid), f.samples.load(Ordering::SeqCst));
         }
+        // Each slot reported its end once.
         for f in [&removed, &abandoned, &stays] {
-            assert!(f.ends.lock().unwrap().is_empty(), "pid {}", f.pid);
+            assert_eq!(*f.ends.lock().unwrap(), ["Removed"], "pid {}", f.pid);
         }
         // Stopped: a new slot finds no thread, and its source is dropped.
         let samples = Arc::new(AtomicU64::new(0));
         let dropped = Arc::new(AtomicBool::new(false));
-        let (probe, _) = Actor::spawn(None, Probe, Arc::default()).await.unwrap();
+        let late_ends = Arc::new(Mutex::new(Vec::new()));
         let source = Counting {
             samples,
             dropped: dropped.clone(),
@@ -598,15 +587,22 @@ mod tests {
             python_version: String::new(),
             start_time: 0,
         };
-        let settings = SamplerSettings {
+        let settings = SlotSettings {
             mode: Mode::Wall,
             batch_interval: Duration::from_secs(1),
             max_consecutive_errors: 1,
             max_known_stacks: 1,
-            stop_timeout: Duration::from_secs(1),
         };
-        let (slot, _done) = test_slot(&info, &settings, Box::new(source), probe);
+        let (slot, _done) = Slot::new(
+            next_life(),
+            &info,
+            &settings,
+            Box::new(source),
+            recorder(&late_ends),
+        );
         assert!(pool.add(slot).is_err());
         assert!(dropped.load(Ordering::SeqCst));
+        // Discarded without a report: `add`'s error is the only word of it.
+        assert!(late_ends.lock().unwrap().is_empty());
     }
 }

@@ -1,31 +1,47 @@
-//! The supervisor actor: which processes have a sampler, restarts, and the shared rate.
+//! The supervisor actor: which processes are sampled, each sampler's life, restarts, and the
+//! shared rate.
 //!
-//! Owns the table of known pids and their sampler's state (running, restart pending, given up,
-//! exited), the restart state of each, and the one sampling rate. Every `scan_interval` it
-//! runs [`Discovery::scan`] on a blocking thread (the result comes back as a message, so the
+//! A *sampler* is one life of one process's sampling: the supervisor attaches the process's
+//! source ([`SourceFactory::attach`], which can take milliseconds) on tokio's blocking pool,
+//! never on the sampling thread nor on the async workers; the source comes back as
+//! [`SupervisorMsg::Attached`], and the supervisor hands it to the sampling pool as a
+//! [`Slot`]. The slot tells how it ended, typed ([`SlotEnd`]), in
+//! [`SupervisorMsg::SlotEnded`], after its final batch went to the aggregator. Each life has
+//! an id ([`next_life`]); a message about a life the supervisor has moved on from (stopped
+//! while attaching, replaced) is ignored, and a source that arrives for it is dropped on the
+//! blocking pool.
+//!
+//! Owns the table of known pids and their sampler's state (attaching or sampling, restart
+//! pending, given up, exited), the restart state of each, why it stopped a sampler
+//! ([`StopReason`]), and the one sampling rate. Every `scan_interval` it runs
+//! [`Discovery::scan`] on a blocking thread (the result comes back as a message, so the
 //! supervisor keeps handling events meanwhile) and then:
-//! - spawns one sampler, linked to itself, per newly listed pid;
+//! - starts a sampler per newly listed pid;
 //! - stops the sampler of each pid no longer listed and counts the exit
-//!   (`pyfleet_process_exits_total{process}`);
-//! - restarts (without counting an exit) the sampler of a pid whose role changed, so that its
-//!   series and snapshots carry the role it has now (a master listed before its workers
-//!   existed);
+//!   (`pyfleet_process_exits_total`);
+//! - stops (without counting an exit) the sampler of a pid whose role changed; the next scan
+//!   samples it afresh, so that its series and snapshots carry the role it has now (a master
+//!   listed before its workers existed);
 //! - marks samplers that have run for `healthy_after` as healthy (the restart policy's backoff
 //!   starts over for them).
 //!
-//! Sampler ends arrive as ractor supervision events. A clean end with reason
-//! `process_gone` is an exit (counted once; the pid is not sampled again while discovery still
-//! lists it). A failure (`ActorFailed`: an error, too many sample errors, a failed attach, a
-//! panic in the source) goes to the [`RestartPolicy`](pyfleet_policies::RestartPolicy): a
-//! restart after its backoff (`pyfleet_actor_restarts_total{process,role,pid}` counts restarts), or
-//! giving up: one warning, and no sampler for that pid while it is listed. Every
-//! `rate_interval` it reads pyfleet's own CPU time, asks the
+//! How a sampler ended decides what follows: stopped by the supervisor (unlisted, role
+//! changed, shutdown), whatever the slot saw meanwhile, the entry is dropped (a later scan that
+//! lists the pid starts afresh); [`SlotEnd::ProcessGone`] is an exit (counted once; the pid is
+//! not sampled again while discovery still lists it); a failure (a failed or panicking attach,
+//! too many sample errors, a panic in the source, a slot removed unasked) goes to the
+//! [`RestartPolicy`](pyfleet_policies::RestartPolicy): a restart after its backoff
+//! (`pyfleet_actor_restarts_total{process,role,pid}` counts restarts), or giving up: one
+//! warning, and no sampler for that pid while it is listed. An exit is never a failure.
+//!
+//! Every `rate_interval` it reads pyfleet's own CPU time, asks the
 //! [`RatePolicy`](pyfleet_policies::RatePolicy) for the next rate and sends it to the fleet's
 //! sampling threads (one rate for every process; see [`sampling`](crate::sampling)). It keeps
-//! `pyfleet_processes` equal to the number of live samplers.
+//! `pyfleet_processes` equal to the number of live samplers. On shutdown it stops every
+//! sampler and waits, bounded by `stop_timeout`, until each slot's final batch is sent.
 //!
-//! It must not sample, aggregate or write anything, and must not block: discovery runs on a
-//! blocking thread, and the samplers attach on tokio's blocking pool.
+//! It must not sample, aggregate or write anything, and must not block: discovery and
+//! attaches run on blocking threads, and sources it drops are dropped there too.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -33,23 +49,32 @@ use std::time::Instant;
 
 use metrics::{Counter, Gauge};
 use pyfleet_policies::{RestartDecision, RestartState};
-use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::fleet::{FleetConfig, FleetStatus, ProcessState, ProcessStatus};
+use crate::config::FleetConfig;
 use crate::metric_names as m;
 use crate::panics::guard;
-use crate::sampler::{SamplerActor, SamplerArgs, SamplerMsg, SamplerSettings, REASON_PROCESS_GONE};
 use crate::sampling::SamplingPool;
 use crate::self_cpu::{cpu_time, CpuMeter};
-use crate::source::{Discovery, ProcessInfo, SourceFactory};
+use crate::slot::{next_life, Slot, SlotEnd, SlotSettings};
+use crate::source::{Discovery, ProcessInfo, SourceFactory, StackSource};
+use crate::status::{FleetStatus, ProcessState, ProcessStatus};
 use crate::timing::{spawn_ticker, Jitter};
 
-const REASON_UNLISTED: &str = "unlisted";
-/// A listed process's role changed (a master whose workers appeared after it was listed): its
-/// sampler is stopped and, at the next scan, started afresh under the new labels.
-const REASON_RELABEL: &str = "role changed";
-const REASON_SHUTDOWN: &str = "shutdown";
+/// Why the supervisor stopped a sampler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StopReason {
+    /// Discovery no longer lists the pid (or lists another process under it). An exit,
+    /// counted when the sampler is stopped.
+    Unlisted,
+    /// A listed process's role changed (a master whose workers appeared after it was listed):
+    /// sampled afresh from the next scan under the new labels. Neither an exit nor a failure.
+    RoleChanged,
+    /// The fleet is shutting down.
+    Shutdown,
+}
 
 pub(crate) struct SupervisorArgs<D, F> {
     pub discovery: D,
@@ -62,6 +87,19 @@ pub(crate) enum SupervisorMsg {
     Scan,
     /// `None`: the scan failed (discovery panicked); nothing is concluded from it.
     ScanDone(Option<Vec<ProcessInfo>>),
+    /// From an attach task: the source of sampler life `life` of `pid`, or why there is none.
+    Attached {
+        pid: i32,
+        life: u64,
+        source: Result<Box<dyn StackSource>, String>,
+    },
+    /// From a sampling thread: the slot of sampler life `life` of `pid` has ended, its final
+    /// batch sent.
+    SlotEnded {
+        pid: i32,
+        life: u64,
+        end: SlotEnd,
+    },
     Restart {
         pid: i32,
         generation: u64,
@@ -82,20 +120,32 @@ impl<D, F> SupervisorActor<D, F> {
 }
 
 enum EntryState {
-    /// Listed, sampler about to be spawned.
+    /// Listed, sampler about to be started.
     Pending,
+    /// A sampler life: attaching, then sampling on a thread.
     Running {
-        actor: ActorRef<SamplerMsg>,
+        life: u64,
         since: Instant,
         healthy: bool,
-        /// Told to stop because the pid is no longer listed.
-        stopping: bool,
+        /// Once its slot is on a sampling thread.
+        placed: Option<Placed>,
+        /// Set once the supervisor has asked it to stop, with why.
+        stopping: Option<StopReason>,
     },
     Backoff {
         generation: u64,
     },
     GivenUp,
     Exited,
+}
+
+/// Where a sampler's slot is.
+struct Placed {
+    /// The sampling thread it is on.
+    thread: usize,
+    /// Fires once the slot has ended and its final batch is sent. Dropped (with the entry, or
+    /// the whole supervisor), it abandons the slot: the thread removes it at its next tick.
+    done: oneshot::Receiver<()>,
 }
 
 struct Entry {
@@ -133,7 +183,6 @@ pub(crate) struct SupervisorState<D, F> {
     config: FleetConfig,
     started: Instant,
     entries: HashMap<i32, Entry>,
-    by_actor: HashMap<ActorId, i32>,
     scanning: bool,
     shutting_down: bool,
     rate_hz: f64,
@@ -171,7 +220,6 @@ impl<D: Discovery, F: SourceFactory> Actor for SupervisorActor<D, F> {
             config: args.config,
             started: Instant::now(),
             entries: HashMap::new(),
-            by_actor: HashMap::new(),
             scanning: false,
             shutting_down: false,
             rate_hz,
@@ -229,12 +277,16 @@ impl<D: Discovery, F: SourceFactory> Actor for SupervisorActor<D, F> {
             SupervisorMsg::ScanDone(list) => {
                 state.scanning = false;
                 if let Some(list) = list {
-                    state.apply_scan(&myself, list).await;
+                    state.apply_scan(&myself, list);
                 }
             }
-            SupervisorMsg::Restart { pid, generation } => {
-                state.restart(&myself, pid, generation).await
+            SupervisorMsg::Attached { pid, life, source } => {
+                state.attached(&myself, pid, life, source)
             }
+            SupervisorMsg::SlotEnded { pid, life, end } => {
+                state.sampler_ended(&myself, pid, life, end)
+            }
+            SupervisorMsg::Restart { pid, generation } => state.restart(&myself, pid, generation),
             SupervisorMsg::MeasureRate => state.measure_rate(),
             SupervisorMsg::Status(reply) => {
                 let _ = reply.send(state.status());
@@ -244,36 +296,9 @@ impl<D: Discovery, F: SourceFactory> Actor for SupervisorActor<D, F> {
                 for t in state.timers.drain(..) {
                     t.abort();
                 }
-                let wait = state.config.stop_timeout + state.config.stop_timeout;
-                myself
-                    .stop_children_and_wait(Some(REASON_SHUTDOWN.to_string()), Some(wait))
-                    .await;
+                state.stop_all(&myself).await;
                 let _ = reply.send(());
             }
-        }
-        Ok(())
-    }
-
-    async fn handle_supervisor_evt(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        event: SupervisionEvent,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        match event {
-            SupervisionEvent::ActorTerminated(cell, _, reason) => {
-                if let Some(pid) = state.by_actor.remove(&cell.get_id()) {
-                    state.sampler_ended(&myself, pid, Ok(reason)).await;
-                }
-            }
-            SupervisionEvent::ActorFailed(cell, err) => {
-                if let Some(pid) = state.by_actor.remove(&cell.get_id()) {
-                    state
-                        .sampler_ended(&myself, pid, Err(err.to_string()))
-                        .await;
-                }
-            }
-            _ => {}
         }
         Ok(())
     }
@@ -308,12 +333,13 @@ impl<D: Discovery, F: SourceFactory> SupervisorState<D, F> {
         });
     }
 
-    async fn apply_scan(&mut self, myself: &ActorRef<SupervisorMsg>, list: Vec<ProcessInfo>) {
+    fn apply_scan(&mut self, myself: &ActorRef<SupervisorMsg>, list: Vec<ProcessInfo>) {
         if self.shutting_down {
             return;
         }
         let mut listed = HashSet::with_capacity(list.len());
         let mut to_spawn = Vec::new();
+        let mut to_stop = Vec::new();
         for info in list {
             let pid = info.pid;
             // Another process under a pid still sampled (the first exited and the pid was
@@ -336,19 +362,15 @@ impl<D: Discovery, F: SourceFactory> SupervisorState<D, F> {
                 Some(entry) => {
                     entry.listed = true;
                     if entry.info.role != info.role {
-                        if let EntryState::Running {
-                            actor, stopping, ..
-                        } = &mut entry.state
-                        {
-                            if !*stopping {
+                        if let EntryState::Running { stopping, .. } = &entry.state {
+                            if stopping.is_none() {
                                 tracing::debug!(
                                     pid,
                                     "role {} -> {}: sampler restarted",
                                     entry.info.role,
                                     info.role
                                 );
-                                *stopping = true;
-                                actor.stop(Some(REASON_RELABEL.to_string()));
+                                to_stop.push((pid, StopReason::RoleChanged));
                             }
                             continue;
                         }
@@ -377,14 +399,11 @@ impl<D: Discovery, F: SourceFactory> SupervisorState<D, F> {
                 continue;
             };
             entry.listed = false;
-            match &mut entry.state {
-                EntryState::Running {
-                    actor, stopping, ..
-                } => {
-                    if !*stopping {
-                        *stopping = true;
-                        actor.stop(Some(REASON_UNLISTED.to_string()));
+            match &entry.state {
+                EntryState::Running { stopping, .. } => {
+                    if stopping.is_none() {
                         count_exit(entry, &mut self.exits, &self.exit_counter);
+                        to_stop.push((pid, StopReason::Unlisted));
                     }
                 }
                 _ => {
@@ -394,8 +413,11 @@ impl<D: Discovery, F: SourceFactory> SupervisorState<D, F> {
             }
         }
 
+        for (pid, reason) in to_stop {
+            self.stop(myself, pid, reason);
+        }
         for pid in to_spawn {
-            self.spawn(myself, pid).await;
+            self.spawn(myself, pid);
         }
 
         let healthy_after = self.config.healthy_after;
@@ -420,44 +442,170 @@ impl<D: Discovery, F: SourceFactory> SupervisorState<D, F> {
         self.exit_counter.increment(0);
     }
 
-    async fn spawn(&mut self, myself: &ActorRef<SupervisorMsg>, pid: i32) {
-        let Some(entry) = self.entries.get(&pid) else {
+    fn slot_settings(&self) -> SlotSettings {
+        SlotSettings {
+            mode: self.config.mode,
+            batch_interval: self.config.batch_interval,
+            max_consecutive_errors: self.config.max_consecutive_errors,
+            max_known_stacks: self.config.max_stacks_per_process.saturating_mul(2),
+        }
+    }
+
+    /// Starts a sampler life for `pid`: its source is attached on the blocking pool and comes
+    /// back as [`SupervisorMsg::Attached`].
+    fn spawn(&mut self, myself: &ActorRef<SupervisorMsg>, pid: i32) {
+        let needs_cpu_status = self.config.mode.needs_cpu_status();
+        let Some(entry) = self.entries.get_mut(&pid) else {
             return;
         };
-        let args = SamplerArgs {
-            factory: self.factory.clone(),
-            info: entry.info.clone(),
-            sampling: self.sampling.clone(),
-            settings: SamplerSettings {
-                mode: self.config.mode,
-                batch_interval: self.config.batch_interval,
-                max_consecutive_errors: self.config.max_consecutive_errors,
-                max_known_stacks: self.config.max_stacks_per_process.saturating_mul(2),
-                stop_timeout: self.config.stop_timeout,
-            },
+        let life = next_life();
+        let factory = self.factory.clone();
+        let target = entry.info.clone();
+        let me = myself.clone();
+        tokio::task::spawn_blocking(move || {
+            let source = match guard(|| factory.attach(&target, needs_cpu_status)) {
+                Ok(Ok(source)) => Ok(Box::new(source) as Box<dyn StackSource>),
+                Ok(Err(e)) => Err(format!("attach failed: {e}")),
+                Err(panic) => Err(format!("attach panicked: {panic}")),
+            };
+            // If the supervisor is gone, the message and its source are dropped here.
+            let _ = me.send_message(SupervisorMsg::Attached { pid, life, source });
+        });
+        entry.state = EntryState::Running {
+            life,
+            since: Instant::now(),
+            healthy: false,
+            placed: None,
+            stopping: None,
         };
-        let spawned = myself
-            .get_cell()
-            .spawn_linked(None, SamplerActor::<F>::new(), args)
-            .await;
-        match spawned {
-            Ok((actor, _join)) => {
-                self.by_actor.insert(actor.get_id(), pid);
-                if let Some(entry) = self.entries.get_mut(&pid) {
-                    entry.state = EntryState::Running {
-                        actor,
-                        since: Instant::now(),
-                        healthy: false,
-                        stopping: false,
-                    };
-                }
-            }
-            Err(e) => self.failed(myself, pid, format!("cannot start sampler: {e}")),
-        }
         self.update_gauge();
     }
 
-    /// A sampler failed (or could not start): restart it later, or give up.
+    /// The attach of life `life` of `pid` is done: hands its source to the sampling pool as
+    /// a slot, or fails the sampler.
+    fn attached(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg>,
+        pid: i32,
+        life: u64,
+        source: Result<Box<dyn StackSource>, String>,
+    ) {
+        let settings = self.slot_settings();
+        let current = self.entries.get(&pid).filter(|e| {
+            matches!(
+                e.state,
+                EntryState::Running { life: l, placed: None, stopping: None, .. } if l == life
+            )
+        });
+        let Some(entry) = current else {
+            // A life already over (stopped while it attached).
+            if let Ok(source) = source {
+                drop_off_async_workers(pid, source);
+            }
+            return;
+        };
+        let source = match source {
+            Ok(source) => source,
+            Err(why) => {
+                tracing::warn!(pid, process = %entry.info.name, "sampler failed: {why}");
+                self.failed(myself, pid, why);
+                self.update_gauge();
+                return;
+            }
+        };
+        let me = myself.clone();
+        let (slot, done) = Slot::new(
+            life,
+            &entry.info,
+            &settings,
+            source,
+            Box::new(move |end| {
+                // If the supervisor is gone (the fleet stopped), nobody needs to know.
+                let _ = me.send_message(SupervisorMsg::SlotEnded { pid, life, end });
+            }),
+        );
+        match self.sampling.add(slot) {
+            Ok(thread) => {
+                if let Some(entry) = self.entries.get_mut(&pid) {
+                    if let EntryState::Running { placed, .. } = &mut entry.state {
+                        *placed = Some(Placed { thread, done });
+                    }
+                    tracing::debug!(pid, process = %entry.info.name, "sampling");
+                }
+            }
+            Err(why) => {
+                self.failed(myself, pid, why);
+                self.update_gauge();
+            }
+        }
+    }
+
+    /// Stops the sampler of `pid` for `reason`, unless it is stopping already. A sampler on a
+    /// thread has its slot removed (the end comes back as [`SupervisorMsg::SlotEnded`]); one
+    /// still attaching ends at once (its source is dropped when it arrives).
+    fn stop(&mut self, myself: &ActorRef<SupervisorMsg>, pid: i32, reason: StopReason) {
+        let Some(entry) = self.entries.get_mut(&pid) else {
+            return;
+        };
+        let EntryState::Running {
+            life,
+            placed,
+            stopping,
+            ..
+        } = &mut entry.state
+        else {
+            return;
+        };
+        if stopping.is_some() {
+            return;
+        }
+        *stopping = Some(reason);
+        let life = *life;
+        match placed {
+            Some(placed) => self.sampling.remove(placed.thread, life),
+            None => self.sampler_ended(myself, pid, life, SlotEnd::Removed),
+        }
+    }
+
+    /// Stops every sampler and waits, bounded by `stop_timeout`, until each slot's final batch
+    /// is sent.
+    async fn stop_all(&mut self, myself: &ActorRef<SupervisorMsg>) {
+        let running: Vec<i32> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| matches!(e.state, EntryState::Running { .. }))
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in running {
+            self.stop(myself, pid, StopReason::Shutdown);
+        }
+        // Every slot still on a thread, those stopped earlier for another reason included.
+        let pending: Vec<oneshot::Receiver<()>> = self
+            .entries
+            .values_mut()
+            .filter_map(|e| match &mut e.state {
+                EntryState::Running { placed, .. } => placed.take().map(|p| p.done),
+                _ => None,
+            })
+            .collect();
+        let timeout = self.config.stop_timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut late = 0;
+        for done in pending {
+            // A receive error is "done" dropped unsent: the slot is gone all the same.
+            if tokio::time::timeout_at(deadline, done).await.is_err() {
+                late += 1;
+            }
+        }
+        if late > 0 {
+            tracing::warn!(
+                "{late} slot(s) not removed from the sampling threads within {timeout:?}: their \
+                 last batches may be lost"
+            );
+        }
+    }
+
+    /// A sampler failed: restart it later, or give up.
     fn failed(&mut self, myself: &ActorRef<SupervisorMsg>, pid: i32, why: String) {
         let now = self.started.elapsed();
         let random = self.jitter.next();
@@ -493,7 +641,7 @@ impl<D: Discovery, F: SourceFactory> SupervisorState<D, F> {
         }
     }
 
-    async fn restart(&mut self, myself: &ActorRef<SupervisorMsg>, pid: i32, generation: u64) {
+    fn restart(&mut self, myself: &ActorRef<SupervisorMsg>, pid: i32, generation: u64) {
         if self.shutting_down {
             return;
         }
@@ -507,44 +655,49 @@ impl<D: Discovery, F: SourceFactory> SupervisorState<D, F> {
         }
         entry.restarts.increment(1);
         self.restarts += 1;
-        self.spawn(myself, pid).await;
+        self.spawn(myself, pid);
     }
 
-    async fn sampler_ended(
+    /// Sampler life `life` of `pid` has ended (its slot ended, or it was stopped while it
+    /// attached): concludes an exit, a failure, or the end of a stop it asked for.
+    fn sampler_ended(
         &mut self,
         myself: &ActorRef<SupervisorMsg>,
         pid: i32,
-        how: Result<Option<String>, String>,
+        life: u64,
+        end: SlotEnd,
     ) {
-        if self.shutting_down {
-            if let Some(entry) = self.entries.get_mut(&pid) {
-                entry.state = EntryState::Exited;
-            }
-            self.update_gauge();
-            return;
-        }
         let Some(entry) = self.entries.get_mut(&pid) else {
             return;
         };
-        let stopping = matches!(entry.state, EntryState::Running { stopping: true, .. });
-        if !entry.listed || stopping {
-            // Stopped because discovery no longer listed it (the exit is counted); a later
-            // scan that lists the pid again starts afresh.
-            self.entries.remove(&pid);
-        } else {
-            match how {
-                Ok(Some(reason)) if reason == REASON_PROCESS_GONE => {
-                    count_exit(entry, &mut self.exits, &self.exit_counter);
-                    entry.state = EntryState::Exited;
-                    tracing::debug!(pid, process = %entry.info.name, "process exited");
-                }
-                Ok(reason) => self.failed(
-                    myself,
-                    pid,
-                    format!("sampler stopped unexpectedly ({reason:?})"),
-                ),
-                Err(why) => self.failed(myself, pid, why),
+        let stopping = match &entry.state {
+            EntryState::Running {
+                life: current,
+                stopping,
+                ..
+            } if *current == life => *stopping,
+            // A life the supervisor has moved on from.
+            _ => return,
+        };
+        match (stopping, end) {
+            (Some(reason), _) => {
+                // Whatever the slot saw meanwhile, it was asked to stop. Unlisted: the exit
+                // is counted; a later scan that lists the pid again starts afresh, as it does
+                // after a role change.
+                tracing::debug!(pid, process = %entry.info.name, "sampler stopped: {reason:?}");
+                self.entries.remove(&pid);
             }
+            (None, SlotEnd::ProcessGone(why)) => {
+                count_exit(entry, &mut self.exits, &self.exit_counter);
+                entry.state = EntryState::Exited;
+                tracing::debug!(pid, process = %entry.info.name, "process exited: {why}");
+            }
+            (None, SlotEnd::Failed(why)) => self.failed(myself, pid, why),
+            (None, SlotEnd::Removed) => self.failed(
+                myself,
+                pid,
+                "removed from its sampling thread unasked".to_string(),
+            ),
         }
         self.update_gauge();
     }
@@ -609,6 +762,16 @@ impl<D: Discovery, F: SourceFactory> SupervisorState<D, F> {
             .count();
         self.processes.set(live as f64);
     }
+}
+
+/// Drops a source nobody will sample on the blocking pool (a source's `Drop` may do I/O; a
+/// panic in it is caught).
+fn drop_off_async_workers(pid: i32, source: Box<dyn StackSource>) {
+    tokio::task::spawn_blocking(move || {
+        if let Err(panic) = guard(move || drop(source)) {
+            tracing::warn!(pid, "dropping the stack source panicked: {panic}");
+        }
+    });
 }
 
 /// Counts a process's exit once (one fleet-wide counter: no label a target chooses, so that

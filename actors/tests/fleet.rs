@@ -440,3 +440,35 @@ async fn a_role_change_restarts_the_sampler_under_the_new_role_without_an_exit()
         "no sample lost over the restart"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sampler_stopped_while_it_attaches_ends_at_once_and_its_source_is_dropped() {
+    let world = World::new();
+    let attach = Duration::from_millis(400);
+    let leaving = world.add(FakeProc::new(901, "leaving", vec![(CPU, 1)]).slow_attach(attach));
+    let h = start(fast_config(), &world).await;
+    assert!(eventually(|| leaving.attach_count() == 1).await);
+    // Unlisted while its attach runs: an exit, and the entry goes without waiting for it.
+    leaving
+        .listed
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let status = status_when(&h.fleet, |s| state_of(s, 901).is_none())
+        .await
+        .expect("the entry goes");
+    assert_eq!((status.exits, status.restarts), (1, 0));
+    // The source that arrives later is dropped, never sampled.
+    assert!(eventually(|| leaving.drop_count() == 1).await);
+    assert_eq!(leaving.calls(), 0);
+
+    // Shut down while another attach runs: the late source is dropped all the same.
+    let late = world.add(FakeProc::new(902, "late", vec![(CPU, 1)]).slow_attach(attach));
+    assert!(eventually(|| late.attach_count() == 1).await);
+    h.fleet.shutdown().await.expect("final snapshot");
+    assert!(eventually(|| late.drop_count() == 1).await);
+    assert_eq!(late.calls(), 0);
+    let snaps = h.writer.snapshots();
+    assert!(
+        snaps.iter().all(|s| s.processes.is_empty()),
+        "nothing was sampled"
+    );
+}

@@ -1,4 +1,4 @@
-//! When to restart a failed sampler actor, and when to give up on its process.
+//! When to restart a failed sampler, and when to give up on its process.
 //!
 //! Owns the backoff arithmetic (exponential, capped, jittered) and the cap on restarts per
 //! sliding window. It must not sleep, read a clock or draw random numbers: the supervisor

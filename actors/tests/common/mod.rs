@@ -78,6 +78,8 @@ pub struct FakeProc {
     pub attach_thread_names: Mutex<Vec<String>>,
     /// Sources dropped.
     pub drops: AtomicUsize,
+    /// How long attach() takes (after recording the attach).
+    pub attach_delay: Duration,
 }
 
 impl FakeProc {
@@ -105,6 +107,7 @@ impl FakeProc {
             sample_thread_names: Mutex::new(HashSet::new()),
             attach_thread_names: Mutex::new(Vec::new()),
             drops: AtomicUsize::new(0),
+            attach_delay: Duration::ZERO,
         }
     }
 
@@ -115,6 +118,11 @@ impl FakeProc {
 
     pub fn started(mut self, start_time: u64) -> Self {
         self.info.start_time = start_time;
+        self
+    }
+
+    pub fn slow_attach(mut self, delay: Duration) -> Self {
+        self.attach_delay = delay;
         self
     }
 
@@ -239,6 +247,7 @@ impl SourceFactory for FakeFactory {
         proc.attaches.lock().unwrap().push(Instant::now());
         proc.attach_thread_names.lock().unwrap().push(thread_name());
         proc.needs_cpu_status.lock().unwrap().push(needs_cpu_status);
+        std::thread::sleep(proc.attach_delay);
         if proc.failures == Failures::Attach {
             return Err("permission denied".to_string());
         }

@@ -1,248 +1,89 @@
-//! The sampler actor: one per profiled process, and the *slot* that carries that process's
-//! [`StackSource`] and sampling state on the fleet's shared sampling thread.
+//! One sampled process on a sampling thread: its [`StackSource`] and everything its sampling
+//! needs (the tally, the metric handles, the consecutive-error count, the settings), and how
+//! it ends.
 //!
-//! Why the split. A thread wakeup costs about 60 µs of CPU on a VM, twenty times the 3 µs of
-//! a sample; one sleeping thread per process made pyfleet pay that per process per tick
-//! (32 processes at 100 Hz: 3200 wakeups/s, about 20% of a core, against a goal of 5%). So
-//! the ticking lives in [`sampling`](crate::sampling): one thread wakes once per tick and
-//! samples every process back to back. What stays per process is everything about its
-//! lifetime: the actor (supervision, restart policy, exits), and in its slot the tally, the
-//! metric handles, the consecutive-error count and the settings.
-//!
-//! A sampler's life:
-//! - start: the actor attaches its source ([`SourceFactory::attach`], which can take
-//!   milliseconds) on tokio's blocking pool, never on the sampling thread nor on the async
-//!   workers; the result comes back as [`SamplerMsg::Attached`]. A failed or panicking attach
-//!   fails the actor. Otherwise the actor builds a [`Slot`] (source, tally, metric handles,
-//!   settings, its own ref and a oneshot for "done") and hands it to the sampling pool, which
-//!   places it on its least loaded thread;
-//! - every tick, on the sampling thread ([`Slot::sample`]): applies the [`Mode`] to each
-//!   thread's status and tallies `(stack id, status)` locally (no allocation once the tally
-//!   has seen the stacks; the thread's `out` buffer is reused), records
-//!   `pyfleet_sample_duration_seconds`, counts samples and errors by kind; the thread counts
-//!   missed ticks (`pyfleet_missed_ticks_total`) for every slot;
+//! Owns [`Slot`], [`SlotSettings`], [`SlotEnd`] and the life ids ([`next_life`]). A slot is
+//! built by its owner (the supervisor) once the process's source is attached, handed to a
+//! sampling thread ([`sampling`](crate::sampling)), and from then on used only by that
+//! thread. Its contract:
+//! - every tick ([`Slot::sample`]): applies the [`Mode`] to each thread's status and tallies
+//!   `(stack id, status)` locally (no allocation once the tally has seen the stacks; the
+//!   thread's `out` buffer is reused), records `pyfleet_sample_duration_seconds`, counts
+//!   samples and errors by kind. A sample slower than [`SLOW_SAMPLE`] costs its own process
+//!   the next ticks, never the other slots;
 //! - every `batch_interval` (checked after each tick), and once more when the slot ends
-//!   however it ends ([`Slot::flush_if_due`], [`Slot::finish`]): sends the aggregator a batch: the counts,
-//!   plus the frames of stack ids not sent before in this sampler's life (resolved once per
-//!   stack id; past a cap of remembered ids it forgets them all, bumps an epoch and resends,
-//!   which bounds memory here and in the aggregator), and turns the increases of
+//!   however it ends ([`Slot::flush_if_due`], [`Slot::finish`]): sends the aggregator a
+//!   batch: the counts, plus the frames of stack ids not sent before in this life (resolved
+//!   once per stack id; past a cap of remembered ids it forgets them all, bumps an epoch and
+//!   resends, which bounds memory here and in the aggregator), and turns the increases of
 //!   [`SourceStats`] into counters;
-//! - the slot ends by itself on a [`SampleError`](crate::SampleError) with `process_gone`
-//!   (clean: the actor stops with reason [`REASON_PROCESS_GONE`], which the supervisor sees
-//!   as an exit), after `max_consecutive_errors` errors in a row, or on a panic in any call
-//!   into its source (caught, and isolated to that slot: the other slots keep sampling). The
-//!   last two fail the actor, so the supervisor gets `ActorFailed` and applies the restart
-//!   policy. In every case the thread first sends the final batch, then drops the slot (and
-//!   with it the source, panics in its `Drop` caught too), then tells the actor
-//!   ([`SamplerMsg::Ended`]) and fires the slot's "done" oneshot;
-//! - stop (`post_stop`: the supervisor stops it, or the fleet shuts down): the actor asks the
-//!   sampling thread to remove its slot and waits, bounded by `stop_timeout`, for "done",
-//!   which fires after the final batch went to the aggregator, so a snapshot taken after the
-//!   sampler stopped includes it. If the actor dies without `post_stop` (killed), its state
-//!   drops the oneshot's receiver, which the thread notices at its next tick and removes the
-//!   slot the same way. If the sampling thread itself were to die with slots on it, each slot
-//!   tells its actor it failed as it is dropped.
+//! - it ends ([`SlotEnd`]) by itself on a [`SampleError`](crate::SampleError) with
+//!   `process_gone` ([`SlotEnd::ProcessGone`]), after `max_consecutive_errors` errors in a
+//!   row or on a panic in any call into its source ([`SlotEnd::Failed`]; the panic is caught
+//!   and ends this slot only), or when the thread removes it ([`SlotEnd::Removed`]: asked
+//!   to, its owner dropped the "done" receiver, or the thread stops);
+//! - however it ends, in this order: the final batch is sent, the source dropped (a panic in
+//!   its `Drop` caught), the end given to the slot's [`OnEnd`], then "done" fired. So an owner
+//!   that waits for "done" knows the final batch is at the aggregator. A slot dropped without
+//!   finishing (its thread unwinding) reports [`SlotEnd::Failed`]; one discarded before it
+//!   was ever sampled ([`Slot::discard`]) reports nothing.
 //!
-//! It must not aggregate across processes, write files, or decide restarts.
+//! It must not attach sources, decide restarts, aggregate across processes, or write files.
 
 use std::collections::{HashMap, HashSet};
-use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use metrics::{Counter, Gauge, Histogram};
 use pyfleet_policies::Mode;
-use ractor::{Actor, ActorProcessingErr, ActorRef};
+use ractor::ActorRef;
 use tokio::sync::oneshot;
 
 use crate::aggregator::{AggregatorMsg, Batch};
 use crate::metric_names as m;
 use crate::panics::guard;
-use crate::sampling::SamplingPool;
 use crate::snapshot::UNKNOWN_FUNCTION;
 use crate::source::{
-    FrameInfo, ProcessInfo, SampledThread, SourceFactory, SourceStats, StackSource, ThreadStatus,
+    FrameInfo, ProcessInfo, SampledThread, SourceStats, StackSource, ThreadStatus,
 };
-
-/// Exit reason of a sampler whose process is gone.
-pub(crate) const REASON_PROCESS_GONE: &str = "process_gone";
 
 /// Sampler lives (a restart is a new life); also the id of the life's slot.
 static NEXT_LIFE: AtomicU64 = AtomicU64::new(1);
 
-/// Settings every sampler gets from the fleet configuration. (The rate is not among them: it
-/// is one for the fleet and belongs to the sampling threads.)
+/// A new life id, unique in this process.
+pub(crate) fn next_life() -> u64 {
+    NEXT_LIFE.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Settings every slot gets from the fleet configuration. (The rate is not among them: it is
+/// one for the fleet and belongs to the sampling threads.)
 #[derive(Debug, Clone)]
-pub(crate) struct SamplerSettings {
+pub(crate) struct SlotSettings {
     pub mode: Mode,
     pub batch_interval: Duration,
     pub max_consecutive_errors: u32,
-    /// Stack ids remembered as sent before the sampler forgets them and starts a new epoch.
+    /// Stack ids remembered as sent before the slot forgets them and starts a new epoch.
     pub max_known_stacks: usize,
-    pub stop_timeout: Duration,
 }
 
-pub(crate) struct SamplerArgs<F> {
-    pub factory: Arc<F>,
-    pub info: ProcessInfo,
-    pub sampling: Arc<SamplingPool>,
-    pub settings: SamplerSettings,
-}
-
-pub(crate) enum SamplerMsg {
-    /// From the attach task: the source, or why there is none.
-    Attached(Result<Box<dyn StackSource>, String>),
-    /// From the sampling thread: the slot has ended by itself (its final batch is sent).
-    Ended(Outcome),
-}
-
-#[derive(Debug)]
-pub(crate) enum Outcome {
-    ProcessGone(String),
-    Failed(String),
-}
-
-/// How a slot ends.
-#[derive(Debug)]
-pub(crate) enum End {
-    /// Removed on request (its actor stops, or is gone, or the fleet shuts down): nothing to
-    /// report.
+/// How a slot ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SlotEnd {
+    /// Removed by its thread: asked to, abandoned by its owner, or the thread stopped.
     Removed,
+    /// The process is gone (a sample error said so); the message says how it was seen.
     ProcessGone(String),
+    /// Too many sample errors in a row, or a panic in the source; the message says which.
     Failed(String),
 }
 
-/// The sampler actor; see the module documentation.
-pub(crate) struct SamplerActor<F>(PhantomData<fn() -> F>);
+/// Told how a slot ended, once, on the sampling thread (after the final batch is sent and the
+/// source dropped). It must not block: the thread's other slots wait for it.
+pub(crate) type OnEnd = Box<dyn FnOnce(SlotEnd) + Send>;
 
-impl<F> SamplerActor<F> {
-    pub(crate) fn new() -> Self {
-        SamplerActor(PhantomData)
-    }
-}
-
-pub(crate) struct SamplerState {
-    life: u64,
-    info: ProcessInfo,
-    settings: SamplerSettings,
-    sampling: Arc<SamplingPool>,
-    /// Once the slot is on a sampling thread: that thread, and the slot's "done" signal.
-    placed: Option<(usize, oneshot::Receiver<()>)>,
-}
-
-impl<F: SourceFactory> Actor for SamplerActor<F> {
-    type Msg = SamplerMsg;
-    type State = SamplerState;
-    type Arguments = SamplerArgs<F>;
-
-    async fn pre_start(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        args: Self::Arguments,
-    ) -> Result<Self::State, ActorProcessingErr> {
-        let SamplerArgs {
-            factory,
-            info,
-            sampling,
-            settings,
-        } = args;
-        // Attach off the async workers and off the sampling thread; the answer is a message,
-        // handled once the actor has started.
-        let me = myself.clone();
-        let target = info.clone();
-        let needs_cpu_status = settings.mode.needs_cpu_status();
-        tokio::task::spawn_blocking(move || {
-            let attached = match guard(|| factory.attach(&target, needs_cpu_status)) {
-                Ok(Ok(source)) => Ok(Box::new(source) as Box<dyn StackSource>),
-                Ok(Err(e)) => Err(format!("attach failed: {e}")),
-                Err(panic) => Err(format!("attach panicked: {panic}")),
-            };
-            // If the actor stopped meanwhile, the message and its source are dropped here.
-            let _ = me.send_message(SamplerMsg::Attached(attached));
-        });
-        Ok(SamplerState {
-            life: NEXT_LIFE.fetch_add(1, Ordering::Relaxed),
-            info,
-            settings,
-            sampling,
-            placed: None,
-        })
-    }
-
-    async fn handle(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        message: Self::Msg,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        match message {
-            SamplerMsg::Attached(Ok(source)) => {
-                let (done_tx, done_rx) = oneshot::channel();
-                let slot = Slot::new(
-                    state.life,
-                    &state.info,
-                    &state.settings,
-                    source,
-                    Reporter {
-                        actor: myself,
-                        done: Some(done_tx),
-                    },
-                );
-                let thread = state.sampling.add(slot)?;
-                state.placed = Some((thread, done_rx));
-                tracing::debug!(pid = state.info.pid, process = %state.info.name, "sampling");
-            }
-            SamplerMsg::Attached(Err(why)) => {
-                tracing::warn!(
-                    pid = state.info.pid,
-                    process = %state.info.name,
-                    "sampler failed: {why}"
-                );
-                return Err(why.into());
-            }
-            SamplerMsg::Ended(Outcome::ProcessGone(why)) => {
-                state.placed = None;
-                tracing::debug!(pid = state.info.pid, "process gone: {why}");
-                myself.stop(Some(REASON_PROCESS_GONE.to_string()));
-            }
-            SamplerMsg::Ended(Outcome::Failed(why)) => {
-                state.placed = None;
-                return Err(why.into());
-            }
-        }
-        Ok(())
-    }
-
-    async fn post_stop(
-        &self,
-        _myself: ActorRef<Self::Msg>,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        // Not placed: the attach is still running (its result will find no actor), it failed,
-        // or the slot has already ended by itself.
-        let Some((thread, done)) = state.placed.take() else {
-            return Ok(());
-        };
-        state.sampling.remove(thread, state.life);
-        // An error is "done" dropped unsent: the slot is gone all the same.
-        if tokio::time::timeout(state.settings.stop_timeout, done)
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                pid = state.info.pid,
-                "the sampling thread did not remove this process within {:?}; its last batch \
-                 may be lost",
-                state.settings.stop_timeout
-            );
-        }
-        Ok(())
-    }
-}
-
-/// One process on a sampling thread: its source and everything its sampling needs. Built by
-/// the actor, owned by the sampling thread from then on; see the module documentation.
+/// One process on a sampling thread: its source and everything its sampling needs; see the
+/// module documentation.
 pub(crate) struct Slot {
     id: u64,
     work: SlotWork,
@@ -273,52 +114,62 @@ pub(crate) const SLOW_SAMPLE: Duration = Duration::from_millis(5);
 /// Most ticks skipped after one slow sample.
 const MAX_SLOW_SKIP: u32 = 64;
 
-/// Tells the actor how its slot ended. Dropped without [`Reporter::report`] (the sampling
-/// thread unwinding with the slot on it), it reports a failure, so no actor is left waiting
-/// for samples that will never come.
+/// Tells the slot's owner how it ended, then fires "done". Dropped without
+/// [`Reporter::report`] (the sampling thread unwinding with the slot on it), it reports a
+/// failure, so no owner is left waiting for samples that will never come.
 struct Reporter {
-    actor: ActorRef<SamplerMsg>,
-    /// Fired after the slot's final batch is sent (and the source dropped); `None` once used.
+    /// `None` once used.
+    on_end: Option<OnEnd>,
+    /// Fired after the end is reported; `None` once used. Its receiver, dropped, abandons the
+    /// slot.
     done: Option<oneshot::Sender<()>>,
 }
 
 impl Reporter {
-    fn report(mut self, end: End) {
-        let outcome = match end {
-            End::Removed => None,
-            End::ProcessGone(why) => Some(Outcome::ProcessGone(why)),
-            End::Failed(why) => Some(Outcome::Failed(why)),
-        };
-        if let Some(outcome) = outcome {
-            // The actor may already be stopping; then nobody needs to know.
-            let _ = self.actor.send_message(SamplerMsg::Ended(outcome));
+    fn report(mut self, end: SlotEnd) {
+        if let Some(on_end) = self.on_end.take() {
+            on_end(end);
         }
         if let Some(done) = self.done.take() {
             let _ = done.send(());
         }
     }
+
+    /// Used up without a word (a slot never sampled); "done" is dropped unsent.
+    fn silence(mut self) {
+        self.on_end = None;
+        self.done = None;
+    }
 }
 
 impl Drop for Reporter {
     fn drop(&mut self) {
-        if self.done.take().is_some() {
-            let _ = self.actor.send_message(SamplerMsg::Ended(Outcome::Failed(
+        if let Some(on_end) = self.on_end.take() {
+            on_end(SlotEnd::Failed(
                 "the sampling thread dropped this process without ending it".to_string(),
-            )));
+            ));
         }
     }
 }
 
 impl Slot {
-    fn new(
+    /// A slot for life `life` of the process `info`, sampling `source`; `on_end` is told how
+    /// it ends. Also returns the receiver of its "done" signal: fired once it has ended and
+    /// reported; dropping it abandons the slot (its thread removes it at the next tick).
+    pub(crate) fn new(
         life: u64,
         info: &ProcessInfo,
-        settings: &SamplerSettings,
+        settings: &SlotSettings,
         source: Box<dyn StackSource>,
-        reporter: Reporter,
-    ) -> Self {
+        on_end: OnEnd,
+    ) -> (Self, oneshot::Receiver<()>) {
+        let (done_tx, done_rx) = oneshot::channel();
+        let reporter = Reporter {
+            on_end: Some(on_end),
+            done: Some(done_tx),
+        };
         let now = Instant::now();
-        Slot {
+        let slot = Slot {
             id: life,
             work: SlotWork {
                 source,
@@ -342,7 +193,8 @@ impl Slot {
                 skip: 0,
             },
             reporter,
-        }
+        };
+        (slot, done_rx)
     }
 
     pub(crate) fn id(&self) -> u64 {
@@ -358,13 +210,13 @@ impl Slot {
         self.work.next_flush = later(now, self.work.batch_interval);
     }
 
-    /// The actor is gone without asking for removal (killed, or it gave up waiting).
+    /// The owner is gone without asking for removal (it dropped the "done" receiver).
     pub(crate) fn abandoned(&self) -> bool {
         self.reporter.done.as_ref().is_none_or(|d| d.is_closed())
     }
 
     /// One sample, tallied. `Some` when the slot must end.
-    pub(crate) fn sample(&mut self, out: &mut Vec<SampledThread>) -> Option<End> {
+    pub(crate) fn sample(&mut self, out: &mut Vec<SampledThread>) -> Option<SlotEnd> {
         let w = &mut self.work;
         out.clear();
         if w.skip > 0 {
@@ -398,19 +250,19 @@ impl Slot {
             Ok(Err(e)) => {
                 w.metrics.error(e.kind);
                 if e.process_gone {
-                    return Some(End::ProcessGone(e.message));
+                    return Some(SlotEnd::ProcessGone(e.message));
                 }
                 w.metrics.attempt(false);
                 w.consecutive_errors = w.consecutive_errors.saturating_add(1);
                 if w.consecutive_errors >= w.max_consecutive_errors {
-                    return Some(End::Failed(format!(
+                    return Some(SlotEnd::Failed(format!(
                         "{} consecutive sample errors, the last: {e}",
                         w.consecutive_errors
                     )));
                 }
                 None
             }
-            Err(panic) => Some(End::Failed(format!("sample panicked: {panic}"))),
+            Err(panic) => Some(SlotEnd::Failed(format!("sample panicked: {panic}"))),
         }
     }
 
@@ -425,7 +277,7 @@ impl Slot {
         &mut self,
         now: Instant,
         aggregator: &ActorRef<AggregatorMsg>,
-    ) -> Option<End> {
+    ) -> Option<SlotEnd> {
         let w = &mut self.work;
         if now < w.next_flush {
             return None;
@@ -441,13 +293,13 @@ impl Slot {
             aggregator,
             false,
         );
-        flushed.err().map(End::Failed)
+        flushed.err().map(SlotEnd::Failed)
     }
 
     /// Ends the slot: sends the final batch, drops the source (a panic in its `Drop` is
-    /// caught), then tells the actor how it ended and fires "done". A panic in the source
+    /// caught), then tells the owner how it ended and fires "done". A panic in the source
     /// while flushing turns any end into a failure.
-    pub(crate) fn finish(self, aggregator: &ActorRef<AggregatorMsg>, end: End) {
+    pub(crate) fn finish(self, aggregator: &ActorRef<AggregatorMsg>, end: SlotEnd) {
         let Slot {
             id: _,
             mut work,
@@ -461,7 +313,7 @@ impl Slot {
             true,
         );
         let end = match (flushed, end) {
-            (_, End::Failed(why)) | (Err(why), _) => End::Failed(why),
+            (_, SlotEnd::Failed(why)) | (Err(why), _) => SlotEnd::Failed(why),
             (Ok(()), end) => end,
         };
         let pid = work.tally.pid;
@@ -469,14 +321,14 @@ impl Slot {
         if let Err(panic) = guard(move || drop(work)) {
             tracing::warn!(pid, process = %name, "dropping the stack source panicked: {panic}");
         }
-        if let End::Failed(why) = &end {
+        if let SlotEnd::Failed(why) = &end {
             tracing::warn!(pid, process = %name, "sampler failed: {why}");
         }
         reporter.report(end);
     }
 
-    /// Drops a slot that was never sampled (its actor went away before it was placed),
-    /// sending nothing.
+    /// Drops a slot that was never sampled (its owner went away before it was placed, or no
+    /// thread took it), sending and reporting nothing.
     pub(crate) fn discard(self) {
         let Slot {
             id: _,
@@ -484,25 +336,8 @@ impl Slot {
             reporter,
         } = self;
         let _ = guard(move || drop(work));
-        reporter.report(End::Removed);
+        reporter.silence();
     }
-}
-
-/// A slot as a sampler actor would hand it over, and its "done" signal.
-#[cfg(test)]
-pub(crate) fn test_slot(
-    info: &ProcessInfo,
-    settings: &SamplerSettings,
-    source: Box<dyn StackSource>,
-    actor: ActorRef<SamplerMsg>,
-) -> (Slot, oneshot::Receiver<()>) {
-    let (done_tx, done_rx) = oneshot::channel();
-    let life = NEXT_LIFE.fetch_add(1, Ordering::Relaxed);
-    let reporter = Reporter {
-        actor,
-        done: Some(done_tx),
-    };
-    (Slot::new(life, info, settings, source, reporter), done_rx)
 }
 
 /// `t + d`, saturating far in the future.
