@@ -3,9 +3,7 @@
 //! the host's ids and the namespace's, tell the spinning thread from the waiting one, `record
 //! --mode cpu` must sample the spinner, and the idle skip must work as outside a namespace.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 use std::path::Path;
 use std::time::Duration;
@@ -64,6 +62,8 @@ fn host_tids(pid: i32) -> Vec<u64> {
 
 #[test]
 fn threads_of_a_contained_target_are_the_hosts() {
+    // Alone: it counts the dumps and samples that find the spinner on CPU.
+    let _machine = alone();
     let mut failures = Vec::new();
     for interp in interpreters() {
         let l = &interp.label;
@@ -168,6 +168,7 @@ fn threads_of_a_contained_target_are_the_hosts() {
 
 #[test]
 fn idle_skip_works_in_a_namespace() {
+    let _machine = shared();
     let mut failures = Vec::new();
     for interp in interpreters() {
         let l = &interp.label;

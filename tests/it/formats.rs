@@ -11,9 +11,7 @@
 //!   (Python's jsonschema; a broken copy must fail) and holds the same stacks and counts as
 //!   `all.folded`.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -296,6 +294,7 @@ fn parse_dom(dom: &str) -> (Vec<DomFrame>, String) {
 
 #[test]
 fn flamegraph_svg_renders_the_program_in_chromium() {
+    let _machine = shared();
     let svg = snapshot().join("flamegraph.svg");
     let page = open_in_chromium(&svg, HOT);
     let describe = || {
@@ -468,6 +467,7 @@ fn parse_pprof_raw(text: &str) -> (String, Vec<RawSample>, BTreeMap<u64, String>
 
 #[test]
 fn pprof_is_read_by_go_pprof_with_the_folded_counts() {
+    let _machine = shared();
     let snap = snapshot();
     let folded = folded_counts(snap);
     let mut cmd = Command::new(tool("go"));
@@ -540,6 +540,7 @@ fn validate_speedscope(file: &Path) -> RunOutput {
 
 #[test]
 fn speedscope_validates_against_its_schema_with_the_folded_counts() {
+    let _machine = shared();
     let snap = snapshot();
     let file = snap.join("profile.speedscope.json");
     let out = validate_speedscope(&file);

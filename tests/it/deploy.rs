@@ -11,9 +11,7 @@
 //!   Prometheus scraping it with deploy/prometheus's config and rules, and every query of the
 //!   Grafana dashboard answered with data by that Prometheus.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -179,6 +177,7 @@ fn python315_or_any() -> Interp {
 
 #[test]
 fn systemd_unit_verifies_and_is_hardened() {
+    let _machine = shared();
     let tmp = tempdir("pyfleet-unit-");
     let copy = unit_copy(tmp.path());
     let analyze = tool("systemd-analyze");
@@ -237,6 +236,7 @@ fn systemd_unit_verifies_and_is_hardened() {
 
 #[test]
 fn systemd_unit_capabilities_are_needed_and_enough() {
+    let _machine = shared();
     // The interpreter sits in a directory only root may enter, as a pyenv under /root or a
     // venv in a private home would.
     let debian = interpreter("3.11-debian").unwrap_or_else(any_interpreter);
@@ -357,6 +357,7 @@ fn expand_syscalls(
 
 #[test]
 fn systemd_unit_syscall_filter_and_address_families_cover_the_daemon() {
+    let _machine = shared();
     let unit = read(&deploy("pyfleet.service"));
     let analyze = tool("systemd-analyze");
     let mut cache = BTreeMap::new();
@@ -470,6 +471,7 @@ fn systemd_unit_syscall_filter_and_address_families_cover_the_daemon() {
 
 #[test]
 fn daemonset_validates_against_kubernetes_schemas() {
+    let _machine = shared();
     let file = deploy("kubernetes/daemonset.yaml");
     let validate = deploy_tools_venv().join("bin/kubernetes-validate");
     let docs = yaml_documents(&file);
@@ -598,6 +600,7 @@ fn daemonset_validates_against_kubernetes_schemas() {
 
 #[test]
 fn prometheus_config_and_rules_pass_promtool() {
+    let _machine = shared();
     let promtool = tool("promtool");
     let config = deploy("prometheus/prometheus.yml");
     let rules = deploy("prometheus/pyfleet.rules.yml");
@@ -809,6 +812,7 @@ fn promtool_check_metrics(page: &str, dir: &Path) {
 
 #[test]
 fn live_metrics_scraped_by_prometheus_answer_every_dashboard_query() {
+    let _machine = shared();
     let (queries, variables) = dashboard_queries();
     assert!(queries.len() >= 12, "{queries:?}");
     let prometheus = tool("prometheus");

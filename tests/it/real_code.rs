@@ -31,14 +31,20 @@
 //! for measuring by hand; CI sets neither.
 //!
 //! The targets run on CPU 0 and pyfleet on CPU 1 when the machine has two (`taskset`): then
-//! the target runs while it is read, the hard case.
+//! the target runs while it is read, the hard case. Both tests have the machine alone
+//! (`alone()`): another test's processes on those CPUs would change what is measured.
 //!
 //! The binary measured is `PYFLEET_EXACTNESS_BIN` when set (scripts/test.sh sets it to the
 //! release build, which users run: how far a thread moves while it is read depends on how
 //! fast pyfleet gets through a read, and a debug build is several times slower), else the
 //! debug build `cargo test` made.
 
-mod common;
+use crate::common::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 /// The pyfleet binary whose exactness is measured (see the module documentation).
 fn measured_exe() -> std::path::PathBuf {
@@ -47,13 +53,6 @@ fn measured_exe() -> std::path::PathBuf {
         _ => pyfleet_exe(),
     }
 }
-
-use common::*;
-use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
 /// Workloads: tests/targets/real_<name>.py.
 const WORKLOADS: &[&str] = &["sympy", "jinja", "parser"];
@@ -382,6 +381,7 @@ fn real_code_plan() -> (Plan, Option<Vec<String>>) {
 
 #[test]
 fn real_libraries_sampled_without_stopping_match_stop_the_world() {
+    let _machine = alone();
     let dir = tempdir("pyfleet-real-code-");
     let (plan, only) = real_code_plan();
     let mut failures = Vec::new();
@@ -499,6 +499,7 @@ fn real_libraries_sampled_without_stopping_match_stop_the_world() {
 /// 1 in 15,000): a version that misses is recorded once more and judged by that run.
 #[test]
 fn calls_shorter_than_a_read_are_counted_where_they_run() {
+    let _machine = alone();
     let dir = tempdir("pyfleet-short-calls-");
     let mut failures = Vec::new();
     let mut done = Vec::new();
