@@ -38,7 +38,7 @@ cargo fmt --all -- --check
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-step "release build (the binary tests/real_code.rs measures: the one users run)"
+step "release build (the binary tests/it/real_code.rs measures: the one users run)"
 cargo build --release --locked --bin pyfleet
 export PYFLEET_EXACTNESS_BIN="$PWD/target/release/pyfleet"
 
