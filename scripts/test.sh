@@ -11,7 +11,8 @@
 #   - formatting, clippy, unit and integration tests against real interpreters 3.11-3.15
 #     (the real-code exactness test measures the release build);
 #   - cargo-fuzz (crates.io) and a short run of every fuzz target (scripts/fuzz.sh).
-# Every interpreter must be present: a missing one fails the run, it is not skipped.
+# Every interpreter and tool must be present: a missing one fails the run, it is not skipped
+# (this script does not set PYFLEET_ALLOW_MISSING, which skips what needs a missing one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -70,6 +70,9 @@ fn permission_denied() {
         is_root(),
         "this test must run as root (it drops to user nobody with setpriv)"
     );
+    let Some(setpriv) = tool("setpriv", SETUP_DEPLOY_TOOLS) else {
+        return;
+    };
     let interp = any_interpreter();
     let mut target = Proc::python(
         &interp.label,
@@ -84,6 +87,7 @@ fn permission_denied() {
     let exe = pyfleet_exe();
     let probe = run_with_timeout(
         as_nobody(
+            &setpriv,
             Path::new("/usr/bin/test"),
             &[std::ffi::OsStr::new("-x"), exe.as_os_str()],
         ),
@@ -98,7 +102,7 @@ fn permission_denied() {
 
     let pid = target.pid().to_string();
     let out = run_with_timeout(
-        as_nobody(&exe, &["dump", "--pid", &pid, "--json"]),
+        as_nobody(&setpriv, &exe, &["dump", "--pid", &pid, "--json"]),
         PYFLEET_TIMEOUT,
     );
     assert!(

@@ -424,13 +424,15 @@ fn the_marker_is_placed_with_the_units_capabilities_only() {
         eprintln!("skipped: needs root to drop to nobody with capabilities");
         return;
     }
-    let Some(interp) = interpreters().into_iter().find(|i| i.minor >= 15) else {
-        eprintln!("skipped: no 3.15");
+    let Some(setpriv) = tool("setpriv", SETUP_DEPLOY_TOOLS) else {
+        return;
+    };
+    let Some(interp) = interpreter("3.15") else {
         return;
     };
     let mut target = Proc::python(&interp.label, &interp.path, "gil_busy.py", &["."]);
     target.wait_for_file("threads.json", READY_TIMEOUT);
-    let mut cmd = Command::new("/usr/bin/setpriv");
+    let mut cmd = Command::new(setpriv);
     cmd.args([
         "--reuid=65534",
         "--regid=65534",

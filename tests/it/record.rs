@@ -316,18 +316,21 @@ fn unwritable_output_fails_at_once_before_sampling() {
 #[test]
 fn progress_line_on_a_terminal() {
     let _machine = shared();
+    // util-linux's script(1) runs the command on a pseudo-terminal.
+    let Some(script) = tool("script", SETUP_DEPLOY_TOOLS) else {
+        return;
+    };
     let token = unique_token("rec");
     let t = target(0.0, &token);
     let dir = tempdir("pyfleet-record-");
     let path = dir.path().join("out.folded");
-    // util-linux's script(1) runs the command on a pseudo-terminal.
     let command = format!(
         "{} record --pid {} --duration 2 -o {}",
         pyfleet_exe().display(),
         t.pid(),
         path.display()
     );
-    let mut cmd = Command::new("script");
+    let mut cmd = Command::new(script);
     cmd.args(["-q", "-e", "-f", "-c", &command, "/dev/null"])
         .env_remove("RUST_LOG");
     let out = run_with_timeout(cmd, Duration::from_secs(30));
