@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The real tools that tests/deploy.rs checks deploy/ with:
+# The real tools that tests/it/deploy.rs checks deploy/ with:
 #   - prometheus and promtool (Debian's prometheus package; its service is left disabled and
 #     stopped: the test starts its own Prometheus on a loopback port);
 #   - systemd-analyze (systemd), strace, setpriv (util-linux);

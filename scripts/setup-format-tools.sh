@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The real tools that tests/formats.rs checks pyfleet's output formats with:
+# The real tools that tests/it/formats.rs checks pyfleet's output formats with:
 #   - chromium (Debian): opens the fleet's flamegraph.svg headless; fonts-dejavu-core so that
 #     inferno's script measures real text;
 #   - go tool pprof (Debian's golang-go): reads the pprof output back;

@@ -11,7 +11,8 @@
 #   - formatting, clippy, unit and integration tests against real interpreters 3.11-3.15
 #     (the real-code exactness test measures the release build);
 #   - cargo-fuzz (crates.io) and a short run of every fuzz target (scripts/fuzz.sh).
-# Every interpreter must be present: a missing one fails the run, it is not skipped.
+# Every interpreter and tool must be present: a missing one fails the run, it is not skipped
+# (this script does not set PYFLEET_ALLOW_MISSING, which skips what needs a missing one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,7 +39,7 @@ cargo fmt --all -- --check
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-step "release build (the binary tests/real_code.rs measures: the one users run)"
+step "release build (the binary tests/it/real_code.rs measures: the one users run)"
 cargo build --release --locked --bin pyfleet
 export PYFLEET_EXACTNESS_BIN="$PWD/target/release/pyfleet"
 

@@ -1,4 +1,4 @@
-"""A Python process whose code objects carry huge names (tests/hostile_processes.rs).
+"""A Python process whose code objects carry huge names (tests/it/hostile_processes.rs).
 
 usage: name_bomb.py [FUNCTIONS [CHARS [TABLE]]]
 

@@ -1,4 +1,4 @@
-"""A process that tries to blind a profiler through its mappings (tests/hostile_processes.rs).
+"""A process that tries to blind a profiler through its mappings (tests/it/hostile_processes.rs).
 
 usage: trap_fifo.py TOKEN [fifo|zero|sparse]
 

@@ -13,6 +13,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -21,6 +22,145 @@ pub const PYFLEET_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a target may take to write its ready/expectation file.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(10);
+
+// ---------------------------------------------------------------------------------------------
+// The machine, shared by the tests of one binary
+// ---------------------------------------------------------------------------------------------
+
+/// Every test holds the machine while it runs: many tests share it, or one has it alone.
+static MACHINE: RwLock<()> = RwLock::new(());
+
+/// A test's hold on the machine, released when dropped (at the end of the test, also when it
+/// panics).
+pub enum Machine {
+    Alone(RwLockWriteGuard<'static, ()>),
+    Shared(RwLockReadGuard<'static, ()>),
+}
+
+/// The machine to this test alone: it starts once every running test has ended, and no other
+/// test starts before it ends. For a test whose assertions depend on the machine's load (shares
+/// of samples or of on-CPU time, exactness against a reference recorded at the same time,
+/// timings), one that loads the machine itself (busy workers, HTTP load), or one that matches
+/// processes host-wide (`--match gunicorn`). A panic in such a test does not stop the others.
+pub fn alone() -> Machine {
+    Machine::Alone(MACHINE.write().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// The machine shared with the other tests that share it (the cargo test default: as many at
+/// once as `--test-threads`); waits while a test has it `alone()`.
+pub fn shared() -> Machine {
+    Machine::Shared(MACHINE.read().unwrap_or_else(|e| e.into_inner()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// What the tests need from outside the repository
+// ---------------------------------------------------------------------------------------------
+
+/// The scripts that provide what the tests need (scripts/test.sh runs every one).
+pub const SETUP_PYTHONS: &str = "scripts/setup-pythons.sh";
+pub const SETUP_VENVS: &str = "scripts/setup-venvs.sh";
+pub const SETUP_LIBS: &str = "scripts/setup-libs.sh";
+pub const SETUP_DEPLOY_TOOLS: &str = "scripts/setup-deploy-tools.sh";
+pub const SETUP_FORMAT_TOOLS: &str = "scripts/setup-format-tools.sh";
+
+/// Something a test needs from outside the repository that is not there.
+#[derive(Debug)]
+pub struct Missing {
+    /// A program, a venv, a file or an interpreter (with where it was looked for).
+    pub what: String,
+    /// What provides it: one of the setup scripts (`SETUP_*`), or what to install.
+    pub setup: String,
+    /// What the test leaves out without it: None, the whole test; else that part of it (an
+    /// interpreter's runs, say).
+    pub part: Option<String>,
+}
+
+fn allow_missing() -> bool {
+    std::env::var("PYFLEET_ALLOW_MISSING").is_ok_and(|v| v == "1")
+}
+
+/// The test running on this thread (libtest names each test's thread after the test).
+fn this_test() -> String {
+    match thread::current().name() {
+        Some(name) if name != "main" => name.to_string(),
+        _ => "this test".to_string(),
+    }
+}
+
+/// The one place where a test meets something missing (interpreters, tools, venvs, files).
+/// Without PYFLEET_ALLOW_MISSING=1, as in CI (scripts/test.sh does not set it), the test fails
+/// here, with one line naming what is missing and what provides it. With it, one line on stderr
+/// per missing thing (also when the harness captures the test's output) says what the test skips, and the caller skips it: returns from the test,
+/// or leaves out the part (`Missing::part`).
+#[track_caller]
+pub fn skip_or_fail(missing: &[Missing]) {
+    if missing.is_empty() {
+        return;
+    }
+    if !allow_missing() {
+        let each: Vec<String> = missing
+            .iter()
+            .map(|m| format!("{} missing: {} installs it", m.what, m.setup))
+            .collect();
+        panic!(
+            "{} (PYFLEET_ALLOW_MISSING=1 skips what needs it)",
+            each.join("; ")
+        );
+    }
+    let test = this_test();
+    for m in missing {
+        let part = m
+            .part
+            .as_ref()
+            .map(|p| format!(" on {p}"))
+            .unwrap_or_default();
+        let line = format!(
+            "PYFLEET_ALLOW_MISSING=1: skipping {test}{part}: {} missing ({} installs it)\n",
+            m.what, m.setup
+        );
+        // Straight to stderr in one write, not through `eprintln!`, which the test harness
+        // captures (and shows only for a test that fails): a skip must be seen.
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    }
+}
+
+/// A program on PATH that `setup` installs; None (the test returns) only when it is missing
+/// and PYFLEET_ALLOW_MISSING=1 (see `skip_or_fail`).
+#[track_caller]
+pub fn tool(name: &str, setup: &str) -> Option<PathBuf> {
+    let found = on_path(name);
+    if found.is_none() {
+        skip_or_fail(&[Missing {
+            what: name.to_string(),
+            setup: setup.to_string(),
+            part: None,
+        }]);
+    }
+    found
+}
+
+/// A file that `setup` makes (a venv's program, a schema), described as `what`; None (the test
+/// returns) only when it is missing and PYFLEET_ALLOW_MISSING=1 (see `skip_or_fail`).
+#[track_caller]
+pub fn provided(what: &str, path: PathBuf, setup: &str) -> Option<PathBuf> {
+    if path.is_file() {
+        return Some(path);
+    }
+    skip_or_fail(&[Missing {
+        what: format!("{what} ({})", path.display()),
+        setup: setup.to_string(),
+        part: None,
+    }]);
+    None
+}
+
+/// `${PYFLEET_VENVS:-~/.cache/pyfleet/venvs}`: the venvs the setup scripts make.
+pub fn venvs_dir() -> PathBuf {
+    match std::env::var_os("PYFLEET_VENVS") {
+        Some(d) if !d.is_empty() => PathBuf::from(d),
+        _ => home().join(".cache/pyfleet/venvs"),
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Interpreters
@@ -68,79 +208,68 @@ fn newest_pyenv(minor: u32) -> Option<PathBuf> {
     best.map(|(_, p)| p)
 }
 
-fn allow_missing() -> bool {
-    std::env::var("PYFLEET_ALLOW_MISSING").is_ok_and(|v| v == "1")
-}
-
-/// The interpreters every exactness test runs against.  Panics if one is missing (naming it
-/// and saying how to provision it) unless `PYFLEET_ALLOW_MISSING=1`, in which case missing
-/// ones are skipped with a note on stderr.
-pub fn interpreters() -> Vec<Interp> {
+/// Every supported interpreter, in order: found, or what is missing.
+fn lookup_interpreters() -> Vec<Result<Interp, Missing>> {
     let pythons = pythons_dir();
-    let candidates: Vec<(&str, u32, Option<PathBuf>, String)> = vec![
+    let pyenv = |minor: u32| {
+        (
+            newest_pyenv(minor),
+            format!("~/.pyenv/versions/3.{minor}.*/bin/python3.{minor}"),
+            format!("`pyenv install 3.{minor}`"),
+        )
+    };
+    let unstable = |minor: u32| {
+        let path = pythons.join(format!("3.{minor}/usr/bin/python3.{minor}"));
+        let wanted = path.display().to_string();
+        (Some(path), wanted, SETUP_PYTHONS.to_string())
+    };
+    let candidates = vec![
         (
             "3.11-debian",
             11,
-            Some(PathBuf::from("/usr/bin/python3.11")),
-            "/usr/bin/python3.11 (Debian's python3.11 package)".to_string(),
+            (
+                Some(PathBuf::from("/usr/bin/python3.11")),
+                "/usr/bin/python3.11".to_string(),
+                "Debian's python3.11 package".to_string(),
+            ),
         ),
-        (
-            "3.11-pyenv",
-            11,
-            newest_pyenv(11),
-            "~/.pyenv/versions/3.11.*/bin/python3.11".to_string(),
-        ),
-        (
-            "3.12-pyenv",
-            12,
-            newest_pyenv(12),
-            "~/.pyenv/versions/3.12.*/bin/python3.12".to_string(),
-        ),
-        (
-            "3.13-pyenv",
-            13,
-            newest_pyenv(13),
-            "~/.pyenv/versions/3.13.*/bin/python3.13".to_string(),
-        ),
-        (
-            "3.14",
-            14,
-            Some(pythons.join("3.14/usr/bin/python3.14")),
-            format!("{}", pythons.join("3.14/usr/bin/python3.14").display()),
-        ),
-        (
-            "3.15",
-            15,
-            Some(pythons.join("3.15/usr/bin/python3.15")),
-            format!("{}", pythons.join("3.15/usr/bin/python3.15").display()),
-        ),
+        ("3.11-pyenv", 11, pyenv(11)),
+        ("3.12-pyenv", 12, pyenv(12)),
+        ("3.13-pyenv", 13, pyenv(13)),
+        ("3.14", 14, unstable(14)),
+        ("3.15", 15, unstable(15)),
     ];
-    let mut found = Vec::new();
-    let mut missing = Vec::new();
-    for (label, minor, path, wanted) in candidates {
-        match path {
-            Some(p) if p.is_file() => found.push(Interp {
+    candidates
+        .into_iter()
+        .map(|(label, minor, (path, wanted, setup))| match path {
+            Some(p) if p.is_file() => Ok(Interp {
                 label: label.to_string(),
                 minor,
                 path: p,
             }),
-            _ => missing.push(format!("{label} ({wanted})")),
-        }
-    }
-    if !missing.is_empty() {
-        if allow_missing() {
-            for m in &missing {
-                eprintln!("PYFLEET_ALLOW_MISSING=1: skipping missing interpreter {m}");
-            }
-        } else {
-            panic!(
-                "missing Python interpreter(s): {}. Run scripts/setup-pythons.sh to provision \
-                 them (or set PYFLEET_ALLOW_MISSING=1 to skip missing interpreters).",
-                missing.join(", ")
-            );
-        }
-    }
-    found
+            _ => Err(Missing {
+                what: format!("Python {label} ({wanted})"),
+                setup,
+                part: Some(label.to_string()),
+            }),
+        })
+        .collect()
+}
+
+/// The interpreters every exactness test runs against. A missing one fails the test, naming
+/// it and what provides it, unless `PYFLEET_ALLOW_MISSING=1`: then the test leaves it out
+/// (see `skip_or_fail`).
+#[track_caller]
+pub fn interpreters() -> Vec<Interp> {
+    let (found, missing): (Vec<_>, Vec<_>) =
+        lookup_interpreters().into_iter().partition(Result::is_ok);
+    skip_or_fail(
+        &missing
+            .into_iter()
+            .filter_map(Result::err)
+            .collect::<Vec<_>>(),
+    );
+    found.into_iter().filter_map(Result::ok).collect()
 }
 
 /// Some supported interpreter, for tests that need just one Python (does not require the
@@ -154,14 +283,24 @@ pub fn any_interpreter() -> Interp {
     }
 }
 
-/// One interpreter by label; None only when it is missing and PYFLEET_ALLOW_MISSING=1.
+/// One interpreter by label; None only when it is missing and PYFLEET_ALLOW_MISSING=1 (the
+/// test leaves out what needs it; see `skip_or_fail`).
+#[track_caller]
 pub fn interpreter(label: &str) -> Option<Interp> {
-    let all = interpreters();
-    let found = all.into_iter().find(|i| i.label == label);
-    if found.is_none() {
-        eprintln!("skipping: interpreter {label} is not available");
+    match lookup_interpreters()
+        .into_iter()
+        .find(|i| match i {
+            Ok(interp) => interp.label == label,
+            Err(missing) => missing.part.as_deref() == Some(label),
+        })
+        .unwrap_or_else(|| panic!("no interpreter is labelled {label}"))
+    {
+        Ok(interp) => Some(interp),
+        Err(missing) => {
+            skip_or_fail(&[missing]);
+            None
+        }
     }
-    found
 }
 
 /// pyenv's newest python3.10 (not supported by pyfleet; used for the unsupported-version test).
@@ -169,22 +308,19 @@ pub fn python310() -> Option<PathBuf> {
     newest_pyenv(10)
 }
 
-/// Like `python310()`, but panics with a clear message when it is missing, unless
-/// PYFLEET_ALLOW_MISSING=1 (then None).
+/// Like `python310()`; None (the test returns) only when it is missing and
+/// PYFLEET_ALLOW_MISSING=1 (see `skip_or_fail`).
+#[track_caller]
 pub fn require_python310() -> Option<PathBuf> {
-    match python310() {
-        Some(p) => Some(p),
-        None if allow_missing() => {
-            eprintln!(
-                "PYFLEET_ALLOW_MISSING=1: skipping, no ~/.pyenv/versions/3.10.*/bin/python3.10"
-            );
-            None
-        }
-        None => panic!(
-            "missing Python interpreter 3.10-pyenv (~/.pyenv/versions/3.10.*/bin/python3.10), \
-             needed for the unsupported-version test (set PYFLEET_ALLOW_MISSING=1 to skip)"
-        ),
+    let found = python310();
+    if found.is_none() {
+        skip_or_fail(&[Missing {
+            what: "Python 3.10-pyenv (~/.pyenv/versions/3.10.*/bin/python3.10)".to_string(),
+            setup: "`pyenv install 3.10`".to_string(),
+            part: None,
+        }]);
     }
+    found
 }
 
 pub fn targets_dir() -> PathBuf {
@@ -729,13 +865,9 @@ pub fn run_with_timeout(cmd: Command, timeout: Duration) -> RunOutput {
     Running::start(cmd, timeout).finish()
 }
 
-/// Run `cmd` as user/group nobody (65534) with no supplementary groups and no capabilities.
-pub fn as_nobody<S: AsRef<OsStr>>(program: &Path, args: &[S]) -> Command {
-    let setpriv = Path::new("/usr/bin/setpriv");
-    assert!(
-        setpriv.is_file(),
-        "/usr/bin/setpriv (util-linux) is needed to run pyfleet as an unprivileged user"
-    );
+/// Run `program ARGS` through `setpriv` (`tool("setpriv", SETUP_DEPLOY_TOOLS)`) as user/group
+/// nobody (65534) with no supplementary groups and no capabilities.
+pub fn as_nobody<S: AsRef<OsStr>>(setpriv: &Path, program: &Path, args: &[S]) -> Command {
     let mut cmd = Command::new(setpriv);
     cmd.args([
         "--reuid=65534",
@@ -826,22 +958,15 @@ pub fn snapshot_dirs(out: &Path) -> Vec<PathBuf> {
 
 // gunicorn from the venvs `scripts/setup-venvs.sh` makes.
 
-pub fn venvs_dir() -> PathBuf {
-    match std::env::var_os("PYFLEET_VENVS") {
-        Some(d) if !d.is_empty() => PathBuf::from(d),
-        _ => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
-            .join(".cache/pyfleet/venvs"),
-    }
-}
-
-pub fn venv_python(name: &str) -> PathBuf {
-    let py = venvs_dir().join(name).join("bin/python");
-    assert!(
-        py.exists(),
-        "{} is missing: run scripts/setup-venvs.sh (the README's test command does)",
-        py.display()
-    );
-    py
+/// The python of the gunicorn venv `name` (`gunicorn-3.15`); None (the test returns) only when
+/// it is missing and PYFLEET_ALLOW_MISSING=1 (see `skip_or_fail`).
+#[track_caller]
+pub fn gunicorn_venv(name: &str) -> Option<PathBuf> {
+    provided(
+        &format!("venv {name}"),
+        venvs_dir().join(name).join("bin/python"),
+        SETUP_VENVS,
+    )
 }
 
 /// Children of `pid` (gunicorn's workers).
@@ -873,8 +998,8 @@ impl Drop for Gunicorn {
     }
 }
 
-pub fn gunicorn(label: &str, venv: &str, port: u16, workers: u32) -> Gunicorn {
-    let py = venv_python(venv);
+/// gunicorn from a venv's `python` (`gunicorn_venv`), serving on `port` once its workers are up.
+pub fn gunicorn(label: &str, python: &Path, port: u16, workers: u32) -> Gunicorn {
     let app_dir = targets_dir();
     let args: Vec<String> = vec![
         "-m".into(),
@@ -887,7 +1012,7 @@ pub fn gunicorn(label: &str, venv: &str, port: u16, workers: u32) -> Gunicorn {
         app_dir.display().to_string(),
         "wsgi_app:app".into(),
     ];
-    let mut p = Proc::spawn(label, &py, &args);
+    let mut p = Proc::spawn(label, python, &args);
     let deadline = Instant::now() + Duration::from_secs(60);
     while children(p.pid()).len() < workers as usize || http_get(port, "/").is_none() {
         assert!(

@@ -1,9 +1,7 @@
 //! `pyfleet list [--match REGEX]`: a header line, then one row per Python process:
 //! `PID PPID VERSION NAME ROLE COMMAND LINE...`.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -79,6 +77,7 @@ fn version_matches(listed: &str, target_version: &str) -> bool {
 
 #[test]
 fn list_shows_python_processes() {
+    let _machine = shared();
     let token = unique_token("pyfleetlist");
     let mut sleepers = Vec::new();
     for interp in interpreters() {

@@ -2,10 +2,11 @@
 //! leaves it paused: not when the guard is dropped, not when the pausing thread dies, not
 //! when pyfleet is killed mid-sample; a signal that arrives during a pause is delivered after
 //! it; a target already traced is refused. Then: blocking reads on every version.
+//!
+//! Every test here has the machine alone (`alone()`): each tells that its target runs again by
+//! the CPU time its spinner gets within a few seconds.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use pyfleet::memory::{MemoryError, Pauser};
 use std::time::{Duration, Instant};
 
@@ -58,6 +59,7 @@ fn assert_running(pid: i32, what: &str) {
 
 #[test]
 fn a_pause_stops_every_thread_and_the_guard_resumes_them() {
+    let _machine = alone();
     let mut t = pausable();
     let pid = t.pid();
     for round in 0..20 {
@@ -83,6 +85,7 @@ fn a_pause_stops_every_thread_and_the_guard_resumes_them() {
 
 #[test]
 fn a_pausing_thread_that_dies_leaves_the_target_running() {
+    let _machine = alone();
     let mut t = pausable();
     let pid = t.pid();
     // The tracer is a thread: when it exits holding the pause (as when pyfleet dies), the
@@ -100,6 +103,7 @@ fn a_pausing_thread_that_dies_leaves_the_target_running() {
 
 #[test]
 fn killing_pyfleet_mid_record_never_leaves_the_target_paused() {
+    let _machine = alone();
     let mut t = pausable();
     let pid = t.pid().to_string();
     let dir = tempdir("pyfleet-blocking-kill-");
@@ -128,6 +132,7 @@ fn killing_pyfleet_mid_record_never_leaves_the_target_paused() {
 
 #[test]
 fn a_signal_sent_during_a_pause_is_delivered_after_it() {
+    let _machine = alone();
     let mut t = pausable();
     let pid = t.pid();
     let file = t.dir().join("usr1");
@@ -150,6 +155,7 @@ fn a_signal_sent_during_a_pause_is_delivered_after_it() {
 
 #[test]
 fn a_target_traced_by_another_is_refused_and_left_alone() {
+    let _machine = alone();
     let mut t = pausable();
     let pid = t.pid();
     // Another tracer: a thread of ours holding a pause (as a debugger would hold it).
@@ -179,6 +185,7 @@ fn a_target_traced_by_another_is_refused_and_left_alone() {
 /// moves all the time (a loop of short calls) is read without a single failed sample.
 #[test]
 fn blocking_reads_of_a_busy_target_never_fail() {
+    let _machine = alone();
     let mut failures = Vec::new();
     for interp in interpreters() {
         let mut t = Proc::python(&interp.label, &interp.path, "pausable.py", &["."]);

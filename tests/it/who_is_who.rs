@@ -3,20 +3,17 @@
 //! handler first, and every output says so); `list` and `--exclude-role` telling the master
 //! from its workers; a multiprocessing job with each start method, whose workers
 //! `--subprocesses` finds and names after the script.
+//!
+//! Both tests have the machine alone: the multiprocessing job's nine busy workers saturate its
+//! cores, and in cpu mode a thread waiting for a core counts as on CPU (the kernel reports both
+//! as runnable), which is not what the gunicorn test measures.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
-
-/// The tests of this file run one at a time: the multiprocessing job's nine busy workers would
-/// saturate the machine's cores, and in cpu mode a thread waiting for a core counts as on CPU
-/// (the kernel reports both as runnable), which is not what the gunicorn test measures.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// Kills the processes when dropped (the multiprocessing job's workers outlive their parent).
 struct KillOnDrop(Vec<i32>);
@@ -57,9 +54,12 @@ fn roots(folded: &str) -> BTreeMap<i32, String> {
 
 #[test]
 fn gunicorn_with_the_defaults_and_its_roles() {
-    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let _machine = alone();
+    let Some(venv) = gunicorn_venv("gunicorn-3.15") else {
+        return;
+    };
     let port = free_port();
-    let g = gunicorn("gunicorn 3.15", "gunicorn-3.15", port, 2);
+    let g = gunicorn("gunicorn 3.15", &venv, port, 2);
     let workers = children(g.pid());
     assert_eq!(workers.len(), 2);
     let stop = Arc::new(AtomicBool::new(false));
@@ -158,7 +158,7 @@ fn gunicorn_with_the_defaults_and_its_roles() {
 
 #[test]
 fn multiprocessing_workers_of_every_start_method() {
-    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let _machine = alone();
     let mut burners = KillOnDrop(Vec::new());
     let token = unique_token("mp");
     let py = any_interpreter();

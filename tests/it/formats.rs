@@ -11,9 +11,7 @@
 //!   (Python's jsonschema; a broken copy must fail) and holds the same stacks and counts as
 //!   `all.folded`.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -21,7 +19,6 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-const SETUP: &str = "run scripts/setup-format-tools.sh (scripts/test.sh does)";
 const TOOL_TIMEOUT: Duration = Duration::from_secs(60);
 const HOT: &str = "pyfleet_hot_leaf";
 const WIDE: &str = "pyfleet_hot_outer";
@@ -31,29 +28,42 @@ fn home() -> PathBuf {
     PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
 }
 
-fn env_dir(var: &str, default: &str) -> PathBuf {
-    match std::env::var_os(var) {
+/// A program on PATH that scripts/setup-format-tools.sh installs; None (the test returns) only
+/// when it is missing and PYFLEET_ALLOW_MISSING=1.
+#[track_caller]
+fn format_tool(name: &str) -> Option<PathBuf> {
+    tool(name, SETUP_FORMAT_TOOLS)
+}
+
+/// speedscope's schema, and the python of the venv with jsonschema, which
+/// scripts/setup-format-tools.sh provides; None (the test returns) only when one is missing and
+/// PYFLEET_ALLOW_MISSING=1.
+#[track_caller]
+fn speedscope_validator() -> Option<Validator> {
+    let tools = match std::env::var_os("PYFLEET_FORMAT_TOOLS") {
         Some(d) if !d.is_empty() => PathBuf::from(d),
-        _ => home().join(default),
-    }
+        _ => home().join(".cache/pyfleet/format-tools"),
+    };
+    let schema = provided(
+        "speedscope's schema",
+        tools.join("speedscope/file-format-schema.json"),
+        SETUP_FORMAT_TOOLS,
+    );
+    let python = provided(
+        "jsonschema's venv",
+        venvs_dir().join("format-tools/bin/python"),
+        SETUP_FORMAT_TOOLS,
+    );
+    Some(Validator {
+        schema: schema?,
+        python: python?,
+    })
 }
 
-/// A program on PATH; panics saying how to install it.
-fn tool(name: &str) -> PathBuf {
-    on_path(name).unwrap_or_else(|| panic!("{name} is not installed: {SETUP}"))
-}
-
-fn speedscope_schema() -> PathBuf {
-    let p = env_dir("PYFLEET_FORMAT_TOOLS", ".cache/pyfleet/format-tools")
-        .join("speedscope/file-format-schema.json");
-    assert!(p.is_file(), "{} is missing: {SETUP}", p.display());
-    p
-}
-
-fn jsonschema_python() -> PathBuf {
-    let p = env_dir("PYFLEET_VENVS", ".cache/pyfleet/venvs").join("format-tools/bin/python");
-    assert!(p.is_file(), "{} is missing: {SETUP}", p.display());
-    p
+/// What validates a speedscope file against its schema.
+struct Validator {
+    schema: PathBuf,
+    python: PathBuf,
 }
 
 /// The snapshot directory of one daemon run writing every format, made once per test binary.
@@ -179,10 +189,10 @@ struct Page {
     matched: String,
 }
 
-fn open_in_chromium(svg: &Path, search: &str) -> Page {
+fn open_in_chromium(chromium: &Path, svg: &Path, search: &str) -> Page {
     let profile = tempdir("pyfleet-chromium-");
     let url = format!("file://{}?s={search}", svg.display());
-    let mut cmd = Command::new(tool("chromium"));
+    let mut cmd = Command::new(chromium);
     cmd.args([
         "--headless",
         "--no-sandbox",
@@ -296,8 +306,12 @@ fn parse_dom(dom: &str) -> (Vec<DomFrame>, String) {
 
 #[test]
 fn flamegraph_svg_renders_the_program_in_chromium() {
+    let _machine = shared();
+    let Some(chromium) = format_tool("chromium") else {
+        return;
+    };
     let svg = snapshot().join("flamegraph.svg");
-    let page = open_in_chromium(&svg, HOT);
+    let page = open_in_chromium(&chromium, &svg, HOT);
     let describe = || {
         page.frames
             .iter()
@@ -362,7 +376,7 @@ fn flamegraph_svg_renders_the_program_in_chromium() {
 
     // The check can fail: a function the program never calls is found nowhere.
     assert!(!page.dom.contains(ABSENT), "{ABSENT} is in the page");
-    let absent = open_in_chromium(&svg, ABSENT);
+    let absent = open_in_chromium(&chromium, &svg, ABSENT);
     assert!(
         absent.matched.trim().is_empty(),
         "the search for {ABSENT} matched: {:?}",
@@ -468,9 +482,13 @@ fn parse_pprof_raw(text: &str) -> (String, Vec<RawSample>, BTreeMap<u64, String>
 
 #[test]
 fn pprof_is_read_by_go_pprof_with_the_folded_counts() {
+    let _machine = shared();
+    let Some(go) = format_tool("go") else {
+        return;
+    };
     let snap = snapshot();
     let folded = folded_counts(snap);
-    let mut cmd = Command::new(tool("go"));
+    let mut cmd = Command::new(go);
     cmd.args(["tool", "pprof", "-raw"])
         .arg(snap.join("profile.pb.gz"))
         .env("HOME", home());
@@ -529,20 +547,21 @@ for e in errors[:5]:
 sys.exit(1 if errors else 0)
 "#;
 
-fn validate_speedscope(file: &Path) -> RunOutput {
-    let mut cmd = Command::new(jsonschema_python());
-    cmd.arg("-c")
-        .arg(VALIDATE)
-        .arg(speedscope_schema())
-        .arg(file);
+fn validate_speedscope(validator: &Validator, file: &Path) -> RunOutput {
+    let mut cmd = Command::new(&validator.python);
+    cmd.arg("-c").arg(VALIDATE).arg(&validator.schema).arg(file);
     run_with_timeout(cmd, TOOL_TIMEOUT)
 }
 
 #[test]
 fn speedscope_validates_against_its_schema_with_the_folded_counts() {
+    let _machine = shared();
+    let Some(validator) = speedscope_validator() else {
+        return;
+    };
     let snap = snapshot();
     let file = snap.join("profile.speedscope.json");
-    let out = validate_speedscope(&file);
+    let out = validate_speedscope(&validator, &file);
     assert!(
         out.success(),
         "schema validation failed: {}",
@@ -559,7 +578,7 @@ fn speedscope_validates_against_its_schema_with_the_folded_counts() {
         .remove("weights");
     let bad_file = broken.path().join("bad.json");
     fs::write(&bad_file, serde_json::to_vec(&bad).unwrap()).unwrap();
-    let out = validate_speedscope(&bad_file);
+    let out = validate_speedscope(&validator, &bad_file);
     assert!(
         out.status.code() == Some(1) && out.stdout.contains("invalid: ['profiles', 0]"),
         "a profile without weights passed: {}",

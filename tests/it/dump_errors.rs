@@ -2,9 +2,7 @@
 //! that is not a panic, for every way a target can be unusable, including a target that is
 //! killed while it is being read.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
@@ -25,6 +23,7 @@ fn dead_pid() -> i32 {
 
 #[test]
 fn nonexistent_pid() {
+    let _machine = shared();
     let pid = dead_pid();
     let out = pyfleet(&["dump", "--pid", &pid.to_string(), "--json"]);
     assert_error_contract(&out, Some("no such process"));
@@ -34,6 +33,7 @@ fn nonexistent_pid() {
 
 #[test]
 fn not_a_python_process() {
+    let _machine = shared();
     let mut sleep = Proc::spawn("sleep 300", Path::new("/bin/sleep"), &["300"]);
     sleep.wait_for_exe("sleep", Duration::from_secs(10));
     let out = pyfleet(&["dump", "--pid", &sleep.pid().to_string(), "--json"]);
@@ -42,6 +42,7 @@ fn not_a_python_process() {
 
 #[test]
 fn unsupported_python_version() {
+    let _machine = shared();
     let Some(python) = require_python310() else {
         return;
     };
@@ -69,10 +70,14 @@ fn unsupported_python_version() {
 
 #[test]
 fn permission_denied() {
+    let _machine = shared();
     assert!(
         is_root(),
         "this test must run as root (it drops to user nobody with setpriv)"
     );
+    let Some(setpriv) = tool("setpriv", SETUP_DEPLOY_TOOLS) else {
+        return;
+    };
     let interp = any_interpreter();
     let mut target = Proc::python(
         &interp.label,
@@ -87,6 +92,7 @@ fn permission_denied() {
     let exe = pyfleet_exe();
     let probe = run_with_timeout(
         as_nobody(
+            &setpriv,
             Path::new("/usr/bin/test"),
             &[std::ffi::OsStr::new("-x"), exe.as_os_str()],
         ),
@@ -101,7 +107,7 @@ fn permission_denied() {
 
     let pid = target.pid().to_string();
     let out = run_with_timeout(
-        as_nobody(&exe, &["dump", "--pid", &pid, "--json"]),
+        as_nobody(&setpriv, &exe, &["dump", "--pid", &pid, "--json"]),
         PYFLEET_TIMEOUT,
     );
     assert!(
@@ -114,6 +120,7 @@ fn permission_denied() {
 
 #[test]
 fn pid_not_a_number() {
+    let _machine = shared();
     let out = pyfleet(&["dump", "--pid", "notanumber"]);
     assert_error_contract(&out, None);
     let out = pyfleet(&["dump", "--pid", "notanumber", "--json"]);
@@ -122,6 +129,7 @@ fn pid_not_a_number() {
 
 #[test]
 fn invalid_regex() {
+    let _machine = shared();
     let out = pyfleet(&["list", "--match", "("]);
     assert_error_contract(&out, Some("regex"));
 }
@@ -283,6 +291,7 @@ fn killed_while_read(interp: &Interp) -> Vec<String> {
 
 #[test]
 fn target_killed_while_being_read() {
+    let _machine = shared();
     let mut errors = Vec::new();
     for interp in interpreters() {
         errors.extend(killed_while_read(&interp));
@@ -298,6 +307,7 @@ fn target_killed_while_being_read() {
 /// `pyfleet dump | head`: a reader that goes away ends pyfleet quietly (exit 0), no panic.
 #[test]
 fn a_reader_that_goes_away_ends_dump_quietly() {
+    let _machine = shared();
     let interp = any_interpreter();
     let mut target = Proc::python(&interp.label, &interp.path, "gil_busy.py", &["."]);
     target.wait_for_file("threads.json", READY_TIMEOUT);

@@ -3,9 +3,7 @@
 //! one must give the same frames at the same instant (the target stopped, and the samplers
 //! told so: `target_stopped`), sample after sample, on every version.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use pyfleet::cpython::{self, InterpreterStacks, SamplerOptions};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -55,6 +53,7 @@ fn full_reader(pid: i32, label: &str) -> cpython::Sampler<pyfleet::memory::Proce
 
 #[test]
 fn frame_cache_and_read_only_give_the_same_frames() {
+    let _machine = shared();
     let mut failures = Vec::new();
     for interp in interpreters() {
         let mut target = Proc::python(&interp.label, &interp.path, "changing.py", &[""; 0]);
@@ -160,6 +159,7 @@ fn frame_cache_and_read_only_give_the_same_frames() {
 /// errors, and once the target is gone every sample says so, quickly; never a panic or hang.
 #[test]
 fn a_target_killed_while_sampled_ends_with_counted_errors() {
+    let _machine = shared();
     use std::time::Instant;
     for interp in interpreters() {
         let mut target = Proc::python(&interp.label, &interp.path, "churn.py", &["ready"]);
@@ -222,6 +222,7 @@ const STEPS: usize = 5;
 /// full read, and the skipping really happened.
 #[test]
 fn idle_threads_keep_their_stacks_exactly_until_they_run() {
+    let _machine = shared();
     let can_tell = pyfleet::process::runstate::available();
     let mut failures = Vec::new();
     for interp in interpreters() {

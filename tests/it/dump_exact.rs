@@ -2,9 +2,7 @@
 //! a process whose threads are all parked (tests/targets/stacks.py), on every supported
 //! interpreter, with and without sub-interpreters.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -30,6 +28,7 @@ macro_rules! exact_tests {
         $(
             #[test]
             fn $name() {
+                let _machine = shared();
                 assert!(CASES.contains(&($label, $subinterp)));
                 check_exact($label, $subinterp);
             }
@@ -53,6 +52,7 @@ exact_tests! {
 /// Every interpreter of the common list has test cases here (with sub-interpreters from 3.12).
 #[test]
 fn every_interpreter_is_covered() {
+    let _machine = shared();
     for interp in interpreters() {
         assert!(
             CASES.contains(&(interp.label.as_str(), false)),

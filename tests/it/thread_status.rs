@@ -1,9 +1,7 @@
 //! `holds_gil` and `on_cpu` against real interpreters: a thread spinning in Python holds the
 //! GIL and is on CPU in most dumps; a thread waiting on an Event never is.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::time::Duration;
 
 const DUMPS: usize = 20;
@@ -17,6 +15,8 @@ fn thread(dump: &serde_json::Value, ident: u64) -> Option<&serde_json::Value> {
 
 #[test]
 fn gil_holder_and_cpu_state_follow_the_target() {
+    // Alone: it counts the dumps that find the spinner on CPU and the waiting thread asleep.
+    let _machine = alone();
     let mut failures = Vec::new();
     for interp in interpreters() {
         // The target runs in its own directory and writes threads.json there.

@@ -5,9 +5,7 @@
 //! shallow stacks, a generator and a coroutine), every thread read from memory each time
 //! (`skip_idle: false`), with and without the 3.15 frame cache, on every version.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use pyfleet::cpython::{self, SamplerOptions};
 use std::time::Duration;
 
@@ -16,6 +14,8 @@ const MEASURED: usize = 200;
 
 #[test]
 fn a_steady_state_sample_allocates_nothing() {
+    // Alone: the target's threads must stay parked (and read the same) for every sample.
+    let _machine = alone();
     let mut failures = Vec::new();
     for interp in interpreters() {
         let label = &interp.label;

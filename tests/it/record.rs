@@ -3,9 +3,7 @@
 //! over two processes until both exit, an unwritable output (fails at once, before any
 //! sampling), and the progress line on a terminal only.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -89,6 +87,7 @@ fn arg(p: &Path) -> String {
 
 #[test]
 fn writes_each_format_by_extension() {
+    let _machine = shared();
     let token = unique_token("rec");
     let t = target(0.0, &token);
     let pid = t.pid().to_string();
@@ -171,6 +170,7 @@ fn writes_each_format_by_extension() {
 
 #[test]
 fn a_target_that_exits_mid_recording() {
+    let _machine = shared();
     let token = unique_token("rec");
     let t = target(2.5, &token);
     let pid = t.pid();
@@ -206,6 +206,7 @@ fn a_target_that_exits_mid_recording() {
 
 #[test]
 fn ctrl_c_ends_the_recording_and_writes_it() {
+    let _machine = shared();
     let token = unique_token("rec");
     let t = target(0.0, &token);
     let dir = tempdir("pyfleet-record-");
@@ -251,6 +252,7 @@ fn catches(pid: i32, sig: libc::c_int) -> bool {
 
 #[test]
 fn match_records_every_process_until_they_exit() {
+    let _machine = shared();
     let token = unique_token("recm");
     let a = target(3.0, &format!("{token}-a"));
     let b = target(3.0, &format!("{token}-b"));
@@ -283,6 +285,7 @@ fn match_records_every_process_until_they_exit() {
 
 #[test]
 fn unwritable_output_fails_at_once_before_sampling() {
+    let _machine = shared();
     let token = unique_token("rec");
     let t = target(0.0, &token);
     let dir = tempdir("pyfleet-record-");
@@ -312,18 +315,22 @@ fn unwritable_output_fails_at_once_before_sampling() {
 
 #[test]
 fn progress_line_on_a_terminal() {
+    let _machine = shared();
+    // util-linux's script(1) runs the command on a pseudo-terminal.
+    let Some(script) = tool("script", SETUP_DEPLOY_TOOLS) else {
+        return;
+    };
     let token = unique_token("rec");
     let t = target(0.0, &token);
     let dir = tempdir("pyfleet-record-");
     let path = dir.path().join("out.folded");
-    // util-linux's script(1) runs the command on a pseudo-terminal.
     let command = format!(
         "{} record --pid {} --duration 2 -o {}",
         pyfleet_exe().display(),
         t.pid(),
         path.display()
     );
-    let mut cmd = Command::new("script");
+    let mut cmd = Command::new(script);
     cmd.args(["-q", "-e", "-f", "-c", &command, "/dev/null"])
         .env_remove("RUST_LOG");
     let out = run_with_timeout(cmd, Duration::from_secs(30));
@@ -358,6 +365,7 @@ fn progress_line_on_a_terminal() {
 /// overwrites nothing.
 #[test]
 fn first_mistakes_get_one_line_and_touch_nothing() {
+    let _machine = shared();
     let token = unique_token("rec");
     let t = target(0.0, &token);
     let pid = t.pid().to_string();

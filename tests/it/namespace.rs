@@ -3,9 +3,7 @@
 //! the host's ids and the namespace's, tell the spinning thread from the waiting one, `record
 //! --mode cpu` must sample the spinner, and the idle skip must work as outside a namespace.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 use std::path::Path;
 use std::time::Duration;
@@ -19,8 +17,8 @@ struct Contained {
     pid: i32,
 }
 
-fn contained(label: &str, python: &Path, script: &str, args: &[&str]) -> Contained {
-    let unshare = on_path("unshare").expect("unshare (util-linux) is needed for this test");
+/// `unshare` is util-linux's (`tool("unshare", SETUP_DEPLOY_TOOLS)`).
+fn contained(unshare: &Path, label: &str, python: &Path, script: &str, args: &[&str]) -> Contained {
     let mut all = vec![
         "-p".to_string(),
         "-f".into(),
@@ -32,7 +30,7 @@ fn contained(label: &str, python: &Path, script: &str, args: &[&str]) -> Contain
     all.extend(args.iter().map(|a| a.to_string()));
     let proc = Proc::spawn(
         &format!("{script} [{label}] in a pid namespace"),
-        &unshare,
+        unshare,
         &all,
     );
     let outer = proc.pid();
@@ -64,10 +62,15 @@ fn host_tids(pid: i32) -> Vec<u64> {
 
 #[test]
 fn threads_of_a_contained_target_are_the_hosts() {
+    // Alone: it counts the dumps and samples that find the spinner on CPU.
+    let _machine = alone();
+    let Some(unshare) = tool("unshare", SETUP_DEPLOY_TOOLS) else {
+        return;
+    };
     let mut failures = Vec::new();
     for interp in interpreters() {
         let l = &interp.label;
-        let mut t = contained(l, &interp.path, "gil_busy.py", &["."]);
+        let mut t = contained(&unshare, l, &interp.path, "gil_busy.py", &["."]);
         let file = t.unshare.dir().join("threads.json");
         t.unshare.wait_for_path(&file, Duration::from_secs(30));
         let ids: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
@@ -168,10 +171,14 @@ fn threads_of_a_contained_target_are_the_hosts() {
 
 #[test]
 fn idle_skip_works_in_a_namespace() {
+    let _machine = shared();
+    let Some(unshare) = tool("unshare", SETUP_DEPLOY_TOOLS) else {
+        return;
+    };
     let mut failures = Vec::new();
     for interp in interpreters() {
         let l = &interp.label;
-        let mut t = contained(l, &interp.path, "sleeper.py", &["ready"]);
+        let mut t = contained(&unshare, l, &interp.path, "sleeper.py", &["ready"]);
         t.unshare
             .wait_for_path(&t.unshare.dir().join("ready"), Duration::from_secs(30));
         let out = pyfleet(&[

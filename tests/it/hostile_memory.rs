@@ -3,9 +3,7 @@
 //! version must only ever return counted errors: no panic (overflow checks are on in tests),
 //! no hang, no unbounded allocation; and once the reads are clean again it samples normally.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use pyfleet::binary;
 use pyfleet::cpython::{self, Sampler, SamplerOptions};
 use pyfleet::memory::{MemoryError, ProcessMemory, ReadRequest, ReadStats, RemoteMemory};
@@ -115,6 +113,7 @@ fn garbling_sampler(pid: i32, seed: u64) -> Sampler<Garbling> {
 
 #[test]
 fn garbled_reads_give_counted_errors_and_sampling_recovers() {
+    let _machine = shared();
     for interp in interpreters() {
         let mut target = Proc::python(&interp.label, &interp.path, "changing.py", &[""; 0]);
         target.wait_for_path(&target.dir().join("ready"), Duration::from_secs(30));

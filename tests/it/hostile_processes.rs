@@ -15,9 +15,7 @@
 //! Deadlines here are generous for a loaded machine (the point is "returns", not "fast"): the
 //! FIFO blocked forever before.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -73,6 +71,7 @@ fn list_and_dump_beside(trap: &Proc, normal: &Proc, mode: &str) {
 /// /proc/PID/map_files, regular files only, sizes capped).
 #[test]
 fn endless_or_huge_files_at_a_mapped_path_blind_nothing() {
+    let _machine = shared();
     let interp = any_interpreter();
     for mode in ["zero", "sparse"] {
         let token = unique_token(&format!("{mode}trap"));
@@ -107,6 +106,8 @@ fn endless_or_huge_files_at_a_mapped_path_blind_nothing() {
 
 #[test]
 fn a_fifo_planted_at_a_mapped_path_blinds_nothing() {
+    // Alone: the daemon must stop within 4 s of --duration and 2 s of SIGTERM.
+    let _machine = alone();
     let interp = any_interpreter();
     let token = unique_token("fifotrap");
     let mut trap = trap(&interp, &token);
@@ -194,6 +195,7 @@ fn watch_peak_rss(pid: i32, until: Instant) -> u64 {
 
 #[test]
 fn a_name_bomb_costs_pyfleet_names_of_256_characters() {
+    let _machine = shared();
     for interp in interpreters() {
         let mut bomb = Proc::python(&interp.label, &interp.path, "name_bomb.py", &[] as &[&str]);
         bomb.wait_for_file("ready", READY_TIMEOUT);
@@ -249,6 +251,7 @@ fn a_name_bomb_costs_pyfleet_names_of_256_characters() {
 
 #[test]
 fn a_sysv_named_mapping_breaks_no_scan() {
+    let _machine = shared();
     if !is_root() {
         eprintln!("skipped: creating /SYSV... needs root");
         return;
@@ -300,6 +303,8 @@ fn a_sysv_named_mapping_breaks_no_scan() {
 
 #[test]
 fn the_metrics_listener_bounds_its_clients() {
+    // Alone: the listener must have turned clients away within half a second.
+    let _machine = alone();
     use std::io::{Read, Write};
     use std::net::{TcpListener, TcpStream};
     let port = TcpListener::bind("127.0.0.1:0")
@@ -365,6 +370,7 @@ fn the_metrics_listener_bounds_its_clients() {
 
 #[test]
 fn a_write_handle_bound_at_attach_never_reaches_the_program_exec_ran() {
+    let _machine = shared();
     use pyfleet::memory::{ProcessMemory, RemoteMemory};
     let interp = any_interpreter();
     let mut p = Proc::spawn_with(
@@ -413,17 +419,20 @@ fn a_write_handle_bound_at_attach_never_reaches_the_program_exec_ran() {
 /// through the read-only handle, written with process_vm_writev.
 #[test]
 fn the_marker_is_placed_with_the_units_capabilities_only() {
+    let _machine = shared();
     if !is_root() {
         eprintln!("skipped: needs root to drop to nobody with capabilities");
         return;
     }
-    let Some(interp) = interpreters().into_iter().find(|i| i.minor >= 15) else {
-        eprintln!("skipped: no 3.15");
+    let Some(setpriv) = tool("setpriv", SETUP_DEPLOY_TOOLS) else {
+        return;
+    };
+    let Some(interp) = interpreter("3.15") else {
         return;
     };
     let mut target = Proc::python(&interp.label, &interp.path, "gil_busy.py", &["."]);
     target.wait_for_file("threads.json", READY_TIMEOUT);
-    let mut cmd = Command::new("/usr/bin/setpriv");
+    let mut cmd = Command::new(setpriv);
     cmd.args([
         "--reuid=65534",
         "--regid=65534",
