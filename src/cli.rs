@@ -158,7 +158,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 if !yes && !floor {
                     bench_consent(*pid, duration)?;
                 }
-                let opts = cpython::SamplerOptions {
+                let opts = cpython::UnwinderOptions {
                     frame_cache: !no_frame_cache,
                     read_only,
                     skip_idle: !no_skip_idle,
@@ -177,7 +177,7 @@ const DUMP_ATTEMPTS: u32 = 10;
 
 fn dump(pid: i32, json: bool, blocking: bool) -> Result<()> {
     // A dump is one sample: it needs no frame cache, and must not write to the target.
-    let opts = cpython::SamplerOptions {
+    let opts = cpython::UnwinderOptions {
         frame_cache: false,
         read_only: true,
         cpu_status: true,
@@ -293,7 +293,7 @@ fn bench_consent(pid: i32, duration: f64) -> Result<()> {
 fn bench(
     pid: i32,
     duration: f64,
-    opts: cpython::SamplerOptions,
+    opts: cpython::UnwinderOptions,
     floor: bool,
     json: bool,
 ) -> Result<()> {
@@ -301,8 +301,8 @@ fn bench(
     use pyfleet::process::own_thread_cpu_ns;
     use std::time::{Duration, Instant};
 
-    let mut sampler = cpython::attach(pid, opts)?;
-    let version = sampler.layout().version;
+    let mut unwinder = cpython::attach(pid, opts)?;
+    let version = unwinder.layout().version;
     let limit = Duration::from_secs_f64(duration);
     let (cpu0, start) = (own_thread_cpu_ns(), Instant::now());
     let mut iterations = 0u64;
@@ -311,8 +311,8 @@ fn bench(
     // Failed samples by reason (the message without its addresses), at most 32 reasons.
     let mut reasons: std::collections::BTreeMap<String, u64> = Default::default();
     if floor {
-        let addr = sampler.runtime_address();
-        let mem = sampler.memory();
+        let addr = unwinder.runtime_address();
+        let mem = unwinder.memory();
         while start.elapsed() < limit {
             for _ in 0..64 {
                 mem.read_u64(addr)
@@ -322,7 +322,7 @@ fn bench(
         }
     } else {
         while start.elapsed() < limit {
-            match sampler.sample() {
+            match unwinder.sample() {
                 Ok(s) => threads = s.len(),
                 Err(e) if e.is_process_gone() => {
                     anyhow::bail!("process {pid} exited during the benchmark")
@@ -348,9 +348,9 @@ fn bench(
         (Some(a), Some(b)) => b.saturating_sub(a),
         _ => 0,
     };
-    let st = sampler.stats();
+    let st = unwinder.stats();
     let n = iterations.max(1) as f64;
-    let (functions, frames, stacks) = sampler.stacks().len();
+    let (functions, frames, stacks) = unwinder.stacks().len();
     let doc = serde_json::json!({
         "pid": pid,
         "python_version": version.to_string(),
@@ -431,14 +431,14 @@ fn fleet_floor(pids: &[i32], rate: f64, duration: f64, json: bool) -> Result<()>
     }
     let mut targets = Vec::new();
     for &pid in pids {
-        let sampler = cpython::attach(
+        let unwinder = cpython::attach(
             pid,
-            cpython::SamplerOptions {
+            cpython::UnwinderOptions {
                 read_only: true,
                 ..Default::default()
             },
         )?;
-        targets.push((ProcessMemory::new(pid), sampler.runtime_address()));
+        targets.push((ProcessMemory::new(pid), unwinder.runtime_address()));
     }
     let period = Duration::from_secs_f64(1.0 / rate);
     let limit = Duration::from_secs_f64(duration);

@@ -216,7 +216,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
     for &pid in &plan.pids {
         cpython::attach(
             pid,
-            cpython::SamplerOptions {
+            cpython::UnwinderOptions {
                 frame_cache: false,
                 read_only: true,
                 ..Default::default()

@@ -4,7 +4,7 @@
 //!
 //! Must not schedule anything (the actors decide when) nor format output (`output/` does).
 
-use crate::cpython::{self, Sampler, SamplerOptions};
+use crate::cpython::{self, Unwinder, UnwinderOptions};
 use crate::memory::ProcessMemory;
 use pyfleet_actors::{
     FrameInfo, ProcessInfo, SampleError, SampledThread, SourceFactory, SourceStats, StackSource,
@@ -13,7 +13,7 @@ use pyfleet_actors::{
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Attaches the fast sampler to each process.
+/// Attaches the unwinder to each process.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct UnwinderFactory {
     pub read_only: bool,
@@ -25,21 +25,21 @@ impl SourceFactory for UnwinderFactory {
     type Source = UnwinderSource;
 
     fn attach(&self, p: &ProcessInfo, needs_cpu_status: bool) -> Result<UnwinderSource, String> {
-        let opts = SamplerOptions {
+        let opts = UnwinderOptions {
             frame_cache: true,
             read_only: self.read_only,
             cpu_status: needs_cpu_status,
             blocking: self.blocking,
             ..Default::default()
         };
-        let sampler = cpython::attach(p.pid, opts).map_err(|e| e.to_string())?;
-        Ok(UnwinderSource { sampler })
+        let unwinder = cpython::attach(p.pid, opts).map_err(|e| e.to_string())?;
+        Ok(UnwinderSource { unwinder })
     }
 }
 
-/// One process's sampler, as the actors see it.
+/// One process's unwinder, as the actors see it.
 pub struct UnwinderSource {
-    sampler: Sampler<ProcessMemory>,
+    unwinder: Unwinder<ProcessMemory>,
 }
 
 impl StackSource for UnwinderSource {
@@ -47,9 +47,9 @@ impl StackSource for UnwinderSource {
         // A target that changed its stack under the read (a torn frame chain, a frame freed
         // mid-read) usually reads fine a moment later: one immediate retry, so the profile
         // loses fewer samples. Both attempts count in the unwinder's own error stats.
-        let first = self.sampler.sample().map(|_| ());
+        let first = self.unwinder.sample().map(|_| ());
         let result = match first {
-            Err(e) if !e.is_process_gone() => self.sampler.sample().map(|_| ()),
+            Err(e) if !e.is_process_gone() => self.unwinder.sample().map(|_| ()),
             other => other,
         };
         if let Err(e) = result {
@@ -59,7 +59,7 @@ impl StackSource for UnwinderSource {
                 message: e.to_string(),
             });
         }
-        out.extend(self.sampler.last_sample().iter().map(|t| SampledThread {
+        out.extend(self.unwinder.last_sample().iter().map(|t| SampledThread {
             thread_id: t.thread_id,
             status: ThreadStatus {
                 on_cpu: t.on_cpu.unwrap_or(false),
@@ -71,7 +71,7 @@ impl StackSource for UnwinderSource {
     }
 
     fn resolve(&self, stack: u64) -> Option<Vec<FrameInfo>> {
-        let frames = self.sampler.stacks().resolve(u32::try_from(stack).ok()?)?;
+        let frames = self.unwinder.stacks().resolve(u32::try_from(stack).ok()?)?;
         Some(
             frames
                 .map(|f| FrameInfo {
@@ -84,7 +84,7 @@ impl StackSource for UnwinderSource {
     }
 
     fn stats(&self) -> SourceStats {
-        let s = self.sampler.stats();
+        let s = self.unwinder.stats();
         SourceStats {
             samples: s.samples,
             errors: s.errors,

@@ -22,7 +22,7 @@ use crate::memory::RemoteMemory;
 const COOKIE: &[u8; 8] = b"xdebugpy";
 /// Largest size believed for any struct the table describes.
 const MAX_STRUCT: u64 = 1 << 22; // PyInterpreterState is ~190 KiB in 3.13
-/// Most bytes of one thread state, code object or frame the sampler reads (the fields it
+/// Most bytes of one thread state, code object or frame the unwinder reads (the fields it
 /// needs lie within the first KiB or two of each in every release): a table that puts them
 /// further is refused, since each is read once per thread, code object or frame.
 const MAX_READ_SPAN: u64 = 16 << 10;

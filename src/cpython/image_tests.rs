@@ -4,19 +4,19 @@
 use super::debug_offsets::{self, DebugOffsets, FIELDS_313};
 use super::layout::Version;
 use super::synthetic::*;
-use super::{Sampler, SamplerOptions, UnwindError};
+use super::{UnwindError, Unwinder, UnwinderOptions};
 use crate::memory::{MemoryImage, RemoteMemory};
 
 #[test]
 fn the_interning_table_is_bounded() {
     let (img, _) = runtime();
-    let opts = SamplerOptions {
+    let opts = UnwinderOptions {
         max_interned_stacks: 1,
         ..Default::default()
     };
     let mut u = unwinder_with(img, opts);
     let first: Vec<_> = u.sample().unwrap().iter().map(|t| t.stack).collect();
-    let names = |u: &Sampler<MemoryImage>, ids: &[u32]| -> Vec<Vec<String>> {
+    let names = |u: &Unwinder<MemoryImage>, ids: &[u32]| -> Vec<Vec<String>> {
         ids.iter()
             .map(|&id| {
                 u.stacks()

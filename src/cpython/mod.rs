@@ -9,9 +9,9 @@ pub mod debug_offsets;
 pub mod layout;
 pub mod linetable;
 pub mod objects;
-pub mod sampler;
+pub mod resolved;
 pub mod tables;
-pub mod unwind;
+pub mod unwinder;
 pub mod versions;
 
 #[cfg(test)]
@@ -21,8 +21,8 @@ pub mod synthetic;
 
 pub use layout::{Layout, Version};
 pub use objects::CodeInfo;
-pub use sampler::{Sampler, SamplerOptions, SamplerStats, ThreadSample};
-pub use unwind::{Frame, InterpreterStacks, ThreadStack};
+pub use resolved::{Frame, InterpreterStacks, ThreadStack};
+pub use unwinder::{ThreadSample, Unwinder, UnwinderOptions, UnwinderStats};
 
 use crate::binary::{self, BinaryError, RuntimeLocation};
 use crate::memory::{FieldOutOfRange, MemoryError, ProcessMemory, RemoteMemory};
@@ -160,8 +160,8 @@ pub fn detect_layout<M: RemoteMemory>(
 }
 
 /// Attaches to a live process: finds its runtime and layout (reading only) and returns its
-/// sampler. Only sampling with the 3.15 frame cache, and not `read_only`, ever writes.
-pub fn attach(pid: i32, opts: SamplerOptions) -> Result<Sampler<ProcessMemory>, AttachError> {
+/// unwinder. Only sampling with the 3.15 frame cache, and not `read_only`, ever writes.
+pub fn attach(pid: i32, opts: UnwinderOptions) -> Result<Unwinder<ProcessMemory>, AttachError> {
     let process = Process::new(pid)?;
     let loc = binary::locate_runtime(&process)?;
     let mut mem = ProcessMemory::new(pid);
@@ -172,5 +172,5 @@ pub fn attach(pid: i32, opts: SamplerOptions) -> Result<Sampler<ProcessMemory>, 
             tracing::debug!(pid, "no frame-cache marker: {e}");
         }
     }
-    Ok(Sampler::new(pid, mem, layout, &loc, opts))
+    Ok(Unwinder::new(pid, mem, layout, &loc, opts))
 }

@@ -4,7 +4,7 @@
 
 use super::debug_offsets::{self, DebugOffsets, FIELDS_313};
 use super::layout::{Layout, Version};
-use super::{Sampler, SamplerOptions};
+use super::{Unwinder, UnwinderOptions};
 use crate::binary::RuntimeLocation;
 use crate::memory::MemoryImage;
 use std::path::PathBuf;
@@ -203,11 +203,11 @@ pub fn runtime() -> (MemoryImage, Vec<u64>) {
     (img, vec![f1, f2, shim, f3])
 }
 
-pub fn unwinder(img: MemoryImage) -> Sampler<MemoryImage> {
-    unwinder_with(img, SamplerOptions::default())
+pub fn unwinder(img: MemoryImage) -> Unwinder<MemoryImage> {
+    unwinder_with(img, UnwinderOptions::default())
 }
 
-pub fn unwinder_with(img: MemoryImage, opts: SamplerOptions) -> Sampler<MemoryImage> {
+pub fn unwinder_with(img: MemoryImage, opts: UnwinderOptions) -> Unwinder<MemoryImage> {
     let loc = RuntimeLocation {
         path: PathBuf::from("/synthetic"),
         bias: 0,
@@ -218,5 +218,5 @@ pub fn unwinder_with(img: MemoryImage, opts: SamplerOptions) -> Sampler<MemoryIm
     };
     let layout = debug_offsets::layout(&img, RUNTIME, Version::from_hex(V313), FIELDS_313).unwrap();
     assert_eq!(layout, self::layout());
-    Sampler::new(0, img, layout, &loc, opts)
+    Unwinder::new(0, img, layout, &loc, opts)
 }

@@ -5,7 +5,7 @@
 
 use crate::common::*;
 use pyfleet::binary;
-use pyfleet::cpython::{self, Sampler, SamplerOptions};
+use pyfleet::cpython::{self, Unwinder, UnwinderOptions};
 use pyfleet::memory::{MemoryError, ProcessMemory, ReadRequest, ReadStats, RemoteMemory};
 use pyfleet::process::Process;
 use std::cell::Cell;
@@ -97,7 +97,7 @@ impl RemoteMemory for Garbling {
     }
 }
 
-fn garbling_sampler(pid: i32, seed: u64) -> Sampler<Garbling> {
+fn garbling_sampler(pid: i32, seed: u64) -> Unwinder<Garbling> {
     let process = Process::new(pid).expect("target process");
     let loc = binary::locate_runtime(&process).expect("runtime");
     let mut mem = ProcessMemory::new(pid);
@@ -108,7 +108,7 @@ fn garbling_sampler(pid: i32, seed: u64) -> Sampler<Garbling> {
         seed: Cell::new(seed | 1),
         on: Cell::new(false),
     };
-    Sampler::new(pid, mem, layout, &loc, SamplerOptions::default())
+    Unwinder::new(pid, mem, layout, &loc, UnwinderOptions::default())
 }
 
 #[test]

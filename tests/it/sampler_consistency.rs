@@ -4,7 +4,7 @@
 //! told so: `target_stopped`), sample after sample, on every version.
 
 use crate::common::*;
-use pyfleet::cpython::{self, InterpreterStacks, SamplerOptions};
+use pyfleet::cpython::{self, InterpreterStacks, UnwinderOptions};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -37,10 +37,10 @@ fn flatten(interps: &[InterpreterStacks]) -> BTreeMap<(i64, u64), Frames> {
 }
 
 /// A sampler that reads everything every time, with no cache of any kind to trust: the truth.
-fn full_reader(pid: i32, label: &str) -> cpython::Sampler<pyfleet::memory::ProcessMemory> {
+fn full_reader(pid: i32, label: &str) -> cpython::Unwinder<pyfleet::memory::ProcessMemory> {
     cpython::attach(
         pid,
-        SamplerOptions {
+        UnwinderOptions {
             frame_cache: false,
             read_only: true,
             skip_idle: false,
@@ -63,7 +63,7 @@ fn frame_cache_and_read_only_give_the_same_frames() {
         let attach = |frame_cache, read_only| {
             cpython::attach(
                 pid,
-                SamplerOptions {
+                UnwinderOptions {
                     frame_cache,
                     read_only,
                     // Every round reads the target stopped: the top is the pointer's.
@@ -165,7 +165,7 @@ fn a_target_killed_while_sampled_ends_with_counted_errors() {
         let mut target = Proc::python(&interp.label, &interp.path, "churn.py", &["ready"]);
         target.wait_for_path(&target.dir().join("ready"), Duration::from_secs(30));
         let pid = target.pid();
-        let mut sampler = cpython::attach(pid, SamplerOptions::default())
+        let mut sampler = cpython::attach(pid, UnwinderOptions::default())
             .unwrap_or_else(|e| panic!("[{}] attach: {e}", interp.label));
         let start = Instant::now();
         let (mut ok, mut failed, mut killed_at) = (0u64, 0u64, None);
@@ -229,7 +229,7 @@ fn idle_threads_keep_their_stacks_exactly_until_they_run() {
         let mut target = Proc::python(&interp.label, &interp.path, "steps.py", &[""; 0]);
         let pid = target.pid();
         target.wait_for_file("step-0", Duration::from_secs(30));
-        let mut skipping = cpython::attach(pid, SamplerOptions::default())
+        let mut skipping = cpython::attach(pid, UnwinderOptions::default())
             .unwrap_or_else(|e| panic!("[{}] attach: {e}", interp.label));
         for n in 0..STEPS {
             target.wait_for_file(&format!("step-{n}"), Duration::from_secs(30));

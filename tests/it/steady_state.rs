@@ -6,7 +6,7 @@
 //! (`skip_idle: false`), with and without the 3.15 frame cache, on every version.
 
 use crate::common::*;
-use pyfleet::cpython::{self, SamplerOptions};
+use pyfleet::cpython::{self, UnwinderOptions};
 use std::time::Duration;
 
 const WARM_UP: usize = 20;
@@ -45,7 +45,7 @@ fn a_steady_state_sample_allocates_nothing() {
         for (mode, frame_cache) in [("frame cache", true), ("no frame cache", false)] {
             let mut sampler = cpython::attach(
                 target.pid(),
-                SamplerOptions {
+                UnwinderOptions {
                     frame_cache,
                     skip_idle: false,
                     ..Default::default()

@@ -1,5 +1,5 @@
 //! The read plan of one sample: what to copy from the target (keys and ranges, as the
-//! sampler's prediction pushes them), the physical reads they become (sorted, coalesced
+//! unwinder's prediction pushes them), the physical reads they become (sorted, coalesced
 //! iovecs, in an order that is part of the consistency contract), and where each key's bytes
 //! landed. See [`ReadPlan`] for the order and why.
 

@@ -1,4 +1,4 @@
-//! The frame cache: what the sampler keeps of each thread between samples (its chain of
+//! The frame cache: what the unwinder keeps of each thread between samples (its chain of
 //! frames with their ids, where its stack lay, the 3.15 marker as left) and turning a walk
 //! into an interned stack, reusing the frames that did not change.
 
@@ -30,7 +30,7 @@ pub(super) struct ChainFrame {
     pub(super) id: Option<FrameId>,
 }
 
-/// What the sampler remembers about one thread between samples.
+/// What the unwinder remembers about one thread between samples.
 #[derive(Default)]
 pub(super) struct ThreadCache {
     pub(super) chain: Vec<ChainFrame>,
@@ -70,7 +70,7 @@ pub(super) struct ThreadCache {
     pub(super) heavy: bool,
 }
 
-impl<M: RemoteMemory> Sampler<M> {
+impl<M: RemoteMemory> Unwinder<M> {
     /// The stack of a thread whose frames were walked this sample: frame ids for the walked
     /// frames (reusing last sample's for frames that did not change), the cached rest of the
     /// chain after the marker, one interned stack id (last sample's when nothing changed).

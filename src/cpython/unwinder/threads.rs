@@ -63,7 +63,7 @@ pub(super) struct Work {
     pub(super) holds_gil: bool,
 }
 
-impl<M: RemoteMemory> Sampler<M> {
+impl<M: RemoteMemory> Unwinder<M> {
     /// Reads interpreters and threads, and walks every thread's frames.
     pub(super) fn collect(
         &mut self,

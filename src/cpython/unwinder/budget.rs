@@ -4,7 +4,7 @@
 
 use super::*;
 
-/// Most reads of a whole sample (see `Sampler::sample`).
+/// Most reads of a whole sample (see `Unwinder::sample`).
 pub(super) const MAX_SAMPLE_READS: u32 = 3;
 
 /// Most syscalls one sample makes, every read again included (a steady-state sample makes
@@ -24,7 +24,7 @@ pub(super) const MAX_SAMPLE_BYTES: usize = 64 << 20;
 /// Most frames walked in one sample, every thread together.
 pub(super) const MAX_SAMPLE_FRAMES: usize = 1 << 18;
 
-impl<M: RemoteMemory> Sampler<M> {
+impl<M: RemoteMemory> Unwinder<M> {
     /// The sample under way has time and syscalls left ([`MAX_SAMPLE_TIME`],
     /// [`MAX_SAMPLE_SYSCALLS`]): checked before each read beyond the first of a thread, and
     /// before each thread and each load of code objects.

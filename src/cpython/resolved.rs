@@ -1,5 +1,5 @@
 //! Fully resolved stacks (what `dump` shows), as opposed to the interned ids of a sample.
-//! The walking itself is the sampler's (`sampler`): one walker for `dump` and profiling.
+//! The walking itself is the unwinder's (`unwinder`): one walker for `dump` and profiling.
 
 use crate::stacks::Function;
 

@@ -10,7 +10,7 @@ use super::*;
 /// keeps moving during the microseconds until that read.
 pub(super) const REREAD_GROWTH: u64 = 8192;
 
-/// Most reads of one thread per sample (see `Sampler::walk_consistent`).
+/// Most reads of one thread per sample (see `Unwinder::walk_consistent`).
 pub(super) const MAX_READS: u32 = 4;
 
 /// Most frames of one thread outside its data stack (generators', entry frames on the C
@@ -23,7 +23,7 @@ pub(super) const MAX_OUTSIDE: usize = 64;
 /// Frames outside the data stack met by earlier reads, and not by the last one, prefetched.
 pub(super) const MAX_RECENT_OUTSIDE: usize = 16;
 
-/// What a thread's read lacked (see `Sampler::walk`).
+/// What a thread's read lacked (see `Unwinder::walk`).
 #[derive(Debug, Default, Clone, Copy)]
 pub(super) struct Missing {
     /// This range of the current data-stack chunk.
@@ -51,7 +51,7 @@ pub(super) struct RawFrame {
     pub(super) entry: bool,
 }
 
-impl<M: RemoteMemory> Sampler<M> {
+impl<M: RemoteMemory> Unwinder<M> {
     /// Walks one thread's frames from one read of it: first the sample's batch; when the
     /// stack is not all in it (it moved since the prediction) or does not hold together (it
     /// moved during the read), the thread's state and every range its stack needs are read

@@ -1,13 +1,13 @@
-//! The fast sampler: one target process, sampled again and again, as cheaply as possible.
+//! The unwinder: one target process, sampled again and again, as cheaply as possible.
 //!
-//! A sample costs syscalls, not bytes, so the sampler predicts. It remembers the addresses of
+//! A sample costs syscalls, not bytes, so the unwinder predicts. It remembers the addresses of
 //! the previous sample (interpreter states, thread states, GIL, each thread's frame region in
 //! its data stack, frames outside it) and reads them all in **one** `process_vm_readv`. It
 //! then walks the lists as they are now, using the prefetched bytes wherever the addresses
 //! still match and reading only what changed; a wrong prediction costs extra reads, never a
 //! wrong stack.
 //!
-//! One sample (`Sampler::sample`) goes through the parts in this order, each a module that
+//! One sample (`Unwinder::sample`) goes through the parts in this order, each a module that
 //! owns its state and its limits:
 //! - `next_read`: the read plan from last sample's addresses, and which threads are kept
 //!   unread (they have not run: [`runstate`](crate::process::runstate) says why that is
@@ -24,7 +24,7 @@
 //!   throughout.
 //!
 //! Frames: on 3.15 with the frame cache, the target keeps a marker (`last_profiled_frame`,
-//! `last_profiled_frame_seq`) that the sampler sets on a frame a little below the top; the
+//! `last_profiled_frame_seq`) that the unwinder sets on a frame a little below the top; the
 //! interpreter moves it to the parent (and bumps the sequence) when that frame returns, so
 //! the frames from the marker outwards are known unchanged and come from the cache. Without
 //! the marker (3.11-3.14, `read_only`, or `frame_cache: false`) the used part of the thread's
@@ -57,7 +57,7 @@ use super::layout::{
 use super::objects::{
     fingerprint, fingerprint_span, read_chunks, read_codes, CodeInfo, LoadedCode,
 };
-use super::unwind::{Frame, InterpreterStacks, ThreadStack, MAX_DEPTH};
+use super::resolved::{Frame, InterpreterStacks, ThreadStack, MAX_DEPTH};
 use super::UnwindError;
 use crate::binary::RuntimeLocation;
 use crate::memory::{Bytes, Pauser, RemoteMemory};
@@ -85,9 +85,9 @@ use threads::*;
 /// (another process writing the target's memory) could leave unnoticed.
 pub const MAX_KEPT: u32 = 100;
 
-/// How a sampler behaves.
+/// How an unwinder behaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SamplerOptions {
+pub struct UnwinderOptions {
     /// Use the 3.15 frame-cache marker (ignored before 3.15 and in read-only mode).
     pub frame_cache: bool,
     /// Never write to the target.
@@ -115,9 +115,9 @@ pub struct SamplerOptions {
     pub max_interned_stacks: usize,
 }
 
-impl Default for SamplerOptions {
+impl Default for UnwinderOptions {
     fn default() -> Self {
-        SamplerOptions {
+        UnwinderOptions {
             frame_cache: true,
             read_only: false,
             cpu_status: false,
@@ -130,9 +130,9 @@ impl Default for SamplerOptions {
     }
 }
 
-/// What one sampler has done so far.
+/// What one unwinder has done so far.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct SamplerStats {
+pub struct UnwinderStats {
     pub samples: u64,
     pub errors: u64,
     /// Threads whose whole stack came from the frame cache (only the top frame re-read).
@@ -178,21 +178,21 @@ pub struct ThreadSample {
     /// The target's own value, when the target lives in another pid namespace.
     pub namespace_thread_id: Option<u64>,
     pub holds_gil: bool,
-    /// `None` unless [`SamplerOptions::cpu_status`].
+    /// `None` unless [`UnwinderOptions::cpu_status`].
     pub on_cpu: Option<bool>,
-    /// Innermost frame first; see [`Sampler::stacks`]. Empty stacks are sampled too.
+    /// Innermost frame first; see [`Unwinder::stacks`]. Empty stacks are sampled too.
     pub stack: StackId,
 }
 
-/// The fast sampler of one process. See the module documentation.
-pub struct Sampler<M: RemoteMemory> {
+/// The unwinder of one process. See the module documentation.
+pub struct Unwinder<M: RemoteMemory> {
     pid: i32,
     mem: M,
     layout: Layout,
     runtime: u64,
     code_type: Option<u64>,
     binary: PathBuf,
-    opts: SamplerOptions,
+    opts: UnwinderOptions,
     use_marker: bool,
     codes: LruCache<u64, CodeEntry, FxBuildHasher>,
     table: StackTable,
@@ -201,13 +201,13 @@ pub struct Sampler<M: RemoteMemory> {
     gils: Vec<u64>,
     batch: ReadPlan,
     epoch: u64,
-    stats: SamplerStats,
+    stats: UnwinderStats,
     /// What the cached code objects cost (see [`entry_bytes`]).
     code_bytes: usize,
     /// Bytes of stacks read by the sample under way (see [`MAX_SAMPLE_BYTES`]).
     sample_bytes: usize,
     /// When the sample under way went past its first two reads, and the syscalls made
-    /// before it (see [`Sampler::check_budget`]).
+    /// before it (see [`Unwinder::check_budget`]).
     sample_started: Cell<Option<Instant>>,
     syscalls_before: u64,
     out: Vec<ThreadSample>,
@@ -265,20 +265,20 @@ struct Spare {
     reread: ReadPlan,
 }
 
-impl<M: RemoteMemory> Sampler<M> {
+impl<M: RemoteMemory> Unwinder<M> {
     pub fn new(
         pid: i32,
         mem: M,
         layout: Layout,
         loc: &RuntimeLocation,
-        opts: SamplerOptions,
+        opts: UnwinderOptions,
     ) -> Self {
         let use_marker = opts.frame_cache
             && !opts.read_only
             && layout.tstate.frame_marker.is_some()
             && mem.writable();
         let cap = NonZeroUsize::new(opts.code_cache_capacity.max(1)).unwrap_or(NonZeroUsize::MIN);
-        Sampler {
+        Unwinder {
             pid,
             mem,
             layout,
@@ -294,7 +294,7 @@ impl<M: RemoteMemory> Sampler<M> {
             gils: Vec::new(),
             batch: ReadPlan::default(),
             epoch: 0,
-            stats: SamplerStats::default(),
+            stats: UnwinderStats::default(),
             code_bytes: 0,
             sample_bytes: 0,
             sample_started: Cell::new(None),
@@ -340,21 +340,21 @@ impl<M: RemoteMemory> Sampler<M> {
     pub fn runtime_address(&self) -> u64 {
         self.runtime
     }
-    pub fn options(&self) -> SamplerOptions {
+    pub fn options(&self) -> UnwinderOptions {
         self.opts
     }
     /// The interned stacks, frames and functions that sample ids refer to.
     pub fn stacks(&self) -> &StackTable {
         &self.table
     }
-    pub fn stats(&self) -> SamplerStats {
+    pub fn stats(&self) -> UnwinderStats {
         let mut s = self.stats;
         s.remote_reads = self.mem.stats().reads();
         s.remote_read_bytes = self.mem.stats().bytes();
         s
     }
 
-    /// The threads of the last sample (what [`Sampler::sample`] returned; empty after an error).
+    /// The threads of the last sample (what [`Unwinder::sample`] returned; empty after an error).
     pub fn last_sample(&self) -> &[ThreadSample] {
         &self.out
     }
@@ -537,8 +537,8 @@ impl<M: RemoteMemory> Sampler<M> {
 
     /// Turns walked frames into interned stacks, updates the caches and the marker.
     /// Each thread's sample from its walk: a thread kept unread (it has not run) keeps its
-    /// last stack; any other gets its stack interned ([`Sampler::intern_stack`]), its next
-    /// read planned ([`Sampler::plan_next_read`]) and its status.
+    /// last stack; any other gets its stack interned ([`Unwinder::intern_stack`]), its next
+    /// read planned ([`Unwinder::plan_next_read`]) and its status.
     fn finish(&mut self, work: &mut [Work]) -> Result<(), UnwindError> {
         for w in work.iter() {
             if w.ts.keep {

@@ -19,7 +19,7 @@ pub(super) const FORGET_AFTER_FAILURES: u32 = 8;
 /// Most code objects loaded in one sample.
 pub(super) const MAX_CODES_PER_SAMPLE: usize = 1024;
 
-/// Most bytes of code objects (names, decoded line tables) one sampler keeps.
+/// Most bytes of code objects (names, decoded line tables) one unwinder keeps.
 pub(super) const MAX_CODE_CACHE_BYTES: usize = 8 << 20;
 
 pub(super) struct CodeEntry {
@@ -30,7 +30,7 @@ pub(super) struct CodeEntry {
     pub(super) valid_at: u64,
 }
 
-impl<M: RemoteMemory> Sampler<M> {
+impl<M: RemoteMemory> Unwinder<M> {
     /// Makes sure every code object walked this sample is cached and valid: one batch of
     /// validations, one batch of loads.
     pub(super) fn resolve_codes(

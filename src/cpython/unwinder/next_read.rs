@@ -24,7 +24,7 @@ pub(super) const TOP_OVERLAP: u64 = 256;
 /// 3.12+: bytes of C stack prefetched below a thread's innermost entry frame.
 pub(super) const ENTRY_WINDOW: u64 = 8192;
 
-impl<M: RemoteMemory> Sampler<M> {
+impl<M: RemoteMemory> Unwinder<M> {
     pub(super) fn predict(&self, b: &mut ReadPlan) {
         let l = &self.layout;
         b.clear();
@@ -125,7 +125,7 @@ impl<M: RemoteMemory> Sampler<M> {
                 .is_some_and(|since| tc.read_at >= since)
     }
 
-    /// The part of an interpreter state the sampler reads: from the lowest to the highest of
+    /// The part of an interpreter state the unwinder reads: from the lowest to the highest of
     /// `next`, `id` and `threads_head` (they sit ~7 KiB into the struct on 3.13+).
     pub(super) fn interp_span(&self) -> (u64, usize) {
         let i = &self.layout.interp;
