@@ -43,12 +43,9 @@ impl std::fmt::Display for Version {
 pub enum GilLayout {
     /// 3.11: one GIL in `_PyRuntime.ceval.gil`; offsets from `_PyRuntime`.
     Runtime { locked: u64, holder: u64 },
-    /// 3.12: `interp->ceval.gil` points at the GIL the interpreter uses (its own or the main
+    /// 3.12+: `interp->ceval.gil` points at the GIL the interpreter uses (its own or the main
     /// interpreter's); `locked` and `holder` are offsets inside `struct _gil_runtime_state`.
     InterpPointer { ptr: u64, locked: u64, holder: u64 },
-    /// 3.13+: the interpreter's own `_gil`, offsets from the interpreter state. An interpreter
-    /// sharing the main GIL leaves its own unlocked, so holders are collected across all.
-    InterpEmbedded { locked: u64, holder: u64 },
 }
 
 /// How to get a thread's innermost frame.
@@ -194,24 +191,6 @@ pub struct Layout {
     pub code: CodeLayout,
     pub unicode: UnicodeLayout,
     pub bytes: BytesLayout,
-}
-
-impl Layout {
-    /// Bytes of an interpreter state to read to cover every field the walker uses.
-    pub fn interp_read_size(&self) -> u64 {
-        let mut end = [self.interp.next, self.interp.id, self.interp.threads_head]
-            .into_iter()
-            .chain(self.interp.code_object_generation)
-            .max()
-            .unwrap_or(0)
-            + 8;
-        match self.gil {
-            GilLayout::InterpPointer { ptr, .. } => end = end.max(ptr + 8),
-            GilLayout::InterpEmbedded { locked, holder } => end = end.max(locked.max(holder) + 8),
-            GilLayout::Runtime { .. } => {}
-        }
-        end
-    }
 }
 
 #[cfg(test)]

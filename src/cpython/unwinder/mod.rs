@@ -14,8 +14,8 @@
 //!   exact; a full read at least every [`MAX_KEPT`] samples all the same);
 //! - `read_plan`: the plan as sorted, coalesced iovecs, and where each key's bytes landed;
 //! - `threads`: interpreters, thread states, GIL holders, data-stack chunks;
-//! - `frames`: each thread's frames, the top settled from what the frames show, read again
-//!   when they do not hold together;
+//! - `frames`: each thread's frames, read again when they do not hold together, the top
+//!   settled from what the frames show (`top`);
 //! - `code_cache`: the code objects of the frames walked (bounded LRU, batch loads,
 //!   validation every sample);
 //! - `frame_cache`: the stack interned, reusing the frames that did not change; then
@@ -49,6 +49,7 @@ mod frames;
 mod next_read;
 mod read_plan;
 mod threads;
+mod top;
 
 use super::layout::{
     CurrentFrame, GilLayout, Layout, Liveness, CHUNK_DATA, CHUNK_PREVIOUS, CHUNK_SIZE, CHUNK_TOP,
@@ -79,6 +80,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use threads::*;
+use top::*;
 
 /// Most samples in a row that keep a thread's stack (or a whole sample) without reading it:
 /// a full read at least this often bounds what anything the kernel's counts do not see
