@@ -5,7 +5,7 @@
 //!
 //! Each process's sampler is a slot on a shared sampling thread, by default exactly one:
 //! every process is sampled at the same tick by the same thread, so the fleet pays one thread
-//! wakeup per tick (about 60 µs of CPU on a VM) instead of one per process per tick. See
+//! wakeup per tick instead of one per process per tick. See
 //! [`sampling`](crate::sampling) for the thread and why one is the default,
 //! [`slot`](crate::slot) for what a slot does and how it ends, and
 //! [`supervisor`](crate::supervisor) for how samplers come and go.

@@ -1,10 +1,9 @@
 //! The fleet's sampling thread: one OS thread that wakes once per tick and samples every
 //! process on it back to back, instead of one sleeping thread per process.
 //!
-//! Why. On a VM a thread wakeup costs about 60 µs of CPU by itself, while a sample costs about
-//! 3 µs. With a thread per process, 32 processes at 100 Hz are 3200 wakeups/s, about 20% of a
-//! core, four times the product's budget of 5% of one core; here the whole fleet costs 100
-//! wakeups/s plus the samples themselves.
+//! Why: a thread wakeup costs far more CPU than a sample (on a VM, some twenty times as much:
+//! BENCHMARKS.md, "The fleet"), so a thread per process would spend the fleet's CPU budget on
+//! wakeups; here the whole fleet costs one wakeup per tick plus the samples themselves.
 //!
 //! Owns [`SamplingPool`] (created by [`Fleet::start`](crate::Fleet::start), shut down by
 //! [`Fleet::shutdown`](crate::Fleet::shutdown)) and the loop of each sampling thread. A
@@ -30,10 +29,8 @@
 //! How many threads. `FleetConfig::sampling_threads`, default 1. Every thread adds one wakeup
 //! per tick, which is the cost this module exists to avoid, and one thread has room to spare:
 //! the rate policy keeps pyfleet's whole CPU under a budget of a few percent of one core, so
-//! the sampling work of a tick fits in a small fraction of the period (32 processes × 3 µs =
-//! 0.1 ms of a 10 ms period). Measured with 32 idle fake processes at 100 Hz (release build),
-//! the thread used 65 µs of CPU per tick in all, 0.65% of a core, where a thread per process
-//! cost about 79 µs per process per tick. More threads are for isolation, not throughput: a
+//! the sampling work of a tick fits in a small fraction of the period. More threads are for
+//! isolation, not throughput: a
 //! source that stalls delays every slot on its thread (seen as missed ticks), and a fleet
 //! whose tick work approaches the period can be split. With several threads a new slot goes
 //! to the thread with the fewest slots (round-robin while processes only arrive, and even
