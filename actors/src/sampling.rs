@@ -10,7 +10,7 @@
 //! thread holds [`Slot`]s, one per sampled process, which the supervisor hands over once
 //! their source is attached (see [`slot`](crate::slot)). The thread's loop:
 //! - ticks on one deadline grid ([`Deadlines`]): `next = previous deadline + period`; a tick
-//!   that overruns makes the deadlines already past count as missed, for every slot
+//!   that overruns makes the periods already over count as missed, for every slot
 //!   (`pyfleet_missed_ticks_total`), and skip, never burst. The rate is one for the fleet
 //!   (the supervisor's rate policy); a new rate applies from the next tick (last deadline +
 //!   new period). With no slot the thread does not tick at all: it blocks until one arrives,

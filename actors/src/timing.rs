@@ -2,7 +2,8 @@
 //! actors.
 //!
 //! Owns [`Deadlines`] (the sampling thread's tick schedule, one grid for every process on it:
-//! `next = previous deadline + period`, missed deadlines counted and skipped, never bursted;
+//! `next = previous deadline + period`, periods an overrun left behind counted and skipped,
+//! never bursted;
 //! each tick runs at a random point of its period, see below), [`Jitter`] (the random numbers
 //! for it and for restart backoff) and [`spawn_ticker`] (the fixed-grid rule on tokio time,
 //! used for scans, rate checks and snapshots). It must not sleep on a thread or read a clock
@@ -60,26 +61,30 @@ impl Deadlines {
     }
 
     /// The tick due at [`Self::next`] has run; `now` is after it ran. Moves to the following
-    /// deadline, skipping every deadline already past; the tick there runs `random` (in
-    /// `[0, 1)`, clamped) of the way into its period. Returns how many were skipped (missed).
+    /// deadline; its tick runs `random` (in `[0, 1)`, clamped) of the way into its period.
+    /// When `now` is already past that deadline, the periods that ended by `now` are skipped
+    /// and counted (missed), and the tick of the period in progress runs at the same share of
+    /// what is left of it (a tick late into its period that ran past the next deadline costs
+    /// that period nothing). Returns how many periods were missed.
     pub(crate) fn advance(&mut self, now: Instant, random: f64) -> u64 {
         let due = self.next;
         self.last = Some(due);
         self.next = after(due, self.period);
-        self.fraction = match random {
+        let random = match random {
             r if r > 0.0 && r < 1.0 => r,
             _ => 0.0,
         };
+        self.fraction = random;
         if now < self.next {
             return 0;
         }
-        // Deadlines self.next, self.next + period, ... up to and including now were missed.
         let period_ns = self.period.as_nanos();
         let behind_ns = (now - self.next).as_nanos();
-        let missed = behind_ns / period_ns + 1;
-        let to_next = period_ns - behind_ns % period_ns;
-        let to_next = Duration::from_nanos(u64::try_from(to_next).unwrap_or(u64::MAX));
-        self.next = after(now, to_next);
+        let missed = behind_ns / period_ns;
+        let skipped = Duration::from_nanos(u64::try_from(missed * period_ns).unwrap_or(u64::MAX));
+        self.next = after(self.next, skipped);
+        let into = (behind_ns % period_ns) as f64 / period_ns as f64;
+        self.fraction = into + random * (1.0 - into);
         u64::try_from(missed).unwrap_or(u64::MAX)
     }
 
@@ -188,15 +193,22 @@ mod tests {
     }
 
     #[test]
-    fn overruns_skip_and_count_missed_deadlines() {
+    fn overruns_skip_and_count_missed_periods() {
         let t0 = Instant::now();
         let mut d = Deadlines::new(t0, 10 * MS);
-        // The tick at t0 finished at t0 + 35 ms: deadlines 10, 20, 30 are missed; next is 40.
-        assert_eq!(d.advance(t0 + 35 * MS, 0.0), 3);
-        assert_eq!(d.next(), t0 + 40 * MS);
-        // Finishing exactly on a deadline misses it too.
+        // The tick at t0 finished at t0 + 35 ms: the periods from 10 and 20 are over (missed);
+        // the one from 30 is in progress, and its tick runs in what is left of it.
+        assert_eq!(d.advance(t0 + 35 * MS, 0.0), 2);
+        assert_eq!(d.next(), t0 + 35 * MS);
+        // Finishing exactly on a deadline misses only the period that ended there.
         assert_eq!(d.advance(t0 + 50 * MS, 0.0), 1);
-        assert_eq!(d.next(), t0 + 60 * MS);
+        assert_eq!(d.next(), t0 + 50 * MS);
+        // A tick late in its period that runs past the next deadline misses nothing: the next
+        // tick runs at its random share of the rest of its period.
+        assert_eq!(d.advance(t0 + 50 * MS, 0.95), 0);
+        assert_eq!(d.next(), t0 + 69_500 * MS / 1000);
+        assert_eq!(d.advance(t0 + 72 * MS, 0.5), 0);
+        assert_eq!(d.next(), t0 + 76 * MS);
     }
 
     #[test]
