@@ -81,9 +81,10 @@ pub enum Command {
         /// The same as --pid, as py-spy users type it: `pyfleet bench 4242`.
         #[arg(value_name = "PID", conflicts_with = "pid")]
         bare_pids: Vec<i32>,
-        /// With --floor: pace the bare reads at this many rounds per second over every --pid,
-        /// as the daemon paces its samples, and report CPU percent of one core (the floor of
-        /// a fleet at that rate).
+        /// Pace the samples at this many a second, as the daemon does, instead of back to back
+        /// (cheap for the target: what the daemon costs it). With --floor: pace the bare reads
+        /// at this many rounds per second over every --pid and report CPU percent of one core
+        /// (the floor of a fleet at that rate).
         #[arg(long, value_name = "HZ")]
         rate: Option<f64>,
         /// How long to sample (seconds, or 500ms, 10s, ...).
@@ -153,9 +154,11 @@ pub fn run(cli: Cli) -> Result<()> {
             yes,
         } => match ([pid, bare_pids].concat().as_slice(), rate) {
             (pids, Some(rate)) if floor => fleet_floor(pids, rate, duration, json),
-            (_, Some(_)) => anyhow::bail!("--rate goes with --floor"),
-            ([pid], None) => {
-                if !yes && !floor {
+            (_, Some(rate)) if !(rate.is_finite() && rate > 0.0) => {
+                anyhow::bail!("--rate must be a positive number of samples a second")
+            }
+            ([pid], rate) => {
+                if !yes && !floor && rate.is_none() {
                     bench_consent(*pid, duration)?;
                 }
                 let opts = cpython::UnwinderOptions {
@@ -165,7 +168,7 @@ pub fn run(cli: Cli) -> Result<()> {
                     blocking,
                     ..Default::default()
                 };
-                bench(*pid, duration, opts, floor, json)
+                bench(*pid, duration, rate, opts, floor, json)
             }
             _ => anyhow::bail!("several --pid go with --floor --rate"),
         },
@@ -293,6 +296,7 @@ fn bench_consent(pid: i32, duration: f64) -> Result<()> {
 fn bench(
     pid: i32,
     duration: f64,
+    rate: Option<f64>,
     opts: cpython::UnwinderOptions,
     floor: bool,
     json: bool,
@@ -310,6 +314,11 @@ fn bench(
     let mut last_error = None;
     // Failed samples by reason (the message without its addresses), at most 32 reasons.
     let mut reasons: std::collections::BTreeMap<String, u64> = Default::default();
+    // Successful samples by kind (kept, checked, read: see `pyfleet_sample_kinds_total`),
+    // with the wall time they took.
+    let mut kinds = [(0u64, 0f64); 3];
+    // Time inside samples (without the pauses of --rate).
+    let mut sampling_secs = 0f64;
     if floor {
         let addr = unwinder.runtime_address();
         let mem = unwinder.memory();
@@ -321,9 +330,34 @@ fn bench(
             iterations += 64;
         }
     } else {
+        let period = rate.map(|r| Duration::from_secs_f64(1.0 / r));
+        let mut next = start;
         while start.elapsed() < limit {
-            match unwinder.sample() {
-                Ok(s) => threads = s.len(),
+            if let Some(p) = period {
+                next += p;
+                std::thread::sleep(next.saturating_duration_since(Instant::now()));
+            }
+            let before = unwinder.stats();
+            let began = Instant::now();
+            let result = unwinder.sample().map(|s| s.len());
+            let took = began.elapsed().as_secs_f64();
+            sampling_secs += took;
+            let after = unwinder.stats();
+            let kind = if after.samples == before.samples {
+                None
+            } else if after.samples_unchanged > before.samples_unchanged {
+                Some(0)
+            } else if after.samples_checked > before.samples_checked {
+                Some(1)
+            } else {
+                Some(2)
+            };
+            if let Some(k) = kind {
+                kinds[k].0 += 1;
+                kinds[k].1 += took;
+            }
+            match result {
+                Ok(n) => threads = n,
                 Err(e) if e.is_process_gone() => {
                     anyhow::bail!("process {pid} exited during the benchmark")
                 }
@@ -351,6 +385,19 @@ fn bench(
     let st = unwinder.stats();
     let n = iterations.max(1) as f64;
     let (functions, frames, stacks) = unwinder.stacks().len();
+    let sample_kinds: serde_json::Map<String, serde_json::Value> = ["kept", "checked", "read"]
+        .iter()
+        .zip(kinds)
+        .map(|(kind, (count, secs))| {
+            let mean_us = if count == 0 {
+                0.0
+            } else {
+                secs * 1e6 / count as f64
+            };
+            let v = serde_json::json!({ "samples": count, "mean_us": mean_us });
+            (kind.to_string(), v)
+        })
+        .collect();
     let doc = serde_json::json!({
         "pid": pid,
         "python_version": version.to_string(),
@@ -361,7 +408,7 @@ fn bench(
         "samples": if floor { iterations } else { st.samples },
         "errors": st.errors,
         "errors_by_reason": reasons,
-        "mean_us": wall.as_secs_f64() * 1e6 / n,
+        "mean_us": if floor { wall.as_secs_f64() } else { sampling_secs } * 1e6 / n,
         "cpu_us": cpu_ns as f64 / 1e3 / n,
         "threads": threads,
         "frame_cache_hits": st.frame_cache_hits,
@@ -379,6 +426,8 @@ fn bench(
         "cache_drops": st.cache_drops,
         "threads_unchanged": st.threads_unchanged,
         "samples_unchanged": st.samples_unchanged,
+        "sample_kinds": sample_kinds,
+        "rate_hz": rate,
         "remote_reads": st.remote_reads,
         "remote_read_bytes": st.remote_read_bytes,
         "reads_per_sample": st.remote_reads as f64 / n,

@@ -88,6 +88,11 @@ impl StackSource for UnwinderSource {
         SourceStats {
             samples: s.samples,
             errors: s.errors,
+            samples_kept: s.samples_unchanged,
+            samples_checked: s.samples_checked,
+            kept_ns: s.kept_ns,
+            checked_ns: s.checked_ns,
+            read_ns: s.read_ns,
             frame_cache_hits: s.frame_cache_hits,
             frame_cache_partial_hits: s.frame_cache_partial_hits,
             frame_cache_misses: s.frame_cache_misses,

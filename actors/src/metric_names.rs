@@ -23,6 +23,14 @@ pub const MISSED_TICKS: &str = "pyfleet_missed_ticks_total";
 /// Ticks a process was not sampled because its samples were slow (over 5 ms: a process
 /// expensive to read slows itself, not the fleet), `{process,role,pid}`.
 pub const SLOW_SKIPS: &str = "pyfleet_slow_sample_skips_total";
+/// Successful samples by what they cost, `{process,role,pid,kind}`: `kept` (a check of the
+/// kernel's per-thread counts found that nothing of the process had run; the last sample was
+/// kept, no memory read), `checked` (the check found a thread had run; memory was read),
+/// `read` (memory read without a check).
+pub const SAMPLE_KINDS: &str = "pyfleet_sample_kinds_total";
+/// Time inside successful samples of every process, by the kinds of [`SAMPLE_KINDS`], in
+/// microseconds, `{kind}` (fleet-wide: what each kind costs).
+pub const SAMPLE_KIND_MICROSECONDS: &str = "pyfleet_sample_kind_microseconds_total";
 /// From [`SourceStats`](crate::SourceStats), `{process,role,pid}`.
 pub const FRAME_CACHE_HITS: &str = "pyfleet_frame_cache_hits_total";
 pub const FRAME_CACHE_PARTIAL_HITS: &str = "pyfleet_frame_cache_partial_hits_total";
@@ -53,6 +61,16 @@ pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(SAMPLES, Unit::Count, "Successful samples of a process");
     describe_counter!(SAMPLE_ERRORS, Unit::Count, "Failed samples, by kind");
+    describe_counter!(
+        SAMPLE_KINDS,
+        Unit::Count,
+        "Successful samples by cost: kept (checked, not read), checked (checked, then read), read"
+    );
+    describe_counter!(
+        SAMPLE_KIND_MICROSECONDS,
+        Unit::Microseconds,
+        "Time inside successful samples of every process, by kind (see pyfleet_sample_kinds_total)"
+    );
     describe_gauge!(
         SAMPLE_FAILURE_RATIO,
         Unit::Count,

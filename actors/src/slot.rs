@@ -454,8 +454,14 @@ struct ProcessMetrics {
     code_cache_misses: Counter,
     remote_reads: Counter,
     remote_read_bytes: Counter,
+    /// `pyfleet_sample_kinds_total` (kept, checked, read) and the fleet-wide time of each.
+    kinds: [Counter; 3],
+    kind_micros: [Counter; 3],
     last: SourceStats,
 }
+
+/// The `kind` labels of `pyfleet_sample_kinds_total`.
+const SAMPLE_KINDS: [&str; 3] = ["kept", "checked", "read"];
 
 impl ProcessMetrics {
     fn new(process: &str, role: &'static str, pid: i32) -> Self {
@@ -482,6 +488,11 @@ impl ProcessMetrics {
             code_cache_misses: counter(m::CODE_CACHE_MISSES),
             remote_reads: counter(m::REMOTE_READS),
             remote_read_bytes: counter(m::REMOTE_READ_BYTES),
+            kinds: SAMPLE_KINDS.map(|kind| {
+                metrics::counter!(m::SAMPLE_KINDS, "process" => process.clone(), "role" => role, "pid" => pid.clone(), "kind" => kind)
+            }),
+            kind_micros: SAMPLE_KINDS
+                .map(|kind| metrics::counter!(m::SAMPLE_KIND_MICROSECONDS, "kind" => kind)),
             last: SourceStats::default(),
             process,
             role,
@@ -555,6 +566,23 @@ impl ProcessMetrics {
         for (counter, now, last) in pairs {
             counter.increment(now.saturating_sub(last));
         }
+        let kept = now.samples_kept.saturating_sub(last.samples_kept);
+        let checked = now.samples_checked.saturating_sub(last.samples_checked);
+        let read = now
+            .samples
+            .saturating_sub(last.samples)
+            .saturating_sub(kept + checked);
+        for (counter, n) in self.kinds.iter().zip([kept, checked, read]) {
+            counter.increment(n);
+        }
+        let nanos = [
+            (now.kept_ns, last.kept_ns),
+            (now.checked_ns, last.checked_ns),
+            (now.read_ns, last.read_ns),
+        ];
+        for (counter, (now, last)) in self.kind_micros.iter().zip(nanos) {
+            counter.increment((now / 1000).saturating_sub(last / 1000));
+        }
         self.last = *now;
     }
 
@@ -572,7 +600,10 @@ impl ProcessMetrics {
             &self.code_cache_misses,
             &self.remote_reads,
             &self.remote_read_bytes,
-        ] {
+        ]
+        .into_iter()
+        .chain(&self.kinds)
+        {
             c.increment(0);
         }
         for (_, c) in &self.errors {

@@ -99,6 +99,15 @@ pub struct SampleError {
 pub struct SourceStats {
     pub samples: u64,
     pub errors: u64,
+    /// Of `samples`: kept whole after a check of the kernel's counts found that nothing of the
+    /// process had run (no memory read), and read after such a check found something had run.
+    /// The rest read without a check.
+    pub samples_kept: u64,
+    pub samples_checked: u64,
+    /// Time inside those samples, by the same kinds (nanoseconds).
+    pub kept_ns: u64,
+    pub checked_ns: u64,
+    pub read_ns: u64,
     pub frame_cache_hits: u64,
     pub frame_cache_partial_hits: u64,
     pub frame_cache_misses: u64,

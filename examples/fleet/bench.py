@@ -27,7 +27,8 @@ import urllib.request
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-KINDS = ["busy", "idle", "deep", "threads"]
+KINDS = ["busy", "idle", "deep", "threads", "periodic", "sleeper"]
+DEFAULT_KINDS = ["busy", "idle", "deep", "threads"]
 
 
 def interpreters():
@@ -55,6 +56,17 @@ def total(text, name):
     """Sum of every series of one metric in Prometheus text format."""
     pat = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", re.M)
     return sum(float(v) for v in pat.findall(text))
+
+
+def by_label(text, name, label):
+    """Sums of every series of one metric, by the value of one of its labels."""
+    pat = re.compile(rf'^{re.escape(name)}{{([^}}]*)}} (\S+)$', re.M)
+    sums = {}
+    for labels, value in pat.findall(text):
+        m = re.search(rf'(?:^|,){re.escape(label)}="([^"]*)"', labels)
+        if m:
+            sums[m.group(1)] = sums.get(m.group(1), 0.0) + float(value)
+    return sums
 
 
 def cpu_ticks(pid):
@@ -155,6 +167,17 @@ def run(args, pythons):
                 (floor_before["cpu_percent_of_one_core"] + floor_after["cpu_percent_of_one_core"]) / 2, 2),
             "py_spy_cpu_percent_of_one_core": pyspy,
             "samples": int(total(metrics, "pyfleet_samples_total")),
+            # What each kind of sample cost (see the README's "Metrics"): kept (a check found
+            # nothing had run), checked (a check, then a read), read (no check).
+            "sample_kinds": {
+                kind: {
+                    "samples": int(n),
+                    "us_per_sample": round(
+                        by_label(metrics, "pyfleet_sample_kind_microseconds_total", "kind")
+                        .get(kind, 0.0) / n, 2) if n else None,
+                }
+                for kind, n in sorted(by_label(metrics, "pyfleet_sample_kinds_total", "kind").items())
+            },
             "missed_ticks": int(total(metrics, "pyfleet_missed_ticks_total")),
             "errors": int(total(metrics, "pyfleet_sample_errors_total")),
             "sampled_processes": int(total(metrics, "pyfleet_processes")),
@@ -176,8 +199,12 @@ def main():
     ap.add_argument("--max-cpu", type=float, default=5)
     ap.add_argument("--floor-seconds", type=float, default=8,
                     help="length of each floor measurement (before and after the run)")
-    ap.add_argument("--kinds", default=",".join(KINDS),
-                    help=f"workload kinds to cycle through (default {','.join(KINDS)})")
+    ap.add_argument("--kinds", default=",".join(DEFAULT_KINDS),
+                    help=f"workload kinds to cycle through, of {','.join(KINDS)} "
+                         f"(default {','.join(DEFAULT_KINDS)}; see worker.py)")
+    ap.add_argument("--versions", default="",
+                    help="CPython versions to spread the processes over, e.g. 3.11,3.15 "
+                         "(default: every one found)")
     ap.add_argument("--py-spy", metavar="PATH",
                     help="also run one `py-spy record` per process (same rate and duration) "
                          "after pyfleet and report their CPU (pip install py-spy)")
@@ -189,6 +216,9 @@ def main():
     if not args.kinds or any(k not in KINDS for k in args.kinds):
         raise SystemExit(f"--kinds takes a comma-separated list of {', '.join(KINDS)}")
     pythons = interpreters()
+    if args.versions:
+        wanted = [v for v in args.versions.split(",") if v]
+        pythons = [p for p in pythons if any(p.name == f"python{v}" for v in wanted)]
     if not pythons:
         raise SystemExit("no Python interpreter found")
     r = run(args, pythons)
@@ -205,6 +235,12 @@ def main():
           f"{r['cpu_us_per_sample']} / {r['floor_cpu_us_per_read']} | "
           f"{r['floor_cpu_percent_at_rate']}% | {r['peak_rss_mib']} MiB | "
           f"{r['samples']} | {r['samples_per_process_per_s']} | {r['missed_ticks']} | {r['errors']} |")
+    total_samples = sum(k["samples"] for k in r["sample_kinds"].values()) or 1
+    print()
+    print("| kind | share of samples | µs inside a sample |")
+    print("|---|---|---|")
+    for kind, k in r["sample_kinds"].items():
+        print(f"| {kind} | {100 * k['samples'] / total_samples:.1f}% | {k['us_per_sample']} |")
 
 
 if __name__ == "__main__":

@@ -305,7 +305,11 @@ fn open_nonblocking(path: &Path) -> std::io::Result<File> {
 /// Whether the thread `tid` of `pid` is running or runnable right now (state `R` in
 /// `/proc/PID/task/TID/stat`). `None` when the thread is gone or unreadable.
 pub fn thread_on_cpu(pid: i32, tid: i32) -> Option<bool> {
-    let stat = std::fs::read(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+    state_is_running(&std::fs::read(format!("/proc/{pid}/task/{tid}/stat")).ok()?)
+}
+
+/// Whether the contents of a `stat` file say running or runnable (state `R`).
+pub fn state_is_running(stat: &[u8]) -> Option<bool> {
     // The state follows the command name, which is in parentheses and may contain anything.
     let close = stat.iter().rposition(|&b| b == b')')?;
     let state = *stat.get(close + 2)?;

@@ -5,33 +5,46 @@
 //! none of whose threads ran has not changed at all, and its whole sample is kept.
 //!
 //! Why it holds. The kernel counts a switch-in when a thread starts to run and adds its CPU
-//! time when it stops running and at every scheduler tick while it runs. So if, between two
-//! readings at least two ticks apart, neither figure moved, the thread was not switched in
-//! and was not running through a tick: it did not run at all, and whatever the sampler read
-//! after the first reading is still what the thread's memory holds. (One caveat, on a VM
-//! whose host stalls a virtual CPU: a thread that ran less than one tick and then stalled with
-//! its CPU shows no change until the CPU is back; the kept stack is then the thread's stack
-//! of at most one tick of its running earlier.) Not used when the kernel does not keep the
-//! counts (`CONFIG_SCHED_INFO` off) or may stop the tick under a running thread (`nohz_full`
-//! CPUs).
+//! time when it stops running and at every scheduler tick while it runs. A reading equal to
+//! the reference (the first reading with those figures) proves the thread did not run since
+//! the reference in either of two cases:
+//! - the two readings are at least two ticks apart: a run that began before the reference
+//!   and went on would have met a tick, one that ended would have added its time, one that
+//!   began after would have been counted;
+//! - the thread's state (`/proc/PID/task/TID/stat`) was read between the two readings and
+//!   said neither running nor runnable: a run before that reading ended (adding its time), a
+//!   run after it began (counted). The sampler reads that state after each read of a thread's
+//!   memory anyway in cpu mode ([`RunWatch::on_cpu`]); otherwise a check reads it when the
+//!   reference is younger than two ticks.
 //!
-//! Whole process: threads are only made by threads that run. With every thread of the
-//! process watched, by a listing of `/proc/PID/task` taken after each watched thread's
-//! reference reading, a check that finds them all still proves that nothing of the process
-//! changed. Processes with more than [`MAX_WATCHED`] threads only get the per-thread check.
+//! One caveat, on a VM whose host stalls a virtual CPU: a thread that ran less than one tick
+//! and then stalled with its CPU shows no change until the CPU is back; the kept stack is then
+//! the thread's stack of at most one tick of its running earlier. Not used when the kernel
+//! does not keep the counts (`CONFIG_SCHED_INFO` off) or may stop the tick under a running
+//! thread (`nohz_full` CPUs).
 //!
-//! Costs: one `pread` of a small procfs file per watched thread per check (about 2 µs on a
-//! cold target here, as much as two to three iovecs of a `process_vm_readv`), one file
-//! descriptor per watched thread, and a directory listing when a process turns quiet. So the
-//! checks are spent where they pay: a thread that keeps running is checked less and less
-//! often, and while any thread of the process runs only the threads whose stacks cost more
-//! to read than a check (the caller weighs them when it [watches](RunWatch::watch) them)
-//! are checked, with a full check after 1, 3, 7, ... up to [`MAX_REST`] samples to find the
-//! process still again. Reads only /proc.
+//! Whole process: threads are only made by threads that run. With every thread of the process
+//! watched, known to be all of them after each watched thread's reference reading, a check
+//! that finds them all still proves that nothing of the process changed. A check that finds
+//! every watched thread still makes the watch complete itself: by the process's thread count
+//! (the link count of `/proc/PID/task`, one `fstat`, taken after every reference and before
+//! the readings) when it equals the watched threads, else by a listing of `/proc/PID/task`.
+//! Processes with more than [`MAX_WATCHED`] threads only get the per-thread check.
+//!
+//! Costs: one `pread` of a small procfs file per watched thread per check (about half a bare
+//! 8-byte `process_vm_readv` of a cold target: BENCHMARKS.md, "The fleet"), up to two file
+//! descriptors per watched thread and one per process, and an `fstat` (a listing when threads
+//! came) when a process turns quiet. A check that finds a thread running costs its `pread` on
+//! top of the read that follows, so a thread (or process) found running [`BACKOFF_AFTER`]
+//! checks in a row is checked less and less often (after 1, 3, 7, ... up to [`MAX_REST`]
+//! samples), and while any thread of the process runs only the threads whose stacks cost more
+//! to read than a check (the caller weighs them when it [watches](RunWatch::watch) them) are
+//! checked. A worker that wakes between most samples is checked at every one. Reads only
+//! /proc.
 
 use rustc_hash::FxHashMap;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -40,6 +53,10 @@ use std::time::{Duration, Instant};
 pub const MAX_WATCHED: usize = 64;
 /// Most checks in a row that read only heavy threads while the process runs.
 pub const MAX_REST: u8 = 31;
+/// Checks in a row that find a thread (or the process) running before it is checked less
+/// often: a worker that wakes every few samples is found running once per wake, and must not
+/// be backed off.
+pub const BACKOFF_AFTER: u8 = 3;
 
 /// What a [`RunWatch::check`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,8 +75,11 @@ pub struct RunWatch {
     /// Two scheduler ticks: readings closer than this tell nothing.
     min_interval: Duration,
     threads: FxHashMap<i32, Watched>,
-    /// Every thread of the process is watched, by a listing taken after every reference.
+    /// Every thread of the process is watched, by a listing (or a thread count) taken after
+    /// every reference.
     complete: bool,
+    /// `/proc/PID/task`, kept open for its link count (see [`RunWatch::thread_count`]).
+    task_dir: Option<File>,
     /// Checks in a row that found some thread running, and checks still to make on heavy
     /// threads only.
     moving: u8,
@@ -67,10 +87,15 @@ pub struct RunWatch {
     /// Checks made so far, and whether a watched thread was heavy at the last full one.
     checks: u64,
     any_heavy: bool,
+    /// The last check read some thread's figures (it cost something).
+    read_any: bool,
 }
 
 struct Watched {
     file: File,
+    /// `/proc/PID/task/TID/stat`, opened at its first use.
+    stat: Option<File>,
+    tid: i32,
     reference: Option<Reading>,
     /// The check (of [`RunWatch::checks`]) that last found it still.
     quiet_at: u64,
@@ -91,6 +116,9 @@ struct Reading {
     at: Instant,
     /// The caller's counter (the sampler's epoch) when the reading was taken.
     epoch: u64,
+    /// The thread's state was read since, and it was neither running nor runnable: a later
+    /// equal reading proves it still however young this one is (see the module documentation).
+    settled: bool,
 }
 
 impl RunWatch {
@@ -102,10 +130,12 @@ impl RunWatch {
             min_interval: tick * 2,
             threads: FxHashMap::default(),
             complete: false,
+            task_dir: None,
             moving: 0,
             rest: 0,
             checks: 0,
             any_heavy: false,
+            read_any: false,
         })
     }
 
@@ -120,6 +150,7 @@ impl RunWatch {
     /// less than its reading costs.
     pub fn check(&mut self, epoch: u64) -> Still {
         self.checks += 1;
+        self.read_any = false;
         let resting = self.rest > 0;
         if resting {
             self.rest -= 1;
@@ -127,11 +158,30 @@ impl RunWatch {
                 return Still::No;
             }
         }
-        let still = self.check_threads(epoch, resting);
+        // The process's thread count, taken after every reference and before the readings
+        // below: if it equals the watched threads and they all hold still, no other thread
+        // existed then, and none can have been made since (only a thread that runs makes
+        // one), so the watch is complete without a listing.
+        let count =
+            (!self.complete && !resting && self.threads.values().all(|w| w.reference.is_some()))
+                .then(|| self.thread_count())
+                .flatten();
+        let mut still = self.check_threads(epoch, resting);
+        if still == Still::Watched {
+            if count == Some(self.threads.len()) {
+                self.complete = true;
+            } else {
+                // A listing now is newer than every reference.
+                self.list();
+            }
+            if self.complete {
+                still = Still::All;
+            }
+        }
         if !resting {
             if still == Still::No {
                 self.moving = self.moving.saturating_add(1);
-                self.rest = ((1u16 << self.moving.min(8)) - 1).min(u16::from(MAX_REST)) as u8;
+                self.rest = backoff(self.moving, MAX_REST);
             } else {
                 self.moving = 0;
             }
@@ -142,6 +192,8 @@ impl RunWatch {
     fn check_threads(&mut self, epoch: u64, heavy_only: bool) -> Still {
         let now = Instant::now();
         let min = self.min_interval;
+        let pid = self.pid;
+        let read_any = &mut self.read_any;
         let mut all = !self.threads.is_empty() && !heavy_only;
         let mut changed = false;
         let checks = self.checks;
@@ -156,9 +208,13 @@ impl RunWatch {
                 all = false;
                 return true;
             }
-            if w.reference
-                .is_some_and(|r| now.saturating_duration_since(r.at) < min)
-            {
+            // A reference younger than two ticks proves nothing by itself: unless a state
+            // reading since settled it, the state is read now, before the figures.
+            let young = w
+                .reference
+                .is_some_and(|r| !r.settled && now.saturating_duration_since(r.at) < min);
+            *read_any = true;
+            if young && w.state_running(pid) != Some(false) {
                 all = false;
                 return true;
             }
@@ -172,17 +228,22 @@ impl RunWatch {
                 Some(r) if r.run_ns == run_ns && r.switches == switches => {
                     w.quiet_at = checks;
                     w.moving = 0;
+                    if young {
+                        // The state read just before said not running (see above).
+                        w.reference = Some(Reading { settled: true, ..r });
+                    }
                 }
                 _ => {
                     if w.reference.is_some() {
                         w.moving = w.moving.saturating_add(1);
-                        w.rest = (1u8 << w.moving.min(4)) - 1;
+                        w.rest = backoff(w.moving, 15);
                     }
                     w.reference = Some(Reading {
                         run_ns,
                         switches,
                         at: Instant::now(),
                         epoch,
+                        settled: false,
                     });
                     all = false;
                     changed = true;
@@ -208,6 +269,27 @@ impl RunWatch {
     pub fn quiet_since(&self, tid: i32) -> Option<u64> {
         let w = self.threads.get(&tid)?;
         (w.quiet_at == self.checks).then_some(w.reference?.epoch)
+    }
+
+    /// Whether the last [`check`](Self::check) read any thread's figures (rather than
+    /// answering from its backoff alone).
+    pub fn last_check_read(&self) -> bool {
+        self.read_any
+    }
+
+    /// Whether thread `tid` is running or runnable right now (state `R`), read through the
+    /// watch's open file; a "no" settles its reference (see the module documentation).
+    /// `None` when the thread is not watched or its state cannot be read.
+    pub fn on_cpu(&mut self, tid: i32) -> Option<bool> {
+        let pid = self.pid;
+        let w = self.threads.get_mut(&tid)?;
+        let running = w.state_running(pid)?;
+        if !running {
+            if let Some(r) = w.reference.as_mut() {
+                r.settled = true;
+            }
+        }
+        Some(running)
     }
 
     /// The newest reference's epoch (`u64::MAX` while a watched thread has none yet).
@@ -247,6 +329,8 @@ impl RunWatch {
             tid,
             Watched {
                 file,
+                stat: None,
+                tid,
                 reference: None,
                 quiet_at: 0,
                 heavy,
@@ -291,6 +375,26 @@ impl RunWatch {
             && self.threads.values().all(|w| w.reference.is_some());
     }
 
+    /// How many threads the process has, from the link count of its `task` directory (two
+    /// plus the number of threads), through a descriptor opened at first use.
+    fn thread_count(&mut self) -> Option<usize> {
+        if self.task_dir.is_none() {
+            if OPEN.fetch_add(1, Ordering::Relaxed) >= fd_budget() {
+                OPEN.fetch_sub(1, Ordering::Relaxed);
+                return None;
+            }
+            match File::open(format!("/proc/{}/task", self.pid)) {
+                Ok(dir) => self.task_dir = Some(dir),
+                Err(_) => {
+                    OPEN.fetch_sub(1, Ordering::Relaxed);
+                    return None;
+                }
+            }
+        }
+        let links = self.task_dir.as_ref()?.metadata().ok()?.nlink();
+        usize::try_from(links.checked_sub(2)?).ok()
+    }
+
     /// Threads watched.
     pub fn len(&self) -> usize {
         self.threads.len()
@@ -306,23 +410,55 @@ pub fn available() -> bool {
     kernel_tick().is_some()
 }
 
+impl Drop for RunWatch {
+    fn drop(&mut self) {
+        if self.task_dir.is_some() {
+            OPEN.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Watched {
+    /// Whether the thread is running or runnable now, from its `stat` (opened at first use,
+    /// then read in place).
+    fn state_running(&mut self, pid: i32) -> Option<bool> {
+        if self.stat.is_none() {
+            self.stat = File::open(format!("/proc/{pid}/task/{}/stat", self.tid)).ok();
+        }
+        let mut buf = [0u8; 512];
+        let n = self.stat.as_ref()?.read_at(&mut buf, 0).ok()?;
+        super::state_is_running(buf.get(..n)?)
+    }
+}
+
 impl Drop for Watched {
     fn drop(&mut self) {
         OPEN.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
-/// File descriptors held by every watch of this process.
+/// Checks to skip after `moving` checks in a row found a thread (or process) running: none
+/// before [`BACKOFF_AFTER`], then 1, 3, 7, ... up to `max`.
+fn backoff(moving: u8, max: u8) -> u8 {
+    let over = moving.saturating_sub(BACKOFF_AFTER - 1);
+    if over == 0 {
+        return 0;
+    }
+    ((1u16 << over.min(8)) - 1).min(u16::from(max)) as u8
+}
+
+/// Threads watched, and task directories held, by every watch of this process.
 static OPEN: AtomicUsize = AtomicUsize::new(0);
 
-/// The most file descriptors the watches of this process may hold: half the soft limit on
-/// open files as first seen (sockets, snapshots and target files keep the other half).
+/// The most threads the watches of this process may hold (each holds up to two file
+/// descriptors): a quarter of the soft limit on open files as first seen, so that the watches
+/// hold at most half of it (sockets, snapshots and target files keep the other half).
 fn fd_budget() -> usize {
     static BUDGET: OnceLock<usize> = OnceLock::new();
     *BUDGET.get_or_init(|| {
         nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
-            .map_or(512, |(soft, _)| {
-                usize::try_from(soft / 2).unwrap_or(usize::MAX)
+            .map_or(256, |(soft, _)| {
+                usize::try_from(soft / 4).unwrap_or(usize::MAX)
             })
     })
 }
@@ -386,6 +522,13 @@ mod tests {
     fn own_tid() -> i32 {
         let link = std::fs::read_link("/proc/thread-self").unwrap();
         link.file_name().unwrap().to_str().unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn backs_off_only_after_several_checks_found_running() {
+        let rests: Vec<u8> = (0..=9).map(|m| backoff(m, MAX_REST)).collect();
+        assert_eq!(rests, [0, 0, 0, 1, 3, 7, 15, 31, 31, 31]);
+        assert_eq!(backoff(200, 15), 15);
     }
 
     #[test]
@@ -455,8 +598,38 @@ mod tests {
         // This thread runs, so the process is never still.
         w.list();
         assert_eq!(w.check(41), Still::No);
+        // Checks 1 ms apart, closer than two ticks: a thread that wakes every 20 ms gets a
+        // new reference at each wake, and the checks after it are proved still by its state
+        // (asleep), not by the time since. Without that, the checks within two ticks of each
+        // wake (about 40% of them at 4 ms ticks) would say "not still".
+        let s3 = stop.clone();
+        let (tx3, rx3) = std::sync::mpsc::channel();
+        let napper = std::thread::spawn(move || {
+            tx3.send(own_tid()).ok();
+            while !s3.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let napping = rx3.recv().unwrap();
+        assert!(w.watch(napping, true));
+        let mut napper_still = 0;
+        for epoch in 42..=241 {
+            w.check(epoch);
+            napper_still += usize::from(w.quiet_since(napping).is_some());
+            assert_eq!(
+                w.quiet_since(spinning),
+                None,
+                "a spinning thread found still"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(
+            napper_still >= 140,
+            "a thread that naps 20 ms at a time was found still {napper_still}/200 times"
+        );
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         spinner.join().unwrap();
+        napper.join().unwrap();
         sleeper.join().unwrap();
     }
 }

@@ -157,6 +157,38 @@ fn gunicorn_fleet_under_load_with_a_killed_worker() {
         "{}",
         truncate(&page, 4000)
     );
+    // Samples by cost: the master sleeps in its arbiter loop between wakes, so most of its
+    // samples are kept after a check instead of read; each kind says what it cost.
+    let value = |line: &str| -> f64 {
+        line.rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("bad line {line}"))
+    };
+    let kind_of = |pid: i32, kind: &str| -> f64 {
+        page.lines()
+            .filter(|l| {
+                l.starts_with("pyfleet_sample_kinds_total{")
+                    && l.contains(&format!("pid=\"{pid}\""))
+                    && l.contains(&format!("kind=\"{kind}\""))
+            })
+            .map(value)
+            .sum()
+    };
+    assert!(
+        kind_of(g15.pid(), "kept") > kind_of(g15.pid(), "checked") + kind_of(g15.pid(), "read"),
+        "the idle master's samples should be mostly kept:\n{}",
+        truncate(&page, 6000)
+    );
+    for kind in ["kept", "checked", "read"] {
+        assert!(
+            page.lines().any(|l| l.starts_with(&format!(
+                "pyfleet_sample_kind_microseconds_total{{kind=\"{kind}\"}}"
+            ))),
+            "no time for {kind} samples:\n{}",
+            truncate(&page, 6000)
+        );
+    }
     // pyfleet's own CPU time, in fractional seconds (a few seconds of sampling at most: whole
     // seconds would often read 0 or 1).
     let cpu: f64 = page

@@ -87,6 +87,10 @@ use top::*;
 /// (another process writing the target's memory) could leave unnoticed.
 pub const MAX_KEPT: u32 = 100;
 
+fn nanos_since(t: Instant) -> u64 {
+    u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// How an unwinder behaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UnwinderOptions {
@@ -157,8 +161,17 @@ pub struct UnwinderStats {
     /// Threads whose last stack was kept because they had not run (also counted as full
     /// frame-cache hits).
     pub threads_unchanged: u64,
-    /// Samples kept whole because no thread of the process had run.
+    /// Samples kept whole because a check found that no thread of the process had run (they
+    /// cost the check, no read of the target's memory).
     pub samples_unchanged: u64,
+    /// Samples that read the target's memory after a check found some thread had run (they
+    /// cost the check and the read). The others that read did so without a check.
+    pub samples_checked: u64,
+    /// Time inside successful samples, by kind: kept whole, read after a check, read without
+    /// one (nanoseconds).
+    pub kept_ns: u64,
+    pub checked_ns: u64,
+    pub read_ns: u64,
     /// Threads read again at once because their stack moved during (or since the prediction
     /// of) the sample's read.
     pub rereads: u64,
@@ -363,6 +376,7 @@ impl<M: RemoteMemory> Unwinder<M> {
 
     /// Takes one sample of every thread of every interpreter.
     pub fn sample(&mut self) -> Result<&[ThreadSample], UnwindError> {
+        let began = Instant::now();
         self.epoch += 1;
         // Memory stays bounded however many distinct stacks a process shows over days: past
         // a limit the interning starts afresh (stack ids are not reused, so an id from before
@@ -375,9 +389,10 @@ impl<M: RemoteMemory> Unwinder<M> {
             self.stats.table_resets += 1;
             self.last_full = None;
         }
-        let mut still = Still::No;
+        let mut checked = false;
         if let Some(w) = self.watch.as_mut() {
-            still = w.check(self.epoch);
+            let still = w.check(self.epoch);
+            checked = w.last_check_read();
             // No thread ran since the last full sample read them: it is still the truth.
             if still == Still::All
                 && self.whole_kept < MAX_KEPT
@@ -387,6 +402,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                 let n = self.out.len() as u64;
                 self.stats.samples += 1;
                 self.stats.samples_unchanged += 1;
+                self.stats.kept_ns += nanos_since(began);
                 self.stats.threads_unchanged += n;
                 self.stats.frame_cache_hits += n;
                 if self.opts.cpu_status {
@@ -434,11 +450,12 @@ impl<M: RemoteMemory> Unwinder<M> {
                     for tc in self.threads.values() {
                         w.watch(tc.tid, tc.heavy);
                     }
-                    // Every watched thread held still: list the process's threads, so that
-                    // the next check can tell that none of them ran.
-                    if still == Still::Watched {
-                        w.list();
-                    }
+                }
+                if checked {
+                    self.stats.samples_checked += 1;
+                    self.stats.checked_ns += nanos_since(began);
+                } else {
+                    self.stats.read_ns += nanos_since(began);
                 }
                 Ok(&self.out)
             }
@@ -558,15 +575,25 @@ impl<M: RemoteMemory> Unwinder<M> {
             }
             let stack = self.intern_stack(w);
             self.plan_next_read(w)?;
-            let on_cpu = self.opts.cpu_status.then(|| match self.pauser {
-                Some(_) => self.running.contains(&w.ts.host_tid),
-                None => crate::process::thread_on_cpu(self.pid, w.ts.host_tid).unwrap_or(false),
-            });
+            let on_cpu = self.opts.cpu_status.then(|| self.on_cpu(w.ts.host_tid));
             self.push_sample(&w.ts, w.holds_gil, on_cpu, stack);
         }
         let epoch = self.epoch;
         self.threads.retain(|_, t| t.seen == epoch);
         Ok(())
+    }
+
+    /// Whether a thread that was read is on a CPU (state `R`): known before the pause when
+    /// blocking, else asked now (through the run watch's open file when it watches the thread).
+    fn on_cpu(&mut self, tid: i32) -> bool {
+        if self.pauser.is_some() {
+            return self.running.contains(&tid);
+        }
+        self.watch
+            .as_mut()
+            .and_then(|w| w.on_cpu(tid))
+            .or_else(|| crate::process::thread_on_cpu(self.pid, tid))
+            .unwrap_or(false)
     }
 
     fn push_sample(&mut self, ts: &Tstate, holds_gil: bool, on_cpu: Option<bool>, stack: StackId) {

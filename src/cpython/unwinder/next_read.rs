@@ -162,6 +162,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         if let Some(a) = anchor {
             let base = tc.chain[a].addr;
             let still = tc.last_top == top;
+
             room = if still { 0 } else { GROWTH };
             let growth = if still {
                 STILL_ROOM
@@ -173,12 +174,14 @@ impl<M: RemoteMemory> Unwinder<M> {
             // `base` is in the chunk, so `base + fsize` is at most `chunk_hi`.
             let end = (base + fsize).saturating_add(growth).min(chunk_hi);
             if self.use_marker {
-                // A stack whose top held still since the last sample gets the marker on
-                // the anchor (then the next sample is a full hit); otherwise the outermost
-                // frame of the current chunk within MARKER_SPAN of the anchor, which calls
-                // and returns near the top leave alone.
-                // The marker the target holds now, if it is on this stack near the anchor:
-                // keeping it costs no write (hysteresis against depth that comes and goes).
+                // The marker the target holds now, if it is on this stack near the anchor,
+                // stays: keeping it costs no write (hysteresis against depth that comes and
+                // goes, and against a loop's call that returns and is made again, which takes
+                // the marker to its caller at every round). Otherwise a stack whose top held
+                // still since the last sample gets the marker on the anchor (then the next
+                // sample is a full hit), and a moving one on the outermost frame of the
+                // current chunk within MARKER_SPAN of the anchor, which calls and returns
+                // near the top leave alone.
                 let kept = w.ts.marker.and_then(|(m_now, _)| {
                     let j = a + tc.chain[a..].iter().position(|c| c.addr == m_now)?;
                     (in_chunk(m_now) && m_now <= base && base - m_now <= 2 * MARKER_SPAN)
@@ -191,10 +194,10 @@ impl<M: RemoteMemory> Unwinder<M> {
                     .take_while(|(_, c)| c.addr <= base && base - c.addr <= MARKER_SPAN)
                     .map(|(j, _)| a + j)
                     .last();
-                let j = if still {
-                    Some(a)
-                } else if kept.is_some() {
+                let j = if kept.is_some() {
                     kept
+                } else if still {
+                    Some(a)
                 } else {
                     outermost_near
                 };
