@@ -227,7 +227,7 @@ impl Slot {
         let began = Instant::now();
         let result = guard(|| w.source.sample(out));
         let took = began.elapsed();
-        w.metrics.duration.record(took.as_secs_f64());
+        w.metrics.took(took.as_secs_f64());
         if took > SLOW_SAMPLE {
             w.slow_streak = w.slow_streak.saturating_add(1);
             w.skip = (1u32 << (w.slow_streak - 1).min(6)).min(MAX_SLOW_SKIP);
@@ -237,7 +237,6 @@ impl Slot {
         match result {
             Ok(Ok(())) => {
                 w.consecutive_errors = 0;
-                w.metrics.samples.increment(1);
                 w.metrics.attempt(true);
                 for thread in out.iter() {
                     let s = thread.status;
@@ -359,6 +358,7 @@ fn flush<S: StackSource + ?Sized>(
     let (batch, resolved) = tally.batch(source, last);
     // The aggregator is gone only when the fleet is shutting down: nothing to do about it.
     let _ = aggregator.send_message(AggregatorMsg::Batch(batch));
+    metrics.publish();
     let stats = guard(|| source.stats());
     if let Ok(stats) = &stats {
         metrics.add_stats(stats);
@@ -447,6 +447,10 @@ struct ProcessMetrics {
     succeeded: u64,
     failed: u64,
     failure_ratio: Gauge,
+    /// What samples recorded since the last flush: successes and the time of each sample
+    /// (handed to the exporter at each batch, not at every sample: see [`Self::publish`]).
+    pending_samples: u64,
+    pending_durations: Vec<f64>,
     frame_cache_hits: Counter,
     frame_cache_partial_hits: Counter,
     frame_cache_misses: Counter,
@@ -459,6 +463,10 @@ struct ProcessMetrics {
     kind_micros: [Counter; 3],
     last: SourceStats,
 }
+
+/// Most sample times held between two flushes; past it (a flush long overdue) they go to the
+/// exporter at once.
+const MAX_PENDING_DURATIONS: usize = 4096;
 
 /// The `kind` labels of `pyfleet_sample_kinds_total`.
 const SAMPLE_KINDS: [&str; 3] = ["kept", "checked", "read"];
@@ -478,6 +486,8 @@ impl ProcessMetrics {
             errors: Vec::new(),
             succeeded: 0,
             failed: 0,
+            pending_samples: 0,
+            pending_durations: Vec::new(),
             failure_ratio: metrics::gauge!(
                 m::SAMPLE_FAILURE_RATIO, "process" => process.clone(), "role" => role, "pid" => pid.clone()
             ),
@@ -500,15 +510,40 @@ impl ProcessMetrics {
         }
     }
 
-    /// Counts one sample, successful or not, in the failure ratio.
+    /// Counts one sample, successful or not (successes and the failure ratio are exported at
+    /// the next [`publish`](Self::publish)).
     fn attempt(&mut self, ok: bool) {
         if ok {
             self.succeeded += 1;
+            self.pending_samples += 1;
         } else {
             self.failed += 1;
         }
-        self.failure_ratio
-            .set(self.failed as f64 / (self.failed + self.succeeded) as f64);
+    }
+
+    /// The time of one sample, successful or not.
+    fn took(&mut self, seconds: f64) {
+        if self.pending_durations.len() < MAX_PENDING_DURATIONS {
+            self.pending_durations.push(seconds);
+        } else {
+            self.duration.record(seconds);
+        }
+    }
+
+    /// Hands what samples recorded since the last call to the exporter. Once a batch rather
+    /// than once a sample: the exporter's histogram and counters are shared, and touching
+    /// them at every sample of every process cost more than a kept sample itself.
+    fn publish(&mut self) {
+        for &seconds in &self.pending_durations {
+            self.duration.record(seconds);
+        }
+        self.pending_durations.clear();
+        self.samples
+            .increment(std::mem::take(&mut self.pending_samples));
+        let attempts = self.failed + self.succeeded;
+        if attempts > 0 {
+            self.failure_ratio.set(self.failed as f64 / attempts as f64);
+        }
     }
 
     fn error(&mut self, kind: &'static str) {

@@ -42,7 +42,6 @@
 //! checked. A worker that wakes between most samples is checked at every one. Reads only
 //! /proc.
 
-use rustc_hash::FxHashMap;
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -74,7 +73,8 @@ pub struct RunWatch {
     pid: i32,
     /// Two scheduler ticks: readings closer than this tell nothing.
     min_interval: Duration,
-    threads: FxHashMap<i32, Watched>,
+    /// Few per process (a linear search beats hashing, and the checks walk them in order).
+    threads: Vec<Watched>,
     /// Every thread of the process is watched, by a listing (or a thread count) taken after
     /// every reference.
     complete: bool,
@@ -128,7 +128,7 @@ impl RunWatch {
         Some(RunWatch {
             pid,
             min_interval: tick * 2,
-            threads: FxHashMap::default(),
+            threads: Vec::new(),
             complete: false,
             task_dir: None,
             moving: 0,
@@ -163,7 +163,7 @@ impl RunWatch {
         // existed then, and none can have been made since (only a thread that runs makes
         // one), so the watch is complete without a listing.
         let count =
-            (!self.complete && !resting && self.threads.values().all(|w| w.reference.is_some()))
+            (!self.complete && !resting && self.threads.iter().all(|w| w.reference.is_some()))
                 .then(|| self.thread_count())
                 .flatten();
         let mut still = self.check_threads(epoch, resting);
@@ -198,7 +198,7 @@ impl RunWatch {
         let mut changed = false;
         let checks = self.checks;
         let mut any_heavy = false;
-        self.threads.retain(|_, w| {
+        self.threads.retain_mut(|w| {
             any_heavy |= w.heavy;
             if heavy_only && !w.heavy {
                 return true;
@@ -267,7 +267,7 @@ impl RunWatch {
     /// When the last [`check`](Self::check) found thread `tid` still: the epoch of its
     /// reference (what was read of it after that is still valid).
     pub fn quiet_since(&self, tid: i32) -> Option<u64> {
-        let w = self.threads.get(&tid)?;
+        let w = self.threads.iter().find(|w| w.tid == tid)?;
         (w.quiet_at == self.checks).then_some(w.reference?.epoch)
     }
 
@@ -282,7 +282,7 @@ impl RunWatch {
     /// `None` when the thread is not watched or its state cannot be read.
     pub fn on_cpu(&mut self, tid: i32) -> Option<bool> {
         let pid = self.pid;
-        let w = self.threads.get_mut(&tid)?;
+        let w = self.threads.iter_mut().find(|w| w.tid == tid)?;
         let running = w.state_running(pid)?;
         if !running {
             if let Some(r) = w.reference.as_mut() {
@@ -295,7 +295,7 @@ impl RunWatch {
     /// The newest reference's epoch (`u64::MAX` while a watched thread has none yet).
     pub fn newest_reference(&self) -> u64 {
         self.threads
-            .values()
+            .iter()
             .map(|w| w.reference.map_or(u64::MAX, |r| r.epoch))
             .max()
             .unwrap_or(u64::MAX)
@@ -309,7 +309,7 @@ impl RunWatch {
     /// frames lie in several places. Light threads are not read while the process runs (see
     /// [`check`](Self::check)); the caller says again at every full sample.
     pub fn watch(&mut self, tid: i32, heavy: bool) -> bool {
-        if let Some(w) = self.threads.get_mut(&tid) {
+        if let Some(w) = self.threads.iter_mut().find(|w| w.tid == tid) {
             w.heavy = heavy;
             return true;
         }
@@ -325,19 +325,16 @@ impl RunWatch {
             OPEN.fetch_sub(1, Ordering::Relaxed);
             return false;
         };
-        self.threads.insert(
+        self.threads.push(Watched {
+            file,
+            stat: None,
             tid,
-            Watched {
-                file,
-                stat: None,
-                tid,
-                reference: None,
-                quiet_at: 0,
-                heavy,
-                moving: 0,
-                rest: 0,
-            },
-        );
+            reference: None,
+            quiet_at: 0,
+            heavy,
+            moving: 0,
+            rest: 0,
+        });
         self.complete = false;
         true
     }
@@ -362,17 +359,17 @@ impl RunWatch {
             }
         }
         let before = self.threads.len();
-        self.threads.retain(|tid, _| tids.contains(tid));
+        self.threads.retain(|w| tids.contains(&w.tid));
         let mut complete = self.threads.len() == before;
         for &tid in &tids {
-            if !self.threads.contains_key(&tid) {
+            if !self.threads.iter().any(|w| w.tid == tid) {
                 self.watch(tid, false);
                 complete = false;
             }
         }
         self.complete = complete
             && self.threads.len() == tids.len()
-            && self.threads.values().all(|w| w.reference.is_some());
+            && self.threads.iter().all(|w| w.reference.is_some());
     }
 
     /// How many threads the process has, from the link count of its `task` directory (two

@@ -323,7 +323,8 @@ fn brief_wakes_between_samples_are_sampled_where_they_sleep() {
                 continue;
             };
             thread_samples += samples.len() as u64;
-            for s in samples.to_vec() {
+            let threads = samples.to_vec();
+            for s in threads {
                 let leaf = unwinder
                     .stacks()
                     .resolve(s.stack)

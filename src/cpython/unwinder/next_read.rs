@@ -174,14 +174,12 @@ impl<M: RemoteMemory> Unwinder<M> {
             // `base` is in the chunk, so `base + fsize` is at most `chunk_hi`.
             let end = (base + fsize).saturating_add(growth).min(chunk_hi);
             if self.use_marker {
-                // The marker the target holds now, if it is on this stack near the anchor,
-                // stays: keeping it costs no write (hysteresis against depth that comes and
-                // goes, and against a loop's call that returns and is made again, which takes
-                // the marker to its caller at every round). Otherwise a stack whose top held
-                // still since the last sample gets the marker on the anchor (then the next
-                // sample is a full hit), and a moving one on the outermost frame of the
-                // current chunk within MARKER_SPAN of the anchor, which calls and returns
-                // near the top leave alone.
+                // A stack whose top held still since the last sample gets the marker on
+                // the anchor (then the next sample is a full hit), or keeps it on the
+                // anchor's caller; otherwise the outermost frame of the current chunk within
+                // MARKER_SPAN of the anchor, which calls and returns near the top leave alone.
+                // The marker the target holds now, if it is on this stack near the anchor:
+                // keeping it costs no write (hysteresis against depth that comes and goes).
                 let kept = w.ts.marker.and_then(|(m_now, _)| {
                     let j = a + tc.chain[a..].iter().position(|c| c.addr == m_now)?;
                     (in_chunk(m_now) && m_now <= base && base - m_now <= 2 * MARKER_SPAN)
@@ -194,10 +192,12 @@ impl<M: RemoteMemory> Unwinder<M> {
                     .take_while(|(_, c)| c.addr <= base && base - c.addr <= MARKER_SPAN)
                     .map(|(j, _)| a + j)
                     .last();
-                let j = if kept.is_some() {
+                let j = if still {
+                    // Or its caller: a loop's call that returns and is made again between
+                    // samples takes the marker there at every round.
+                    kept.filter(|&j| j <= a + 1).or(Some(a))
+                } else if kept.is_some() {
                     kept
-                } else if still {
-                    Some(a)
                 } else {
                     outermost_near
                 };
