@@ -106,6 +106,9 @@ pub enum Command {
         /// Pause the target for each sample (ptrace), as `record --blocking` does.
         #[arg(long)]
         blocking: bool,
+        /// Tell idle threads by the kernel's log of context switches, as `record --switch-log`.
+        #[arg(long)]
+        switch_log: bool,
         /// Measure the floor instead: one bare 8-byte process_vm_readv per iteration.
         #[arg(long)]
         floor: bool,
@@ -149,6 +152,7 @@ pub fn run(cli: Cli) -> Result<()> {
             read_only,
             no_skip_idle,
             blocking,
+            switch_log,
             floor,
             json,
             yes,
@@ -168,7 +172,7 @@ pub fn run(cli: Cli) -> Result<()> {
                     blocking,
                     ..Default::default()
                 };
-                bench(*pid, duration, rate, opts, floor, json)
+                bench(*pid, duration, rate, switch_log, opts, floor, json)
             }
             _ => anyhow::bail!("several --pid go with --floor --rate"),
         },
@@ -297,6 +301,7 @@ fn bench(
     pid: i32,
     duration: f64,
     rate: Option<f64>,
+    switch_log: bool,
     opts: cpython::UnwinderOptions,
     floor: bool,
     json: bool,
@@ -305,6 +310,9 @@ fn bench(
     use pyfleet::process::own_thread_cpu_ns;
     use std::time::{Duration, Instant};
 
+    if switch_log {
+        crate::daemon::start_switch_log();
+    }
     let mut unwinder = cpython::attach(pid, opts)?;
     let version = unwinder.layout().version;
     let limit = Duration::from_secs_f64(duration);

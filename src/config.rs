@@ -140,6 +140,11 @@ pub struct RunOptions {
     /// instant's; costs the target a short stop per sample (see the README).
     #[arg(long)]
     pub blocking: bool,
+    /// Tell idle threads by the kernel's log of context switches (needs CAP_PERFMON): a sample
+    /// of a process that has not run costs no syscall, but every context switch on the host
+    /// costs a little more while pyfleet runs (see the README).
+    #[arg(long)]
+    pub switch_log: bool,
     /// Read settings from this TOML file (command-line options win).
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
@@ -167,6 +172,7 @@ pub struct RunSettings {
     pub duration: Option<Duration>,
     pub read_only: bool,
     pub blocking: bool,
+    pub switch_log: bool,
 }
 
 /// `--exclude-role` values, checked.
@@ -233,6 +239,7 @@ impl RunOptions {
             duration: self.duration.or(file.duration),
             read_only: self.read_only || file.read_only,
             blocking: self.blocking || file.blocking,
+            switch_log: self.switch_log || file.switch_log,
             config: self.config,
         }
     }
@@ -306,6 +313,7 @@ impl RunOptions {
             },
             read_only: o.read_only,
             blocking: o.blocking,
+            switch_log: o.switch_log,
         })
     }
 }

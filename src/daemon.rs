@@ -16,6 +16,16 @@ use std::time::Duration;
 /// pyfleet's own resident memory, for dashboards and alerts.
 pub const RESIDENT_MEMORY: &str = "pyfleet_resident_memory_bytes";
 
+/// Opens the kernel's log of context switches (`--switch-log`), or says why it stays off.
+pub fn start_switch_log() {
+    if !pyfleet::process::switches::start() {
+        eprintln!(
+            "pyfleet: warning: --switch-log: the kernel's log of context switches cannot be \
+             opened (it needs CAP_PERFMON); idle threads are told by /proc instead"
+        );
+    }
+}
+
 pub fn run(opts: RunOptions) -> Result<()> {
     let settings = opts
         .resolve(std::process::id() as i32)
@@ -112,6 +122,9 @@ pub fn run(opts: RunOptions) -> Result<()> {
         );
         warn_without_ptrace("profiled");
         pyfleet::process::runstate::raise_open_file_limit();
+        if settings.switch_log {
+            start_switch_log();
+        }
         for &pid in &settings.pids {
             let probed = pyfleet::discovery::probe_within(pid, pyfleet::discovery::PROBE_DEADLINE);
             if !matches!(probed, pyfleet::discovery::Probed::Python(_)) {

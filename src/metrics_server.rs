@@ -60,18 +60,30 @@ pub async fn serve(listener: TcpListener, handle: PrometheusHandle) {
     }
 }
 
-/// The exporter's rendering and pyfleet's own CPU time.
+/// The exporter's rendering, pyfleet's own CPU time and the time of each kind of sample
+/// (fractional seconds, which the exporter's integer counters cannot carry).
 fn render(handle: &PrometheusHandle) -> String {
-    use pyfleet_actors::metric_names::{CPU_SECONDS, CPU_SECONDS_HELP};
+    use pyfleet_actors::metric_names::{
+        CPU_SECONDS, CPU_SECONDS_HELP, SAMPLE_KIND_SECONDS, SAMPLE_KIND_SECONDS_HELP,
+    };
     let mut text = handle.render();
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
     if let Ok(cpu) = pyfleet_actors::own_cpu_time() {
-        if !text.is_empty() && !text.ends_with('\n') {
-            text.push('\n');
-        }
         text.push_str(&format!(
             "# HELP {CPU_SECONDS} {CPU_SECONDS_HELP}\n# TYPE {CPU_SECONDS} counter\n\
              {CPU_SECONDS} {:.6}\n",
             cpu.as_secs_f64()
+        ));
+    }
+    text.push_str(&format!(
+        "# HELP {SAMPLE_KIND_SECONDS} {SAMPLE_KIND_SECONDS_HELP}\n\
+         # TYPE {SAMPLE_KIND_SECONDS} counter\n"
+    ));
+    for (kind, seconds) in pyfleet_actors::sample_kind_seconds() {
+        text.push_str(&format!(
+            "{SAMPLE_KIND_SECONDS}{{kind=\"{kind}\"}} {seconds:.6}\n"
         ));
     }
     text

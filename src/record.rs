@@ -100,6 +100,11 @@ pub struct RecordOptions {
     /// instant's; costs the target a short stop per sample (see the README).
     #[arg(long)]
     pub blocking: bool,
+    /// Tell idle threads by the kernel's log of context switches (needs CAP_PERFMON): a sample
+    /// of a process that has not run costs no syscall, but every context switch on the host
+    /// costs a little more while pyfleet runs (see the README).
+    #[arg(long)]
+    pub switch_log: bool,
 }
 
 /// Validated settings.
@@ -114,6 +119,7 @@ struct Plan {
     format: Format,
     read_only: bool,
     blocking: bool,
+    switch_log: bool,
     force: bool,
     wait: bool,
     exclude_roles: Vec<pyfleet_policies::Role>,
@@ -170,6 +176,7 @@ fn plan(mut o: RecordOptions) -> Result<Plan> {
         format,
         read_only: o.read_only,
         blocking: o.blocking,
+        switch_log: o.switch_log,
         force: o.force,
         wait: o.wait,
         exclude_roles: pyfleet::config::parse_roles(&o.exclude_role).map_err(|e| anyhow!(e))?,
@@ -245,6 +252,9 @@ pub fn run(opts: RecordOptions) -> Result<()> {
     let counters = Arc::new(SampleCounters::default());
     crate::daemon::warn_without_ptrace("recorded");
     pyfleet::process::runstate::raise_open_file_limit();
+    if plan.switch_log {
+        crate::daemon::start_switch_log();
+    }
     let runtime = crate::daemon::runtime()?;
     let started = Instant::now();
     let progress = std::io::stderr().is_terminal();

@@ -92,6 +92,7 @@ pub use config::FleetConfig;
 pub use error::FleetError;
 pub use fleet::Fleet;
 pub use self_cpu::cpu_time as own_cpu_time;
+pub use slot::sample_kind_seconds;
 pub use snapshot::{Frames, ProcessProfile, Snapshot, SnapshotWriter};
 pub use source::{
     Discovery, FrameInfo, ProcessInfo, SampleError, SampledThread, SourceFactory, SourceStats,

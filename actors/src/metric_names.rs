@@ -29,8 +29,13 @@ pub const SLOW_SKIPS: &str = "pyfleet_slow_sample_skips_total";
 /// `read` (memory read without a check).
 pub const SAMPLE_KINDS: &str = "pyfleet_sample_kinds_total";
 /// Time inside successful samples of every process, by the kinds of [`SAMPLE_KINDS`], in
-/// microseconds, `{kind}` (fleet-wide: what each kind costs).
-pub const SAMPLE_KIND_MICROSECONDS: &str = "pyfleet_sample_kind_microseconds_total";
+/// fractional seconds, `{kind}` (fleet-wide: what each kind costs). Not in the metrics
+/// facade (its counters are integers): the /metrics handler renders it at each scrape from
+/// [`sample_kind_seconds`](crate::sample_kind_seconds), with [`SAMPLE_KIND_SECONDS_HELP`].
+pub const SAMPLE_KIND_SECONDS: &str = "pyfleet_sample_kind_seconds_total";
+/// The `# HELP` text of [`SAMPLE_KIND_SECONDS`].
+pub const SAMPLE_KIND_SECONDS_HELP: &str =
+    "Time inside successful samples of every process, by kind (see pyfleet_sample_kinds_total)";
 /// From [`SourceStats`](crate::SourceStats), `{process,role,pid}`.
 pub const FRAME_CACHE_HITS: &str = "pyfleet_frame_cache_hits_total";
 pub const FRAME_CACHE_PARTIAL_HITS: &str = "pyfleet_frame_cache_partial_hits_total";
@@ -65,11 +70,6 @@ pub fn describe() {
         SAMPLE_KINDS,
         Unit::Count,
         "Successful samples by cost: kept (checked, not read), checked (checked, then read), read"
-    );
-    describe_counter!(
-        SAMPLE_KIND_MICROSECONDS,
-        Unit::Microseconds,
-        "Time inside successful samples of every process, by kind (see pyfleet_sample_kinds_total)"
     );
     describe_gauge!(
         SAMPLE_FAILURE_RATIO,

@@ -458,9 +458,8 @@ struct ProcessMetrics {
     code_cache_misses: Counter,
     remote_reads: Counter,
     remote_read_bytes: Counter,
-    /// `pyfleet_sample_kinds_total` (kept, checked, read) and the fleet-wide time of each.
+    /// `pyfleet_sample_kinds_total` (kept, checked, read).
     kinds: [Counter; 3],
-    kind_micros: [Counter; 3],
     last: SourceStats,
 }
 
@@ -470,6 +469,26 @@ const MAX_PENDING_DURATIONS: usize = 4096;
 
 /// The `kind` labels of `pyfleet_sample_kinds_total`.
 const SAMPLE_KINDS: [&str; 3] = ["kept", "checked", "read"];
+
+/// Time inside successful samples of every slot, by kind (nanoseconds).
+static KIND_NANOS: [std::sync::atomic::AtomicU64; 3] = [
+    std::sync::atomic::AtomicU64::new(0),
+    std::sync::atomic::AtomicU64::new(0),
+    std::sync::atomic::AtomicU64::new(0),
+];
+
+/// Seconds spent inside successful samples of every process since pyfleet started, by kind
+/// (`pyfleet_sample_kind_seconds_total`).
+pub fn sample_kind_seconds() -> [(&'static str, f64); 3] {
+    let mut out = [("", 0.0); 3];
+    for (o, (kind, total)) in out.iter_mut().zip(SAMPLE_KINDS.iter().zip(&KIND_NANOS)) {
+        *o = (
+            *kind,
+            total.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e9,
+        );
+    }
+    out
+}
 
 impl ProcessMetrics {
     fn new(process: &str, role: &'static str, pid: i32) -> Self {
@@ -501,8 +520,6 @@ impl ProcessMetrics {
             kinds: SAMPLE_KINDS.map(|kind| {
                 metrics::counter!(m::SAMPLE_KINDS, "process" => process.clone(), "role" => role, "pid" => pid.clone(), "kind" => kind)
             }),
-            kind_micros: SAMPLE_KINDS
-                .map(|kind| metrics::counter!(m::SAMPLE_KIND_MICROSECONDS, "kind" => kind)),
             last: SourceStats::default(),
             process,
             role,
@@ -615,8 +632,11 @@ impl ProcessMetrics {
             (now.checked_ns, last.checked_ns),
             (now.read_ns, last.read_ns),
         ];
-        for (counter, (now, last)) in self.kind_micros.iter().zip(nanos) {
-            counter.increment((now / 1000).saturating_sub(last / 1000));
+        for (total, (now, last)) in KIND_NANOS.iter().zip(nanos) {
+            total.fetch_add(
+                now.saturating_sub(last),
+                std::sync::atomic::Ordering::Relaxed,
+            );
         }
         self.last = *now;
     }

@@ -128,6 +128,8 @@ def run(args, pythons):
         # Matched by a pattern, as a deployment matches: every scan looks at every process
         # of the host.
         cmd += ["--match", token]
+        if args.switch_log:
+            cmd += ["--switch-log"]
         t0 = time.monotonic()
         daemon = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
         # Steady state, without attaching at the start and the final snapshot at the end:
@@ -173,7 +175,7 @@ def run(args, pythons):
                 kind: {
                     "samples": int(n),
                     "us_per_sample": round(
-                        by_label(metrics, "pyfleet_sample_kind_microseconds_total", "kind")
+                        1e6 * by_label(metrics, "pyfleet_sample_kind_seconds_total", "kind")
                         .get(kind, 0.0) / n, 2) if n else None,
                 }
                 for kind, n in sorted(by_label(metrics, "pyfleet_sample_kinds_total", "kind").items())
@@ -208,6 +210,9 @@ def main():
     ap.add_argument("--py-spy", metavar="PATH",
                     help="also run one `py-spy record` per process (same rate and duration) "
                          "after pyfleet and report their CPU (pip install py-spy)")
+    ap.add_argument("--switch-log", action="store_true",
+                    help="run pyfleet with --switch-log (idle threads told by the kernel's "
+                         "context-switch log; needs CAP_PERFMON)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if not os.path.exists(args.pyfleet):

@@ -5,6 +5,8 @@
 //! [`MemoryImage`] (an in-memory address space for unit tests and fuzzing).
 //!
 //! [`Pauser`] stops a target's threads for a read that must see one instant (`--blocking`).
+//! [`switch_ring::SwitchRing`] reads the kernel's log of context switches on one CPU from
+//! the ring buffer it shares with pyfleet (memory too, though not a target's).
 //! [`limit_malloc_arenas`] keeps pyfleet's own heap from spreading over one arena per thread.
 //!
 //! It is the only home of `unsafe` in pyfleet. It knows nothing about CPython: callers ask for
@@ -14,6 +16,7 @@
 mod image;
 pub mod pause;
 mod process_vm;
+pub mod switch_ring;
 
 pub use image::MemoryImage;
 pub use pause::{Paused, Pauser};

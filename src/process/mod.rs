@@ -11,6 +11,7 @@
 pub mod access;
 pub mod namespace;
 pub mod runstate;
+pub mod switches;
 
 use std::fs::{File, Metadata, OpenOptions};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};

@@ -1,6 +1,8 @@
 //! Whether a target's threads have run since the sampler last read them, from the kernel's
 //! per-thread scheduler statistics (`/proc/PID/task/TID/schedstat`: the thread's CPU time and
-//! how many times it was switched in). A thread that has not run has not changed its own
+//! how many times it was switched in), or, for the threads it knows, from the kernel's log of
+//! context switches when it runs ([`super::switches`], `--switch-log`: no syscall per check,
+//! no backoff, no two-tick rule). A thread that has not run has not changed its own
 //! stack, so the sampler keeps what it read last time instead of reading it again; a process
 //! none of whose threads ran has not changed at all, and its whole sample is kept.
 //!
@@ -52,6 +54,11 @@ use std::time::{Duration, Instant};
 pub const MAX_WATCHED: usize = 64;
 /// Most checks in a row that read only heavy threads while the process runs.
 pub const MAX_REST: u8 = 31;
+/// The figures of a reading that came from the context-switch log (see [`super::switches`]):
+/// no schedstat time is this large.
+const LOGGED_OUT: u64 = u64::MAX;
+const LOGGED_RUNNING: u64 = u64::MAX - 1;
+
 /// Checks in a row that find a thread (or the process) running before it is checked less
 /// often: a worker that wakes every few samples is found running once per wake, and must not
 /// be backed off.
@@ -96,6 +103,8 @@ struct Watched {
     /// `/proc/PID/task/TID/stat`, opened at its first use.
     stat: Option<File>,
     tid: i32,
+    /// Tracked by the context-switch log (see [`super::switches`]).
+    registered: bool,
     reference: Option<Reading>,
     /// The check (of [`RunWatch::checks`]) that last found it still.
     quiet_at: u64,
@@ -151,6 +160,10 @@ impl RunWatch {
     pub fn check(&mut self, epoch: u64) -> Still {
         self.checks += 1;
         self.read_any = false;
+        // With the context-switch log a check costs nothing: no reason to rest.
+        if self.rest > 0 && super::switches::running() {
+            self.rest = 0;
+        }
         let resting = self.rest > 0;
         if resting {
             self.rest -= 1;
@@ -194,6 +207,10 @@ impl RunWatch {
         let min = self.min_interval;
         let pid = self.pid;
         let read_any = &mut self.read_any;
+        let mut log = super::switches::lock();
+        let drain = log
+            .as_deref_mut()
+            .map_or(0, super::switches::Switches::drain);
         let mut all = !self.threads.is_empty() && !heavy_only;
         let mut changed = false;
         let checks = self.checks;
@@ -203,26 +220,43 @@ impl RunWatch {
             if heavy_only && !w.heavy {
                 return true;
             }
-            if w.rest > 0 {
+            // From the context-switch log when it knows the thread (exact and free: no
+            // reason to check it less often), else from schedstat.
+            let logged = log.as_deref().and_then(|l| l.state(w.tid));
+            if w.rest > 0 && logged.is_none() {
                 w.rest -= 1;
                 all = false;
                 return true;
             }
-            // A reference younger than two ticks proves nothing by itself: unless a state
-            // reading since settled it, the state is read now, before the figures.
-            let young = w
-                .reference
-                .is_some_and(|r| !r.settled && now.saturating_duration_since(r.at) < min);
             *read_any = true;
-            if young && w.state_running(pid) != Some(false) {
-                all = false;
-                return true;
-            }
-            let Some((run_ns, switches)) = read(&w.file) else {
-                // Gone (it exited, which it ran to do).
-                all = false;
-                changed = true;
-                return false;
+            let mut young = false;
+            let (run_ns, switches) = match logged {
+                Some(st) if st.running => (LOGGED_RUNNING, drain),
+                Some(st) => (LOGGED_OUT, st.since),
+                None => {
+                    // A reference younger than two ticks proves nothing by itself: unless a
+                    // state reading since settled it, the state is read now, before the
+                    // figures.
+                    young = w
+                        .reference
+                        .is_some_and(|r| !r.settled && now.saturating_duration_since(r.at) < min);
+                    if young && w.state_running(pid) != Some(false) {
+                        all = false;
+                        return true;
+                    }
+                    let Some(figures) = read(&w.file) else {
+                        // Gone (it exited, which it ran to do). Forgotten here: the log is
+                        // locked.
+                        all = false;
+                        changed = true;
+                        if let Some(l) = log.as_deref_mut() {
+                            l.unregister(w.tid);
+                        }
+                        w.registered = false;
+                        return false;
+                    };
+                    figures
+                }
             };
             match w.reference {
                 Some(r) if r.run_ns == run_ns && r.switches == switches => {
@@ -231,6 +265,12 @@ impl RunWatch {
                     if young {
                         // The state read just before said not running (see above).
                         w.reference = Some(Reading { settled: true, ..r });
+                    }
+                    if logged.is_none() {
+                        // Proved not running now: the log knows it from this drain on.
+                        if let Some(l) = log.as_deref_mut() {
+                            l.settle(w.tid);
+                        }
                     }
                 }
                 _ => {
@@ -243,7 +283,8 @@ impl RunWatch {
                         switches,
                         at: Instant::now(),
                         epoch,
-                        settled: false,
+                        // The log's figures need no second proof.
+                        settled: logged.is_some(),
                     });
                     all = false;
                     changed = true;
@@ -325,7 +366,9 @@ impl RunWatch {
             OPEN.fetch_sub(1, Ordering::Relaxed);
             return false;
         };
+        let registered = super::switches::with(|l| l.register(tid)).is_some();
         self.threads.push(Watched {
+            registered,
             file,
             stat: None,
             tid,
@@ -431,6 +474,9 @@ impl Watched {
 impl Drop for Watched {
     fn drop(&mut self) {
         OPEN.fetch_sub(1, Ordering::Relaxed);
+        if self.registered {
+            super::switches::with(|l| l.unregister(self.tid));
+        }
     }
 }
 

@@ -183,7 +183,7 @@ fn gunicorn_fleet_under_load_with_a_killed_worker() {
     for kind in ["kept", "checked", "read"] {
         assert!(
             page.lines().any(|l| l.starts_with(&format!(
-                "pyfleet_sample_kind_microseconds_total{{kind=\"{kind}\"}}"
+                "pyfleet_sample_kind_seconds_total{{kind=\"{kind}\"}}"
             ))),
             "no time for {kind} samples:\n{}",
             truncate(&page, 6000)
