@@ -287,10 +287,10 @@ fn idle_threads_keep_their_stacks_exactly_until_they_run() {
 /// read. Twice: checked through schedstat, then through the kernel's context-switch log (as
 /// the daemon does when it may open it). The shares of the two functions as leaves match the
 /// target's own timing within 2 points on every version, and most thread samples were kept,
-/// not read (so the check is what is tested). Sized not to flake: 6 threads for 15 s give
-/// about 9,000 thread samples; the standard error of a share near 75% is then under 0.5
+/// not read (so the check is what is tested). Sized not to flake: 6 threads for 12 s give
+/// about 7,200 thread samples; the standard error of a share near 75% is then about 0.5
 /// points (stratified sampling of a periodic target does no worse than independent draws),
-/// so 2 points is over four of them.
+/// so 2 points is nearly four of them.
 #[test]
 fn brief_wakes_between_samples_are_sampled_where_they_sleep() {
     let _machine = shared();
@@ -299,12 +299,14 @@ fn brief_wakes_between_samples_are_sampled_where_they_sleep() {
         "this kernel cannot tell idle threads (schedstat, nohz_full)"
     );
     let mut failures = Vec::new();
-    for interp in interpreters() {
-        failures.extend(brief_wakes(&interp, "schedstat"));
+    let interps = interpreters();
+    for interp in &interps {
+        failures.extend(brief_wakes(interp, "schedstat"));
     }
     if pyfleet::process::switches::start() {
-        for interp in interpreters() {
-            failures.extend(brief_wakes(&interp, "context-switch log"));
+        // The log sees OS threads, whatever the version: the oldest and the newest suffice.
+        for interp in interps.first().into_iter().chain(interps.last()) {
+            failures.extend(brief_wakes(interp, "context-switch log"));
         }
     } else {
         eprintln!("no context-switch log here (no CAP_PERFMON?): its half is not run");
@@ -326,7 +328,7 @@ fn brief_wakes(interp: &Interp, how: &str) -> Vec<String> {
     let start = std::time::Instant::now();
     let mut ticks = 0u32;
     let mut seed = u64::from(pid.unsigned_abs()) | 1;
-    while start.elapsed() < Duration::from_secs(15) {
+    while start.elapsed() < Duration::from_secs(12) {
         // A random point of each period, as the sampling thread ticks.
         seed ^= seed << 13;
         seed ^= seed >> 7;
@@ -372,7 +374,7 @@ fn brief_wakes(interp: &Interp, how: &str) -> Vec<String> {
          {:.0}% of thread samples kept; {st:?}",
         100.0 * kept
     );
-    if n < 6000 || (sampled - truth).abs() > 2.0 {
+    if n < 5000 || (sampled - truth).abs() > 2.0 {
         failures.push(format!(
             "[{label}] long_nap {sampled:.1}% of {n} thread samples against {truth:.1}% of the \
              target's own time; leaves {leaves:?}"
