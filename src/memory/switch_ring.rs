@@ -2,10 +2,14 @@
 //! shares with pyfleet: a CPU-wide `perf_event_open` of the dummy software event with
 //! `context_switch` set, mapped once. Reading what is new costs no syscall.
 //!
-//! Each switch on the CPU writes two records, each with the time of the switch: one as the old
-//! task leaves, naming the task that comes in, and one as the new task comes in, naming the
-//! task that left. [`SwitchRing::drain`] turns them into [`Switch`]es. When the buffer was full the kernel drops records and says
-//! so ([`Switch::Lost`]): the caller must then assume that anything may have run.
+//! Each switch on the CPU writes two records, each with the time of the switch and the task
+//! that was current when it was written: one as the old task leaves (naming the task that
+//! comes in), one as the new task comes in (naming the task that left). Either record alone
+//! says who left and who came in, and [`SwitchRing::drain`] takes both from each: some kernels
+//! write no record while the CPU's idle task is current (seen on 6.18 in a VM), so a thread
+//! that wakes on or sleeps to an idle CPU is named by its own record only. When the buffer was
+//! full the kernel drops records and says so ([`Switch::Lost`]): the caller must then assume
+//! that anything may have run.
 //!
 //! Opening it needs `CAP_PERFMON` (or `CAP_SYS_ADMIN`, or `perf_event_paranoid` at most 0).
 //! It observes only which task runs where; it never touches a target.
@@ -21,11 +25,13 @@ const PERF_COUNT_SW_DUMMY: u64 = 9;
 /// `perf_event_attr` as of its first published size (`PERF_ATTR_SIZE_VER0`).
 const ATTR_SIZE: u32 = 64;
 /// Bits of the attribute's flag word (offset 40): `watermark`, `sample_id_all`,
-/// `context_switch`; and `PERF_SAMPLE_TIME` in its sample type (offset 24): every record ends
-/// with the time of the switch.
+/// `context_switch`; and `PERF_SAMPLE_TID | PERF_SAMPLE_TIME` in its sample type (offset 24):
+/// every record ends with the pid and tid of the task current as it was written, then the
+/// time of the switch.
 const FLAG_WATERMARK: u64 = 1 << 14;
 const FLAG_SAMPLE_ID_ALL: u64 = 1 << 18;
 const FLAG_CONTEXT_SWITCH: u64 = 1 << 26;
+const SAMPLE_TID: u64 = 1 << 1;
 const SAMPLE_TIME: u64 = 1 << 2;
 /// `perf_event_mmap_page`: where the kernel's write position, our read position and the
 /// data area are.
@@ -71,7 +77,7 @@ impl SwitchRing {
         attr[0..4].copy_from_slice(&PERF_TYPE_SOFTWARE.to_ne_bytes());
         attr[4..8].copy_from_slice(&ATTR_SIZE.to_ne_bytes());
         attr[8..16].copy_from_slice(&PERF_COUNT_SW_DUMMY.to_ne_bytes());
-        attr[24..32].copy_from_slice(&SAMPLE_TIME.to_ne_bytes());
+        attr[24..32].copy_from_slice(&(SAMPLE_TID | SAMPLE_TIME).to_ne_bytes());
         let flags = FLAG_WATERMARK | FLAG_SAMPLE_ID_ALL | FLAG_CONTEXT_SWITCH;
         attr[40..48].copy_from_slice(&flags.to_ne_bytes());
         // Wake nobody: pyfleet polls (the watermark is in bytes, past the ring's size).
@@ -154,19 +160,25 @@ impl SwitchRing {
                 break;
             }
             match kind {
-                RECORD_SWITCH_CPU_WIDE if size >= 24 => {
-                    let mut body = [0u8; 16];
+                RECORD_SWITCH_CPU_WIDE if size >= 32 => {
+                    // The other task's pid and tid, then (sample_id) the current task's pid
+                    // and tid, then the time.
+                    let mut body = [0u8; 24];
                     self.copy_out(tail + 8, &mut body);
-                    let tid = i32::from_ne_bytes([body[4], body[5], body[6], body[7]]);
+                    let other = i32::from_ne_bytes([body[4], body[5], body[6], body[7]]);
+                    let current = i32::from_ne_bytes([body[12], body[13], body[14], body[15]]);
                     let mut t = [0u8; 8];
-                    t.copy_from_slice(&body[8..16]);
+                    t.copy_from_slice(&body[16..24]);
                     let time = u64::from_ne_bytes(t);
-                    // A switch out names the task coming in; a switch in, the one that left.
-                    out.push(if misc & MISC_SWITCH_OUT != 0 {
-                        Switch::In { tid, time }
+                    // A switch out is written by the task leaving and names the one coming
+                    // in; a switch in, the other way round.
+                    let (left, came) = if misc & MISC_SWITCH_OUT != 0 {
+                        (current, other)
                     } else {
-                        Switch::Out { tid, time }
-                    });
+                        (other, current)
+                    };
+                    out.push(Switch::Out { tid: left, time });
+                    out.push(Switch::In { tid: came, time });
                 }
                 RECORD_LOST => out.push(Switch::Lost),
                 _ => {}
@@ -231,10 +243,15 @@ mod tests {
     /// (where the capability is there to open the ring).
     #[test]
     fn sees_a_thread_come_in_and_go_out() {
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // Every online CPU, as the log opens them: the thread may run on any of them, even
+        // where a CPU quota makes the process's available parallelism smaller.
+        let Some(cpus) = crate::process::switches::online_cpu_ids() else {
+            eprintln!("the kernel does not list its online CPUs: nothing to test");
+            return;
+        };
         let mut rings = Vec::new();
-        for cpu in 0..cpus {
-            match SwitchRing::open(cpu as i32) {
+        for cpu in cpus {
+            match SwitchRing::open(cpu) {
                 Ok(r) => rings.push(r),
                 Err(e) => {
                     eprintln!("no switch ring here ({e}): nothing to test");

@@ -196,6 +196,11 @@ impl Switches {
     }
 }
 
+/// The online CPUs, each of which needs a ring (`None` if the kernel does not say).
+pub(crate) fn online_cpu_ids() -> Option<Vec<i32>> {
+    cpu_list(&online_cpus()?)
+}
+
 /// `/sys/devices/system/cpu/online`, as the kernel writes it ("0-3,6").
 fn online_cpus() -> Option<String> {
     let s = std::fs::read_to_string("/sys/devices/system/cpu/online").ok()?;
