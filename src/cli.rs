@@ -5,7 +5,7 @@ use crate::record::{self, RecordOptions};
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use pyfleet::config::RunOptions;
-use pyfleet::cpython;
+use pyfleet::cpython::{self, SampleKind};
 use pyfleet::output::dump::{self, DumpHeader};
 use pyfleet::output::for_terminal;
 use pyfleet::process::Process;
@@ -123,6 +123,13 @@ pub enum Command {
         /// (repeatable: any may match).
         #[arg(long = "match", short = 'm', value_name = "REGEX")]
         matches: Vec<String>,
+        /// Only processes whose label KEY matches REGEX, as KEY=REGEX (repeatable: every one
+        /// must match).
+        #[arg(long, value_name = "KEY=REGEX")]
+        match_label: Vec<String>,
+        /// Leave out processes whose label KEY matches REGEX (repeatable).
+        #[arg(long, value_name = "KEY=REGEX")]
+        exclude_label: Vec<String>,
     },
 }
 
@@ -142,7 +149,11 @@ pub fn run(cli: Cli) -> Result<()> {
             Some(pid) => dump(pid, json, !nonblocking),
             None => anyhow::bail!("dump needs a process: `pyfleet dump PID`"),
         },
-        Command::List { matches } => list(&matches),
+        Command::List {
+            matches,
+            match_label,
+            exclude_label,
+        } => list(&matches, &match_label, &exclude_label),
         Command::Bench {
             pid,
             bare_pids,
@@ -227,20 +238,23 @@ fn dump(pid: i32, json: bool, blocking: bool) -> Result<()> {
     Ok(())
 }
 
-fn list(matches: &[String]) -> Result<()> {
+fn list(matches: &[String], match_label: &[String], exclude_label: &[String]) -> Result<()> {
     use pyfleet_actors::Discovery;
     use pyfleet_policies::Role;
     let own = Some(std::process::id() as i32);
-    let policy = MatchPolicy::new(matches, [] as [&str; 0], &[], own)?;
-    // The daemon's own scan: the same processes, names and roles as it would list.
+    let policy = MatchPolicy::new(matches, [] as [&str; 0], &[], own)?
+        .with_label_rules(match_label, exclude_label)?;
+    // The daemon's own scan: the same processes, names, roles and labels as it would list.
     let found = pyfleet::discovery::HostDiscovery::new(policy).scan();
     outln!(
-        "{:>7}  {:>7}  {:<9}  {:<24}  {:<6}  COMMAND",
+        "{:>7}  {:>7}  {:<9}  {:<24}  {:<6}  {:<20}  {:<24}  COMMAND",
         "PID",
         "PPID",
         "PYTHON",
         "NAME",
-        "ROLE"
+        "ROLE",
+        "SERVICE",
+        "LABELS"
     );
     for p in &found {
         // Of its parent (PPID) for a worker.
@@ -248,13 +262,31 @@ fn list(matches: &[String]) -> Result<()> {
             Role::Single => "-",
             r => r.as_str(),
         };
+        // Labels are sanitised where they are found; the container id as `docker ps`
+        // shortens it.
+        let others: Vec<String> = p
+            .labels
+            .iter()
+            .filter(|(k, _)| *k != "service")
+            .map(|(k, v)| match k {
+                "container_id" => format!("container={}", v.get(..12).unwrap_or(v)),
+                _ => format!("{k}={v}"),
+            })
+            .collect();
+        let others = if others.is_empty() {
+            "-".to_string()
+        } else {
+            others.join(",")
+        };
         outln!(
-            "{:>7}  {:>7}  {:<9}  {:<24}  {:<6}  {}",
+            "{:>7}  {:>7}  {:<9}  {:<24}  {:<6}  {:<20}  {:<24}  {}",
             p.pid,
             p.ppid,
             for_terminal(&p.python_version),
             p.name,
             role,
+            p.labels.get("service").unwrap_or("-"),
+            others,
             for_terminal(&p.cmdline)
         );
     }
@@ -345,22 +377,16 @@ fn bench(
                 next += p;
                 std::thread::sleep(next.saturating_duration_since(Instant::now()));
             }
-            let before = unwinder.stats();
             let began = Instant::now();
             let result = unwinder.sample().map(|s| s.len());
             let took = began.elapsed().as_secs_f64();
             sampling_secs += took;
-            let after = unwinder.stats();
-            let kind = if after.samples == before.samples {
-                None
-            } else if after.samples_unchanged > before.samples_unchanged {
-                Some(0)
-            } else if after.samples_checked > before.samples_checked {
-                Some(1)
-            } else {
-                Some(2)
-            };
-            if let Some(k) = kind {
+            if result.is_ok() {
+                let k = match unwinder.last_kind() {
+                    SampleKind::Kept => 0,
+                    SampleKind::Checked => 1,
+                    SampleKind::Read => 2,
+                };
                 kinds[k].0 += 1;
                 kinds[k].1 += took;
             }

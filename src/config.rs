@@ -84,6 +84,14 @@ pub struct RunOptions {
     /// Never profile processes matching REGEX (repeatable; wins over --match and --pid).
     #[arg(long, value_name = "REGEX")]
     pub exclude: Vec<String>,
+    /// Only profile processes whose label KEY matches REGEX, as KEY=REGEX (repeatable: every
+    /// one must match; keys: service, namespace, pod, pod_uid, container_id; see `pyfleet
+    /// list`). A process without that label does not match.
+    #[arg(long, value_name = "KEY=REGEX")]
+    pub match_label: Vec<String>,
+    /// Never profile processes whose label KEY matches REGEX (repeatable).
+    #[arg(long, value_name = "KEY=REGEX")]
+    pub exclude_label: Vec<String>,
     /// Never profile processes in this role: master (the parent of workers of its own name,
     /// such as a gunicorn master), worker or single (repeatable; see `pyfleet list`).
     #[arg(long, value_name = "ROLE")]
@@ -223,6 +231,8 @@ impl RunOptions {
         RunOptions {
             matches: list(self.matches, file.matches),
             exclude: list(self.exclude, file.exclude),
+            match_label: list(self.match_label, file.match_label),
+            exclude_label: list(self.exclude_label, file.exclude_label),
             exclude_role: list(self.exclude_role, file.exclude_role),
             subprocesses: self.subprocesses || file.subprocesses,
             pids: list(self.pids, file.pids),
@@ -254,6 +264,8 @@ impl RunOptions {
             return Err(format!("--pid must be a positive process id (got {bad})"));
         }
         let policy = MatchPolicy::new(&o.matches, &o.exclude, &o.pids, Some(self_pid))
+            .map_err(|e| e.to_string())?
+            .with_label_rules(&o.match_label, &o.exclude_label)
             .map_err(|e| e.to_string())?;
         let rate = RatePolicy::new(
             o.rate.unwrap_or(pyfleet_policies::rate::DEFAULT_RATE_HZ),

@@ -46,7 +46,7 @@ const REDRAW: Duration = Duration::from_millis(250);
     clap::ArgGroup::new("target")
         .required(true)
         .multiple(true)
-        .args(["pids", "bare_pids", "matches"])
+        .args(["pids", "bare_pids", "matches", "match_label"])
 ))]
 pub struct RecordOptions {
     /// Record this process (repeatable).
@@ -63,6 +63,13 @@ pub struct RecordOptions {
     /// target has exited].
     #[arg(long, short = 'd', value_name = "DURATION")]
     pub duration: Option<Seconds>,
+    /// Record the Python processes whose label KEY matches REGEX, as KEY=REGEX (repeatable:
+    /// every one must match; keys: service, namespace, pod, pod_uid, container_id).
+    #[arg(long, value_name = "KEY=REGEX")]
+    pub match_label: Vec<String>,
+    /// Never record processes whose label KEY matches REGEX (repeatable).
+    #[arg(long, value_name = "KEY=REGEX")]
+    pub exclude_label: Vec<String>,
     /// With --match: when nothing matches yet, wait for a match (the duration starts then)
     /// instead of failing.
     #[arg(long)]
@@ -112,6 +119,8 @@ struct Plan {
     policy: MatchPolicy,
     pids: Vec<i32>,
     matches: Vec<String>,
+    /// The `--match-label` rules.
+    labels: Vec<String>,
     rate: RatePolicy,
     mode: Mode,
     duration: Option<Duration>,
@@ -136,7 +145,8 @@ fn plan(mut o: RecordOptions) -> Result<Plan> {
         [] as [&str; 0],
         &o.pids,
         Some(std::process::id() as i32),
-    )?;
+    )?
+    .with_label_rules(&o.match_label, &o.exclude_label)?;
     let rate = RatePolicy::new(o.rate, RECORD_MAX_CPU_PERCENT)?;
     let mode: Mode = o.mode.parse()?;
     let duration = o
@@ -144,8 +154,10 @@ fn plan(mut o: RecordOptions) -> Result<Plan> {
         .map(|d| d.positive("duration"))
         .transpose()
         .map_err(|e| anyhow!(e))?;
-    if o.wait && o.matches.is_empty() {
-        bail!("--wait goes with --match (it waits for a matching process to start)");
+    if o.wait && o.matches.is_empty() && o.match_label.is_empty() {
+        bail!(
+            "--wait goes with --match or --match-label (it waits for a matching process to start)"
+        );
     }
     let format = match (&o.format, &o.output) {
         (Some(f), _) => f.parse::<Format>().map_err(|e| anyhow!("--format: {e}"))?,
@@ -169,6 +181,7 @@ fn plan(mut o: RecordOptions) -> Result<Plan> {
         policy,
         pids: o.pids,
         matches: o.matches,
+        labels: o.match_label,
         rate,
         mode,
         duration,
@@ -234,7 +247,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
             .ok_or_else(|| anyhow!("cannot record process {pid}: it exited"))?;
         targets.push(Target { pid, start });
     }
-    if !plan.matches.is_empty() {
+    if plan.by_rule() {
         await_match(&plan)?;
     }
 
@@ -380,14 +393,14 @@ fn await_match(plan: &Plan) -> Result<()> {
         note_left_out_subprocesses(plan);
         return Ok(());
     }
-    let what = pyfleet::output::for_terminal(&plan.matches.join("|")).into_owned();
+    let what = plan.rules();
     if !plan.wait {
         bail!(
-            "no Python process matches /{what}/ (`pyfleet list` shows the Python processes it \
+            "no Python process matches {what} (`pyfleet list` shows the Python processes it \
              can see; --wait waits for one to start)"
         );
     }
-    eprintln!("pyfleet: waiting for a Python process matching /{what}/ (Ctrl-C to give up)");
+    eprintln!("pyfleet: waiting for a Python process matching {what} (Ctrl-C to give up)");
     loop {
         std::thread::sleep(WAIT_POLL);
         if found() {
@@ -468,7 +481,7 @@ fn ended(
     status: Option<&FleetStatus>,
 ) -> Option<String> {
     let pids_gone = targets.iter().all(Target::exited);
-    if plan.matches.is_empty() {
+    if !plan.by_rule() {
         if !pids_gone {
             return None;
         }
@@ -485,8 +498,27 @@ fn ended(
 
 fn describe_targets(plan: &Plan) -> String {
     let mut parts: Vec<String> = plan.pids.iter().map(|p| format!("pid {p}")).collect();
-    parts.extend(plan.matches.iter().map(|m| format!("/{m}/")));
+    if plan.by_rule() {
+        parts.push(plan.rules());
+    }
     pyfleet::output::for_terminal(&parts.join(", ")).into_owned()
+}
+
+impl Plan {
+    /// Whether processes are chosen by rules (`--match`, `--match-label`), not only by pid.
+    fn by_rule(&self) -> bool {
+        !self.matches.is_empty() || !self.labels.is_empty()
+    }
+
+    /// The rules, as the user gave them: `/A|B/` for the patterns, then each label rule.
+    fn rules(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.matches.is_empty() {
+            parts.push(format!("/{}/", self.matches.join("|")));
+        }
+        parts.extend(self.labels.iter().cloned());
+        pyfleet::output::for_terminal(&parts.join(" ")).into_owned()
+    }
 }
 
 /// The progress line: targets, a bar when the duration is known, elapsed time, samples taken,

@@ -7,8 +7,8 @@
 use crate::cpython::{self, Unwinder, UnwinderOptions};
 use crate::memory::ProcessMemory;
 use pyfleet_actors::{
-    FrameInfo, ProcessInfo, SampleError, SampledThread, SourceFactory, SourceStats, StackSource,
-    ThreadStatus,
+    FrameInfo, ProcessInfo, SampleError, SampleKind, SampledThread, SourceFactory, SourceStats,
+    StackSource, ThreadStatus,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -43,7 +43,7 @@ pub struct UnwinderSource {
 }
 
 impl StackSource for UnwinderSource {
-    fn sample(&mut self, out: &mut Vec<SampledThread>) -> Result<(), SampleError> {
+    fn sample(&mut self, out: &mut Vec<SampledThread>) -> Result<SampleKind, SampleError> {
         // A target that changed its stack under the read (a torn frame chain, a frame freed
         // mid-read) usually reads fine a moment later: one immediate retry, so the profile
         // loses fewer samples. Both attempts count in the unwinder's own error stats.
@@ -67,7 +67,11 @@ impl StackSource for UnwinderSource {
             },
             stack: u64::from(t.stack),
         }));
-        Ok(())
+        Ok(match self.unwinder.last_kind() {
+            cpython::SampleKind::Kept => SampleKind::Kept,
+            cpython::SampleKind::Checked => SampleKind::Checked,
+            cpython::SampleKind::Read => SampleKind::Read,
+        })
     }
 
     fn resolve(&self, stack: u64) -> Option<Vec<FrameInfo>> {
@@ -88,11 +92,6 @@ impl StackSource for UnwinderSource {
         SourceStats {
             samples: s.samples,
             errors: s.errors,
-            samples_kept: s.samples_unchanged,
-            samples_checked: s.samples_checked,
-            kept_ns: s.kept_ns,
-            checked_ns: s.checked_ns,
-            read_ns: s.read_ns,
             frame_cache_hits: s.frame_cache_hits,
             frame_cache_partial_hits: s.frame_cache_partial_hits,
             frame_cache_misses: s.frame_cache_misses,
@@ -147,10 +146,10 @@ pub struct CountedSource<S> {
 }
 
 impl<S: StackSource> StackSource for CountedSource<S> {
-    fn sample(&mut self, out: &mut Vec<SampledThread>) -> Result<(), SampleError> {
+    fn sample(&mut self, out: &mut Vec<SampledThread>) -> Result<SampleKind, SampleError> {
         let r = self.inner.sample(out);
         match &r {
-            Ok(()) => self.counters.samples.fetch_add(1, Ordering::Relaxed),
+            Ok(_) => self.counters.samples.fetch_add(1, Ordering::Relaxed),
             // The process exiting is how a recording ends, not a failure.
             Err(e) if e.process_gone => 0,
             Err(_) => self.counters.errors.fetch_add(1, Ordering::Relaxed),

@@ -19,7 +19,7 @@ use std::time::SystemTime;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::snapshot::{Frames, ProcessProfile, Snapshot, TRUNCATED_FUNCTION, UNKNOWN_FUNCTION};
-use crate::source::{FrameInfo, ThreadStatus};
+use crate::source::{FrameInfo, Labels, ThreadStatus};
 
 /// What a sampler sends every batch interval, and once more when it ends.
 #[derive(Debug, Clone)]
@@ -32,6 +32,7 @@ pub(crate) struct Batch {
     pub pid: i32,
     pub name: Arc<str>,
     pub role: pyfleet_policies::Role,
+    pub labels: Arc<Labels>,
     /// `(stack id, status, count)`, only samples the mode counts.
     pub counts: Vec<(u64, ThreadStatus, u64)>,
     /// Frames of the stack ids in `counts` not sent before in this life and epoch.
@@ -60,6 +61,7 @@ const MAX_IDLE_WINDOWS: u32 = 2;
 struct ProcessWindow {
     name: Arc<str>,
     role: pyfleet_policies::Role,
+    labels: Arc<Labels>,
     entries: HashMap<(u64, u64, ThreadStatus), (Frames, u64)>,
     truncated: BTreeMap<ThreadStatus, u64>,
 }
@@ -110,6 +112,7 @@ impl Aggregation {
             .or_insert_with(|| ProcessWindow {
                 name: batch.name.clone(),
                 role: batch.role,
+                labels: batch.labels.clone(),
                 entries: HashMap::new(),
                 truncated: BTreeMap::new(),
             });
@@ -117,6 +120,7 @@ impl Aggregation {
             window.name = batch.name.clone();
         }
         window.role = batch.role;
+        window.labels = batch.labels.clone();
         for (stack, status, n) in batch.counts {
             if n == 0 {
                 continue;
@@ -179,6 +183,7 @@ impl Aggregation {
                     pid,
                     name: w.name.to_string(),
                     role: w.role,
+                    labels: (*w.labels).clone(),
                     samples,
                 }
             })
@@ -263,6 +268,7 @@ mod tests {
             pid: 7,
             name: Arc::from("app"),
             role: pyfleet_policies::Role::Single,
+            labels: Arc::default(),
             counts,
             new_stacks: Vec::new(),
             last: false,

@@ -292,12 +292,7 @@ impl SamplingThread {
     /// ended; sends the batches due.
     fn tick(&mut self) {
         for (i, slot) in self.slots.iter_mut().enumerate() {
-            let end = if slot.abandoned() {
-                Some(SlotEnd::Removed)
-            } else {
-                slot.sample(&mut self.out)
-            };
-            if let Some(end) = end {
+            if let Some(end) = slot.sample(&mut self.out) {
                 self.ending.push((i, end));
             }
         }
@@ -344,7 +339,9 @@ mod tests {
     use crate::aggregator::AggregatorActor;
     use crate::slot::{next_life, OnEnd, SlotSettings, SLOW_SAMPLE};
     use crate::snapshot::Snapshot;
-    use crate::source::{FrameInfo, ProcessInfo, SampleError, SourceStats, StackSource};
+    use crate::source::{
+        FrameInfo, ProcessInfo, SampleError, SampleKind, SourceStats, StackSource,
+    };
 
     /// Counts its samples (one thread, stack 7, each) and its drop; panics on demand.
     struct Counting {
@@ -354,7 +351,7 @@ mod tests {
     }
 
     impl StackSource for Counting {
-        fn sample(&mut self, out: &mut Vec<SampledThread>) -> Result<(), SampleError> {
+        fn sample(&mut self, out: &mut Vec<SampledThread>) -> Result<SampleKind, SampleError> {
             let n = self.samples.load(Ordering::SeqCst);
             if Some(n) == self.panic_at {
                 panic!("source panics after {n} samples");
@@ -365,7 +362,7 @@ mod tests {
                 stack: 7,
             });
             self.samples.fetch_add(1, Ordering::SeqCst);
-            Ok(())
+            Ok(SampleKind::Read)
         }
 
         fn resolve(&self, _stack: u64) -> Option<Vec<FrameInfo>> {
@@ -411,6 +408,7 @@ mod tests {
             name: name.to_string(),
             cmdline: String::new(),
             python_version: "3.13.1".to_string(),
+            labels: Default::default(),
             start_time: 0,
         };
         let settings = SlotSettings {
@@ -458,12 +456,12 @@ mod tests {
     }
 
     impl StackSource for Slow {
-        fn sample(&mut self, _out: &mut Vec<SampledThread>) -> Result<(), SampleError> {
+        fn sample(&mut self, _out: &mut Vec<SampledThread>) -> Result<SampleKind, SampleError> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             if self.slow.load(Ordering::SeqCst) {
                 std::thread::sleep(SLOW_SAMPLE + Duration::from_millis(1));
             }
-            Ok(())
+            Ok(SampleKind::Read)
         }
         fn resolve(&self, _stack: u64) -> Option<Vec<FrameInfo>> {
             None
@@ -538,7 +536,7 @@ mod tests {
         removed.done.take().unwrap().await.unwrap();
         assert!(removed.dropped.load(Ordering::SeqCst));
         assert_eq!(*removed.ends.lock().unwrap(), ["Removed"]);
-        // Its owner gone without asking (the receiver dropped): removed at the next tick.
+        // Its owner gone without asking (the receiver dropped): removed within 64 ticks.
         drop(abandoned.done.take());
         until(|| abandoned.dropped.load(Ordering::SeqCst)).await;
         // A panic ended its slot only, and was reported as a failure.
@@ -582,6 +580,7 @@ mod tests {
             name: "late".to_string(),
             cmdline: String::new(),
             python_version: String::new(),
+            labels: Default::default(),
             start_time: 0,
         };
         let settings = SlotSettings {

@@ -45,7 +45,8 @@ use crate::metric_names as m;
 use crate::panics::guard;
 use crate::snapshot::UNKNOWN_FUNCTION;
 use crate::source::{
-    FrameInfo, ProcessInfo, SampledThread, SourceStats, StackSource, ThreadStatus,
+    FrameInfo, Labels, ProcessInfo, SampleKind, SampledThread, SourceStats, StackSource,
+    ThreadStatus,
 };
 
 /// Sampler lives (a restart is a new life); also the id of the life's slot.
@@ -103,7 +104,12 @@ struct SlotWork {
     /// Slow samples in a row, and the ticks still to skip for them (see [`SLOW_SAMPLE`]).
     slow_streak: u32,
     skip: u32,
+    /// Calls of [`Slot::sample`] (see [`OWNER_CHECK_EVERY`]).
+    samples_called: u32,
 }
+
+/// A slot asks whether its owner abandoned it once in this many ticks.
+const OWNER_CHECK_EVERY: u32 = 64;
 
 /// A sample that takes longer than this costs its process the next ticks (1, then 2, 4... up
 /// to [`MAX_SLOW_SKIP`] while its samples stay slow): a process whose memory is built to be
@@ -179,11 +185,12 @@ impl Slot {
                     pid: info.pid,
                     name: Arc::from(info.name.as_str()),
                     role: info.role,
+                    labels: Arc::new(info.labels.clone()),
                     counts: HashMap::new(),
                     known: HashSet::new(),
                     max_known: settings.max_known_stacks.max(1),
                 },
-                metrics: ProcessMetrics::new(&info.name, info.role.as_str(), info.pid),
+                metrics: ProcessMetrics::new(info),
                 mode: settings.mode,
                 batch_interval: settings.batch_interval,
                 max_consecutive_errors: settings.max_consecutive_errors,
@@ -191,6 +198,7 @@ impl Slot {
                 next_flush: later(now, settings.batch_interval),
                 slow_streak: 0,
                 skip: 0,
+                samples_called: 0,
             },
             reporter,
         };
@@ -217,6 +225,12 @@ impl Slot {
 
     /// One sample, tallied. `Some` when the slot must end.
     pub(crate) fn sample(&mut self, out: &mut Vec<SampledThread>) -> Option<SlotEnd> {
+        // Whether the owner abandoned the slot is asked every OWNER_CHECK_EVERY samples
+        // only: it costs a cold cache line of every slot at every tick.
+        self.work.samples_called = self.work.samples_called.wrapping_add(1);
+        if self.work.samples_called.is_multiple_of(OWNER_CHECK_EVERY) && self.abandoned() {
+            return Some(SlotEnd::Removed);
+        }
         let w = &mut self.work;
         out.clear();
         if w.skip > 0 {
@@ -227,7 +241,7 @@ impl Slot {
         let began = Instant::now();
         let result = guard(|| w.source.sample(out));
         let took = began.elapsed();
-        w.metrics.took(took.as_secs_f64());
+        w.metrics.took(took);
         if took > SLOW_SAMPLE {
             w.slow_streak = w.slow_streak.saturating_add(1);
             w.skip = (1u32 << (w.slow_streak - 1).min(6)).min(MAX_SLOW_SKIP);
@@ -235,9 +249,9 @@ impl Slot {
             w.slow_streak = 0;
         }
         match result {
-            Ok(Ok(())) => {
+            Ok(Ok(kind)) => {
                 w.consecutive_errors = 0;
-                w.metrics.attempt(true);
+                w.metrics.succeeded(kind, took);
                 for thread in out.iter() {
                     let s = thread.status;
                     if w.mode.counts(s.on_cpu, s.holds_gil) {
@@ -251,7 +265,7 @@ impl Slot {
                 if e.process_gone {
                     return Some(SlotEnd::ProcessGone(e.message));
                 }
-                w.metrics.attempt(false);
+                w.metrics.failed();
                 w.consecutive_errors = w.consecutive_errors.saturating_add(1);
                 if w.consecutive_errors >= w.max_consecutive_errors {
                     return Some(SlotEnd::Failed(format!(
@@ -375,6 +389,7 @@ struct Tally {
     pid: i32,
     name: Arc<str>,
     role: pyfleet_policies::Role,
+    labels: Arc<Labels>,
     counts: HashMap<(u64, ThreadStatus), u64>,
     known: HashSet<u64>,
     max_known: usize,
@@ -421,6 +436,7 @@ impl Tally {
             pid: self.pid,
             name: self.name.clone(),
             role: self.role,
+            labels: self.labels.clone(),
             counts,
             new_stacks,
             last,
@@ -435,9 +451,8 @@ fn unknown_stack() -> Vec<FrameInfo> {
 
 /// The per-process metric handles of one sampler, registered once.
 struct ProcessMetrics {
-    process: String,
-    role: &'static str,
-    pid: String,
+    /// The labels of every series of this process (see [`process_labels`]).
+    base: Vec<metrics::Label>,
     samples: Counter,
     duration: Histogram,
     missed: Counter,
@@ -451,6 +466,8 @@ struct ProcessMetrics {
     /// (handed to the exporter at each batch, not at every sample: see [`Self::publish`]).
     pending_samples: u64,
     pending_durations: Vec<f64>,
+    /// Successful samples and the nanoseconds they took since the last flush, by kind.
+    pending_kinds: [(u64, u64); 3],
     frame_cache_hits: Counter,
     frame_cache_partial_hits: Counter,
     frame_cache_misses: Counter,
@@ -490,16 +507,30 @@ pub fn sample_kind_seconds() -> [(&'static str, f64); 3] {
     out
 }
 
+/// The labels of a process's series: `process`, `role` and `pid`, and of its labels only the
+/// bounded ones, `service` and `namespace` (one value each per process; the others would make
+/// a series per container).
+pub(crate) fn process_labels(info: &ProcessInfo) -> Vec<metrics::Label> {
+    let mut labels = vec![
+        metrics::Label::new("process", info.name.clone()),
+        metrics::Label::new("role", info.role.as_str()),
+        metrics::Label::new("pid", info.pid.to_string()),
+    ];
+    for key in ["service", "namespace"] {
+        if let Some(v) = info.labels.get(key) {
+            labels.push(metrics::Label::new(key, v.to_string()));
+        }
+    }
+    labels
+}
+
 impl ProcessMetrics {
-    fn new(process: &str, role: &'static str, pid: i32) -> Self {
-        let process = process.to_string();
-        let pid = pid.to_string();
-        let counter = |name: &'static str| metrics::counter!(name, "process" => process.clone(), "role" => role, "pid" => pid.clone());
+    fn new(info: &ProcessInfo) -> Self {
+        let base = process_labels(info);
+        let counter = |name: &'static str| metrics::counter!(name, base.iter());
         ProcessMetrics {
             samples: counter(m::SAMPLES),
-            duration: metrics::histogram!(
-                m::SAMPLE_DURATION, "process" => process.clone(), "role" => role, "pid" => pid.clone()
-            ),
+            duration: metrics::histogram!(m::SAMPLE_DURATION, base.iter()),
             missed: counter(m::MISSED_TICKS),
             slow_skips: counter(m::SLOW_SKIPS),
             errors: Vec::new(),
@@ -507,9 +538,8 @@ impl ProcessMetrics {
             failed: 0,
             pending_samples: 0,
             pending_durations: Vec::new(),
-            failure_ratio: metrics::gauge!(
-                m::SAMPLE_FAILURE_RATIO, "process" => process.clone(), "role" => role, "pid" => pid.clone()
-            ),
+            pending_kinds: [(0, 0); 3],
+            failure_ratio: metrics::gauge!(m::SAMPLE_FAILURE_RATIO, base.iter()),
             frame_cache_hits: counter(m::FRAME_CACHE_HITS),
             frame_cache_partial_hits: counter(m::FRAME_CACHE_PARTIAL_HITS),
             frame_cache_misses: counter(m::FRAME_CACHE_MISSES),
@@ -518,28 +548,33 @@ impl ProcessMetrics {
             remote_reads: counter(m::REMOTE_READS),
             remote_read_bytes: counter(m::REMOTE_READ_BYTES),
             kinds: SAMPLE_KINDS.map(|kind| {
-                metrics::counter!(m::SAMPLE_KINDS, "process" => process.clone(), "role" => role, "pid" => pid.clone(), "kind" => kind)
+                let mut labels = base.clone();
+                labels.push(metrics::Label::new("kind", kind));
+                metrics::counter!(m::SAMPLE_KINDS, labels)
             }),
             last: SourceStats::default(),
-            process,
-            role,
-            pid,
+            base,
         }
     }
 
-    /// Counts one sample, successful or not (successes and the failure ratio are exported at
-    /// the next [`publish`](Self::publish)).
-    fn attempt(&mut self, ok: bool) {
-        if ok {
-            self.succeeded += 1;
-            self.pending_samples += 1;
-        } else {
-            self.failed += 1;
-        }
+    /// Counts one successful sample of `kind` that took `took` (exported, with the failure
+    /// ratio, at the next [`publish`](Self::publish)).
+    fn succeeded(&mut self, kind: SampleKind, took: Duration) {
+        self.succeeded += 1;
+        self.pending_samples += 1;
+        let k = &mut self.pending_kinds[kind.index()];
+        k.0 += 1;
+        k.1 += u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+    }
+
+    /// Counts one failed sample.
+    fn failed(&mut self) {
+        self.failed += 1;
     }
 
     /// The time of one sample, successful or not.
-    fn took(&mut self, seconds: f64) {
+    fn took(&mut self, took: Duration) {
+        let seconds = took.as_secs_f64();
         if self.pending_durations.len() < MAX_PENDING_DURATIONS {
             self.pending_durations.push(seconds);
         } else {
@@ -557,6 +592,15 @@ impl ProcessMetrics {
         self.pending_durations.clear();
         self.samples
             .increment(std::mem::take(&mut self.pending_samples));
+        for ((counter, total), (n, nanos)) in self
+            .kinds
+            .iter()
+            .zip(&KIND_NANOS)
+            .zip(std::mem::take(&mut self.pending_kinds))
+        {
+            counter.increment(n);
+            total.fetch_add(nanos, std::sync::atomic::Ordering::Relaxed);
+        }
         let attempts = self.failed + self.succeeded;
         if attempts > 0 {
             self.failure_ratio.set(self.failed as f64 / attempts as f64);
@@ -568,13 +612,9 @@ impl ProcessMetrics {
             c.increment(1);
             return;
         }
-        let c = metrics::counter!(
-            m::SAMPLE_ERRORS,
-            "process" => self.process.clone(),
-            "role" => self.role,
-            "pid" => self.pid.clone(),
-            "kind" => kind
-        );
+        let mut labels = self.base.clone();
+        labels.push(metrics::Label::new("kind", kind));
+        let c = metrics::counter!(m::SAMPLE_ERRORS, labels);
         c.increment(1);
         self.errors.push((kind, c));
     }
@@ -617,26 +657,6 @@ impl ProcessMetrics {
         ];
         for (counter, now, last) in pairs {
             counter.increment(now.saturating_sub(last));
-        }
-        let kept = now.samples_kept.saturating_sub(last.samples_kept);
-        let checked = now.samples_checked.saturating_sub(last.samples_checked);
-        let read = now
-            .samples
-            .saturating_sub(last.samples)
-            .saturating_sub(kept + checked);
-        for (counter, n) in self.kinds.iter().zip([kept, checked, read]) {
-            counter.increment(n);
-        }
-        let nanos = [
-            (now.kept_ns, last.kept_ns),
-            (now.checked_ns, last.checked_ns),
-            (now.read_ns, last.read_ns),
-        ];
-        for (total, (now, last)) in KIND_NANOS.iter().zip(nanos) {
-            total.fetch_add(
-                now.saturating_sub(last),
-                std::sync::atomic::Ordering::Relaxed,
-            );
         }
         self.last = *now;
     }

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::source::{FrameInfo, ThreadStatus};
+use crate::source::{FrameInfo, Labels, ThreadStatus};
 
 /// A stack's frames, innermost first; shared between the aggregator, snapshots and a
 /// recording (a clone copies no frame).
@@ -35,6 +35,8 @@ pub struct ProcessProfile {
     pub name: String,
     /// Master, worker or single, as of the scan that listed it.
     pub role: pyfleet_policies::Role,
+    /// Who it is beyond its name (see [`Labels`]).
+    pub labels: Labels,
     /// `(status, frames innermost first, count)`, one entry per distinct (status, frames),
     /// highest count first. A stack of the single frame [`TRUNCATED_FUNCTION`] holds the
     /// samples that did not fit under the per-process cap of distinct stacks.

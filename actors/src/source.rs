@@ -28,6 +28,39 @@ pub struct ProcessInfo {
     /// When the process started (clock ticks since boot, /proc/PID/stat), 0 if unknown: a
     /// process is its pid and its start time (a pid is reused by another process).
     pub start_time: u64,
+    /// Who it is beyond its name (service, container, pod), for profile stores.
+    pub labels: Labels,
+}
+
+/// Labels of a process, by fixed key (`service`, `namespace`, `pod`, `pod_uid`,
+/// `container_id`), kept in key order; values already sanitised by whoever found them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Labels(Vec<(&'static str, String)>);
+
+impl Labels {
+    /// Sets `key` (replacing its value, if any).
+    pub fn set(&mut self, key: &'static str, value: String) {
+        match self.0.binary_search_by(|(k, _)| (*k).cmp(key)) {
+            Ok(i) => self.0[i].1 = value,
+            Err(i) => self.0.insert(i, (key, value)),
+        }
+    }
+
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Every label, in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        self.0.iter().map(|(k, v)| (*k, v.as_str()))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 /// Finds the processes to profile. Called by the supervisor every scan interval, on a blocking
@@ -93,21 +126,31 @@ pub struct SampleError {
     pub message: String,
 }
 
+/// What a successful sample cost: the `kind` of `pyfleet_sample_kinds_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SampleKind {
+    /// Kept whole after a check of the kernel's figures found that nothing of the process had
+    /// run (no memory read).
+    Kept,
+    /// Read after such a check found something had run.
+    Checked,
+    /// Read without a check.
+    #[default]
+    Read,
+}
+
+impl SampleKind {
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+}
+
 /// Cumulative counters of one source since it was attached. The sampler exports their
 /// increases as metrics.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct SourceStats {
     pub samples: u64,
     pub errors: u64,
-    /// Of `samples`: kept whole after a check of the kernel's counts found that nothing of the
-    /// process had run (no memory read), and read after such a check found something had run.
-    /// The rest read without a check.
-    pub samples_kept: u64,
-    pub samples_checked: u64,
-    /// Time inside those samples, by the same kinds (nanoseconds).
-    pub kept_ns: u64,
-    pub checked_ns: u64,
-    pub read_ns: u64,
     pub frame_cache_hits: u64,
     pub frame_cache_partial_hits: u64,
     pub frame_cache_misses: u64,
@@ -124,7 +167,7 @@ pub struct SourceStats {
 pub trait StackSource: Send + 'static {
     /// Samples every thread once into `out`, which the caller has cleared. In steady state
     /// neither this nor the caller allocates: `out` keeps its capacity from sample to sample.
-    fn sample(&mut self, out: &mut Vec<SampledThread>) -> Result<(), SampleError>;
+    fn sample(&mut self, out: &mut Vec<SampledThread>) -> Result<SampleKind, SampleError>;
 
     /// Frames of an interned stack, innermost frame first. The sampler asks once per stack id
     /// per source lifetime (and again only after it has forgotten what it sent, see the

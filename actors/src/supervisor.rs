@@ -159,12 +159,8 @@ struct Entry {
 
 impl Entry {
     fn new(info: ProcessInfo) -> Self {
-        let restarts = metrics::counter!(
-            m::ACTOR_RESTARTS,
-            "process" => info.name.clone(),
-            "role" => info.role.as_str(),
-            "pid" => info.pid.to_string()
-        );
+        let restarts =
+            metrics::counter!(m::ACTOR_RESTARTS, crate::slot::process_labels(&info).iter());
         Entry {
             info,
             listed: true,

@@ -13,7 +13,7 @@ pub mod restart;
 pub mod retention;
 
 pub use family::{Family, PythonFacts, Role, RoleError};
-pub use matching::{MatchError, MatchPolicy, ProcessFacts};
+pub use matching::{LabelRuleError, MatchError, MatchPolicy, ProcessFacts, LABEL_KEYS};
 pub use mode::{Mode, ModeError};
 pub use naming::{is_multiprocessing_child, sanitize, short_name};
 pub use rate::{RateError, RatePolicy};

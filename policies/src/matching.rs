@@ -3,6 +3,10 @@
 //! A process matches when it is named by pid, or when any include regex matches its full
 //! command line or its executable's name, and no exclude regex does. With no include rule and
 //! no pid at all, every Python process matches. The profiler itself never matches.
+//!
+//! Label rules (`KEY=REGEX`, on the labels of [`LABEL_KEYS`]) narrow that: a process matches
+//! only if every include label rule matches its label of that key (a process without the
+//! label does not), and no exclude label rule does.
 
 use regex::Regex;
 
@@ -14,6 +18,9 @@ pub struct MatchError {
     pub reason: String,
 }
 
+/// The labels rules can name.
+pub const LABEL_KEYS: [&str; 5] = ["service", "namespace", "pod", "pod_uid", "container_id"];
+
 /// What the caller knows about a candidate process.
 #[derive(Debug, Clone, Copy)]
 pub struct ProcessFacts<'a> {
@@ -22,6 +29,43 @@ pub struct ProcessFacts<'a> {
     pub cmdline: &'a str,
     /// The executable's file name (e.g. `python3.12`).
     pub exe_name: &'a str,
+    /// Its labels (`key`, `value`), if the caller found them.
+    pub labels: &'a [(&'a str, &'a str)],
+}
+
+impl ProcessFacts<'_> {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.labels.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
+    }
+}
+
+/// A label rule (`KEY=REGEX`) the user gave is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LabelRuleError {
+    #[error(
+        "label rule '{0}' is not KEY=REGEX (keys: service, namespace, pod, pod_uid, container_id)"
+    )]
+    Shape(String),
+    #[error(
+        "unknown label '{key}' in '{rule}' (keys: service, namespace, pod, pod_uid, container_id)"
+    )]
+    Key { key: String, rule: String },
+    #[error(transparent)]
+    Regex(#[from] MatchError),
+}
+
+fn label_rule(rule: &str) -> Result<(&'static str, Regex), LabelRuleError> {
+    let (key, pattern) = rule
+        .split_once('=')
+        .ok_or_else(|| LabelRuleError::Shape(rule.to_string()))?;
+    let key = LABEL_KEYS
+        .iter()
+        .find(|k| **k == key.trim())
+        .ok_or_else(|| LabelRuleError::Key {
+            key: key.to_string(),
+            rule: rule.to_string(),
+        })?;
+    Ok((key, compile(pattern)?))
 }
 
 #[derive(Debug, Clone, Default)]
@@ -30,6 +74,8 @@ pub struct MatchPolicy {
     exclude: Vec<Regex>,
     pids: Vec<i32>,
     self_pid: Option<i32>,
+    label_include: Vec<(&'static str, Regex)>,
+    label_exclude: Vec<(&'static str, Regex)>,
 }
 
 fn compile(pattern: &str) -> Result<Regex, MatchError> {
@@ -73,7 +119,43 @@ impl MatchPolicy {
                 .collect::<Result<_, _>>()?,
             pids: pids.to_vec(),
             self_pid,
+            label_include: Vec::new(),
+            label_exclude: Vec::new(),
         })
+    }
+
+    /// Adds label rules (`KEY=REGEX`, see the module documentation).
+    pub fn with_label_rules<I, E>(mut self, include: I, exclude: E) -> Result<Self, LabelRuleError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+        E: IntoIterator,
+        E::Item: AsRef<str>,
+    {
+        for r in include {
+            self.label_include.push(label_rule(r.as_ref())?);
+        }
+        for r in exclude {
+            self.label_exclude.push(label_rule(r.as_ref())?);
+        }
+        Ok(self)
+    }
+
+    /// Whether any rule looks at labels (the caller need not find them otherwise).
+    pub fn uses_labels(&self) -> bool {
+        !self.label_include.is_empty() || !self.label_exclude.is_empty()
+    }
+
+    fn labels_exclude(&self, p: &ProcessFacts<'_>) -> bool {
+        self.label_exclude
+            .iter()
+            .any(|(k, r)| p.label(k).is_some_and(|v| r.is_match(v)))
+    }
+
+    fn labels_include(&self, p: &ProcessFacts<'_>) -> bool {
+        self.label_include
+            .iter()
+            .all(|(k, r)| p.label(k).is_some_and(|v| r.is_match(v)))
     }
 
     /// True when the user named no process at all: then every Python process matches.
@@ -94,6 +176,7 @@ impl MatchPolicy {
                 .exclude
                 .iter()
                 .any(|r| r.is_match(p.cmdline) || r.is_match(p.exe_name))
+            || self.labels_exclude(p)
     }
 
     /// Whether to profile this process (the caller has established it runs Python).
@@ -102,7 +185,7 @@ impl MatchPolicy {
             return false;
         }
         let hit = |r: &Regex| r.is_match(p.cmdline) || r.is_match(p.exe_name);
-        if self.exclude.iter().any(hit) {
+        if self.exclude.iter().any(hit) || self.labels_exclude(p) || !self.labels_include(p) {
             return false;
         }
         self.matches_everything() || self.pids.contains(&p.pid) || self.include.iter().any(hit)
@@ -118,6 +201,7 @@ mod tests {
             pid,
             cmdline,
             exe_name,
+            labels: &[],
         }
     }
 
@@ -166,5 +250,60 @@ mod tests {
         assert!(msg.starts_with("invalid regex '('"), "{msg}");
         assert_eq!(msg.lines().count(), 1, "{msg}");
         assert!(MatchPolicy::new(["ok"], ["[z-a]"], &[], None).is_err());
+    }
+
+    #[test]
+    fn label_rules_narrow_and_exclude() {
+        let none: [&str; 0] = [];
+        let p = MatchPolicy::new(["gunicorn"], none, &[], None)
+            .unwrap()
+            .with_label_rules(["namespace=^prod$", "service=api|web"], ["pod=canary"])
+            .unwrap();
+        assert!(p.uses_labels());
+        let prod_api: &[(&str, &str)] =
+            &[("namespace", "prod"), ("service", "api"), ("pod", "api-1")];
+        let with = |labels| ProcessFacts {
+            pid: 1,
+            cmdline: "gunicorn app:app",
+            exe_name: "python3.12",
+            labels,
+        };
+        assert!(p.matches(&with(prod_api)));
+        // Every include rule must match; a missing label does not.
+        assert!(!p.matches(&with(&[("namespace", "prod")])));
+        assert!(!p.matches(&with(&[("namespace", "staging"), ("service", "api")])));
+        // Any exclude rule excludes.
+        let canary: &[(&str, &str)] = &[
+            ("namespace", "prod"),
+            ("service", "web"),
+            ("pod", "web-canary"),
+        ];
+        assert!(!p.matches(&with(canary)));
+        assert!(p.excludes(&with(canary)));
+        // Label rules alone select among every Python process.
+        let only = MatchPolicy::new(none, none, &[], None)
+            .unwrap()
+            .with_label_rules(["namespace=prod"], none)
+            .unwrap();
+        assert!(only.matches(&with(prod_api)));
+        assert!(!only.matches(&with(&[])));
+    }
+
+    #[test]
+    fn bad_label_rules_say_why_in_one_line() {
+        let none: [&str; 0] = [];
+        let base = || MatchPolicy::new(none, none, &[], None).unwrap();
+        for (rule, says) in [
+            ("namespace", "is not KEY=REGEX"),
+            ("color=red", "unknown label 'color'"),
+            ("pod=(", "invalid regex"),
+        ] {
+            let e = base()
+                .with_label_rules([rule], none)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(says), "{rule}: {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
     }
 }

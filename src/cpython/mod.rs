@@ -22,7 +22,7 @@ pub mod synthetic;
 pub use layout::{Layout, Version};
 pub use objects::CodeInfo;
 pub use resolved::{Frame, InterpreterStacks, ThreadStack};
-pub use unwinder::{ThreadSample, Unwinder, UnwinderOptions, UnwinderStats};
+pub use unwinder::{SampleKind, ThreadSample, Unwinder, UnwinderOptions, UnwinderStats};
 
 use crate::binary::{self, BinaryError, RuntimeLocation};
 use crate::memory::{FieldOutOfRange, MemoryError, ProcessMemory, RemoteMemory};

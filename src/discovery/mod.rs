@@ -2,19 +2,22 @@
 //! `record` and the daemon use it, with the same names, roles and rules), and [`probe`],
 //! which tells whether one process is Python and which version, under a deadline.
 //!
-//! A scan reads every pid's parent and start time, probes new or exec'd processes once per
-//! (pid, start time, executable), reads command lines every scan, and lets
+//! A scan reads every pid's parent, start time and command name, reads its executable's
+//! path only when those changed (an `exec` changes the command name), probes new or exec'd
+//! processes once per (pid, start time, executable), reads Python processes' command lines
+//! every scan, and lets
 //! `policies::Family` name each Python process and give it its role; the match policy,
 //! `--subprocesses` and `--exclude-role` decide the list. It must not schedule anything (the
 //! actors decide when).
 
+pub mod labels;
 pub mod probe;
 
 pub use probe::{probe_many, probe_within, stuck_probes, Probed, PythonProcess, PROBE_DEADLINE};
 
 use crate::cpython::Version;
-use crate::process::{self, Process};
-use pyfleet_actors::{Discovery, ProcessInfo};
+use crate::process;
+use pyfleet_actors::{Discovery, Labels, ProcessInfo};
 use pyfleet_policies::{
     is_multiprocessing_child, short_name, Family, MatchPolicy, ProcessFacts, PythonFacts, Role,
 };
@@ -31,8 +34,12 @@ const PROBE_RETRY: Duration = Duration::from_secs(30);
 /// What a scan learned about one process, kept while the process lives.
 struct Known {
     start: u64,
+    /// The command name when the executable was read.
+    comm: Vec<u8>,
     exe: PathBuf,
     version: Option<Version>,
+    /// Its labels, once found (see [`labels`]).
+    labels: Option<Labels>,
     /// When this process (pid, start time, executable) was first seen.
     first_seen: Instant,
     /// Its probe did not return in time: not probed again before then.
@@ -45,6 +52,9 @@ struct Known {
 pub struct HostDiscovery {
     policy: MatchPolicy,
     known: HashMap<i32, Known>,
+    /// Processes without a readable executable (kernel threads, mostly): their start time
+    /// and command name, not looked at again while those stay.
+    no_exe: HashMap<i32, (u64, Vec<u8>)>,
     /// Also every Python descendant of a matched process (`--subprocesses`).
     subprocesses: bool,
     /// Processes in these roles are not listed (`--exclude-role`).
@@ -56,6 +66,7 @@ impl HostDiscovery {
         HostDiscovery {
             policy,
             known: HashMap::new(),
+            no_exe: HashMap::new(),
             subprocesses: false,
             exclude_roles: Vec::new(),
         }
@@ -90,8 +101,18 @@ impl HostDiscovery {
         }
     }
 
+    /// The labels of a Python process: found at its first scan, then remembered with it.
+    fn labels_of(&mut self, pid: i32, start: u64, name: &str) -> Labels {
+        let Some(k) = self.known.get_mut(&pid).filter(|k| k.start == start) else {
+            return labels::of_process(pid, name);
+        };
+        k.labels
+            .get_or_insert_with(|| labels::of_process(pid, name))
+            .clone()
+    }
+
     /// Remembers what a probe of this process found.
-    fn learn(&mut self, pid: i32, start: u64, exe: &PathBuf, probed: probe::Probed) {
+    fn learn(&mut self, pid: i32, start: u64, comm: &[u8], exe: &PathBuf, probed: probe::Probed) {
         let first_seen = self
             .known
             .get(&pid)
@@ -108,6 +129,8 @@ impl HostDiscovery {
             pid,
             Known {
                 start,
+                comm: comm.to_vec(),
+                labels: None,
                 exe: exe.clone(),
                 version,
                 first_seen,
@@ -136,32 +159,61 @@ impl Discovery for HostDiscovery {
         let mut unknown = Vec::new();
         let mut parents = Vec::with_capacity(pids.len());
         for &pid in &pids {
-            let Some((ppid, start)) = process::parent_and_start(pid) else {
+            let Some(facts) = process::stat_facts(pid) else {
                 continue;
             };
-            parents.push((pid, ppid));
-            let Ok(p) = Process::new(pid) else { continue };
-            let Ok(exe) = p.exe() else { continue };
+            let start = facts.start;
+            parents.push((pid, facts.ppid));
+            if self
+                .no_exe
+                .get(&pid)
+                .is_some_and(|(s, c)| *s == start && *c == facts.comm)
+            {
+                continue;
+            }
+            let exe = match self
+                .known
+                .get(&pid)
+                .filter(|k| k.start == start && k.comm == facts.comm)
+            {
+                Some(k) => k.exe.clone(),
+                None => {
+                    let Some(exe) = process::exe_path(pid) else {
+                        self.no_exe.insert(pid, (start, facts.comm));
+                        continue;
+                    };
+                    // The same program renamed itself: the name is remembered with it.
+                    if let Some(k) = self
+                        .known
+                        .get_mut(&pid)
+                        .filter(|k| k.start == start && k.exe == exe)
+                    {
+                        k.comm.clone_from(&facts.comm);
+                    }
+                    exe
+                }
+            };
+            self.no_exe.remove(&pid);
             if self.known_version(pid, start, &exe).is_none() {
                 unknown.push(alive.len());
             }
-            // Not the handle: it holds a file descriptor.
-            alive.push((pid, exe, start));
+            alive.push((pid, exe, start, facts.comm));
         }
         let probe_pids: Vec<i32> = unknown.iter().map(|&i| alive[i].0).collect();
         let probed = probe::probe_many(&probe_pids, probe::PROBE_DEADLINE);
         for (&i, probed) in unknown.iter().zip(probed) {
-            let (pid, exe, start) = &alive[i];
-            self.learn(*pid, *start, exe, probed);
+            let (pid, exe, start, comm) = &alive[i];
+            self.learn(*pid, *start, comm, exe, probed);
         }
         // Every Python process, then who is who among them.
         let mut python = Vec::new();
-        for (pid, exe, start) in alive {
+        for (pid, exe, start, _) in alive {
             let Some(Some(version)) = self.known_version(pid, start, &exe) else {
                 continue;
             };
-            let Ok(p) = Process::new(pid) else { continue };
-            let Ok(argv) = p.cmdline() else { continue };
+            let Ok(argv) = process::cmdline(pid) else {
+                continue;
+            };
             let exe_name = exe
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
@@ -179,24 +231,38 @@ impl Discovery for HostDiscovery {
                 })
                 .collect(),
         );
-        let facts = |pid: i32, cmdline: &str, exe_name: &str| -> (bool, bool) {
+        // Each Python process's name and labels (found once per process: see `labels`).
+        let python: Vec<_> = python
+            .into_iter()
+            .map(|(pid, start, version, argv, exe_name)| {
+                let name = family
+                    .name(pid)
+                    .map_or_else(|| short_name(&argv, &exe_name), str::to_string);
+                let labels = self.labels_of(pid, start, &name);
+                (pid, start, version, argv.join(" "), exe_name, name, labels)
+            })
+            .collect();
+        let facts = |pid: i32, cmdline: &str, exe_name: &str, labels: &Labels| -> (bool, bool) {
+            let labels: Vec<(&str, &str)> = labels.iter().collect();
             let f = ProcessFacts {
                 pid,
                 cmdline,
                 exe_name,
+                labels: &labels,
             };
             (self.policy.matches(&f), self.policy.excludes(&f))
         };
         let matched: HashSet<i32> = python
             .iter()
-            .filter(|(pid, _, _, argv, exe_name)| facts(*pid, &argv.join(" "), exe_name).0)
+            .filter(|(pid, _, _, cmdline, exe_name, _, labels)| {
+                facts(*pid, cmdline, exe_name, labels).0
+            })
             .map(|(pid, ..)| *pid)
             .collect();
         let own = std::process::id() as i32;
         let mut found = Vec::new();
-        for (pid, start, version, argv, exe_name) in python {
-            let cmdline = argv.join(" ");
-            let (hit, excluded) = facts(pid, &cmdline, &exe_name);
+        for (pid, start, version, cmdline, exe_name, name, labels) in python {
+            let (hit, excluded) = facts(pid, &cmdline, &exe_name, &labels);
             let listed = hit
                 || (self.subprocesses
                     && pid != own
@@ -210,15 +276,15 @@ impl Discovery for HostDiscovery {
                 pid,
                 ppid: family.parent(pid).unwrap_or(0),
                 start_time: start,
-                name: family
-                    .name(pid)
-                    .map_or_else(|| short_name(&argv, &exe_name), str::to_string),
+                name,
                 role,
                 cmdline,
                 python_version: version.to_string(),
+                labels,
             });
         }
         self.known.retain(|pid, _| pids.binary_search(pid).is_ok());
+        self.no_exe.retain(|pid, _| pids.binary_search(pid).is_ok());
         found
     }
 }

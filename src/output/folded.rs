@@ -104,6 +104,7 @@ mod tests {
             pid: 7,
             name: "app".into(),
             role: pyfleet_policies::Role::Single,
+            labels: Default::default(),
             samples: vec![
                 (
                     busy,
@@ -157,6 +158,7 @@ mod tests {
             pid: 12,
             name: "gunicorn".into(),
             role: pyfleet_policies::Role::Single,
+            labels: Default::default(),
             samples: vec![],
         };
         assert_eq!(process_root(&p), "gunicorn-12");

@@ -10,7 +10,8 @@
 //!   one `Line`; no mappings (Python frames have no binary addresses);
 //! - one `Sample` per (process, status, stack), leaf first, with the labels `process` (name),
 //!   `pid` (number) and `thread_status`: `holds_gil` or `no_gil`, prefixed with `on_cpu+`
-//!   when the thread was seen on CPU (which pyfleet looks at only in `cpu` mode).
+//!   when the thread was seen on CPU (which pyfleet looks at only in `cpu` mode), then the
+//!   process's labels (`service`, `namespace`, `pod`, `pod_uid`, `container_id`, those it has).
 //!
 //! Stacks without a Python frame are left out, as in the folded output, so both hold the same
 //! counts. Target strings are untrusted but protobuf strings are length-delimited: nothing to
@@ -241,9 +242,18 @@ pub fn build(snap: &Snapshot, ctx: &RenderContext) -> Profile {
         }
     }
 
-    let mut process_labels: Vec<(i64, i64)> = Vec::with_capacity(snap.processes.len());
+    let mut process_labels: Vec<(i64, i64, Vec<Label>)> = Vec::with_capacity(snap.processes.len());
     for p in &snap.processes {
-        process_labels.push((strings.get(&p.name), i64::from(p.pid)));
+        let labels = p
+            .labels
+            .iter()
+            .map(|(k, v)| Label {
+                key: strings.get(k),
+                str: strings.get(v),
+                ..Default::default()
+            })
+            .collect();
+        process_labels.push((strings.get(&p.name), i64::from(p.pid), labels));
     }
     let sample = samples
         .into_iter()
@@ -253,27 +263,31 @@ pub fn build(snap: &Snapshot, ctx: &RenderContext) -> Profile {
             if let Some(period) = period_ns {
                 value.push(count.saturating_mul(period));
             }
-            let (name, pid) = process_labels.get(pi).copied().unwrap_or((0, 0));
+            let (name, pid, extra) = process_labels
+                .get(pi)
+                .map_or((0, 0, &[][..]), |(n, p, l)| (*n, *p, &l[..]));
+            let mut label = vec![
+                Label {
+                    key: k_process,
+                    str: name,
+                    ..Default::default()
+                },
+                Label {
+                    key: k_pid,
+                    num: pid,
+                    ..Default::default()
+                },
+                Label {
+                    key: k_status,
+                    str: strings.get(thread_status(status)),
+                    ..Default::default()
+                },
+            ];
+            label.extend_from_slice(extra);
             Sample {
                 location_id,
                 value,
-                label: vec![
-                    Label {
-                        key: k_process,
-                        str: name,
-                        ..Default::default()
-                    },
-                    Label {
-                        key: k_pid,
-                        num: pid,
-                        ..Default::default()
-                    },
-                    Label {
-                        key: k_status,
-                        str: strings.get(thread_status(status)),
-                        ..Default::default()
-                    },
-                ],
+                label,
             }
         })
         .collect();
@@ -353,6 +367,11 @@ mod tests {
                     pid: 7,
                     name: "app".into(),
                     role: pyfleet_policies::Role::Single,
+                    labels: {
+                        let mut l = pyfleet_actors::Labels::default();
+                        l.set("service", "checkout".into());
+                        l
+                    },
                     samples: vec![
                         (gil, vec![leaf.clone(), main.clone()].into(), 2),
                         (
@@ -367,6 +386,7 @@ mod tests {
                     pid: 8,
                     name: "other".into(),
                     role: pyfleet_policies::Role::Single,
+                    labels: Default::default(),
                     samples: vec![(gil, vec![main.clone()].into(), 4)],
                 },
             ],
@@ -419,7 +439,8 @@ mod tests {
             vec![
                 ("process", "app".to_string()),
                 ("pid", "7".to_string()),
-                ("thread_status", "on_cpu+holds_gil".to_string())
+                ("thread_status", "on_cpu+holds_gil".to_string()),
+                ("service", "checkout".to_string())
             ]
         );
         // Counts only when the rate is not known.

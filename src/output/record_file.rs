@@ -240,6 +240,7 @@ pub fn merge(acc: &mut Snapshot, window: &Snapshot) {
                     pid: p.pid,
                     name: p.name.clone(),
                     role: p.role,
+                    labels: p.labels.clone(),
                     samples: Vec::new(),
                 });
                 acc.processes.len() - 1
@@ -288,6 +289,7 @@ mod tests {
                 pid,
                 name: "app".into(),
                 role: pyfleet_policies::Role::Single,
+                labels: Default::default(),
                 samples: vec![(
                     ThreadStatus::default(),
                     vec![FrameInfo {

@@ -1,5 +1,7 @@
 //! Snapshots on disk: `<out>/<UTC time the window ended>/` holding `metadata.json` (the
-//! window's start and end, mode, rate, pyfleet's version, samples per process) and, for the
+//! window's start and end, mode, rate, pyfleet's version, samples per process),
+//! `labels.json` (each process's labels: service, container, pod; see
+//! `discovery::labels`) and, for the
 //! formats chosen (`--snapshot-format`, default folded and svg): `<root>.folded` per process
 //! with samples (`<root>` is [`folded::process_root`]: `<process>-<pid>`, or with the role
 //! for a master and its workers) and the fleet-wide `all.folded` (each stack rooted at
@@ -37,6 +39,7 @@ pub struct SnapshotDir {
 
 /// The file in each snapshot that describes it.
 pub const METADATA_FILE: &str = "metadata.json";
+pub const LABELS_FILE: &str = "labels.json";
 
 /// The formats of a snapshot unless told otherwise.
 pub const DEFAULT_FORMATS: [Format; 2] = [Format::Folded, Format::Svg];
@@ -143,6 +146,7 @@ impl SnapshotDir {
             duration: window,
         };
         write_synced(&dir.join(METADATA_FILE), &self.metadata(snap, &ctx))?;
+        write_synced(&dir.join(LABELS_FILE), &labels_json(snap))?;
         for &f in &self.formats {
             if f == Format::Folded {
                 for p in snap.processes.iter().filter(|p| p.total() > 0) {
@@ -192,6 +196,32 @@ impl SnapshotDir {
         out.push(b'\n');
         out
     }
+}
+
+/// `labels.json`: `{"processes": [{"pid", "name", "role", "labels": {key: value}}]}`, one entry
+/// per process of the window.
+fn labels_json(snap: &Snapshot) -> Vec<u8> {
+    let processes: Vec<serde_json::Value> = snap
+        .processes
+        .iter()
+        .map(|p| {
+            let labels: serde_json::Map<String, serde_json::Value> = p
+                .labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), serde_json::Value::from(v)))
+                .collect();
+            serde_json::json!({
+                "pid": p.pid,
+                "name": folded::process_root(p),
+                "role": p.role.as_str(),
+                "labels": labels,
+            })
+        })
+        .collect();
+    let mut out = serde_json::to_vec_pretty(&serde_json::json!({ "processes": processes }))
+        .unwrap_or_default();
+    out.push(b'\n');
+    out
 }
 
 impl SnapshotWriter for SnapshotDir {
@@ -348,6 +378,12 @@ mod tests {
                 pid: 42,
                 name: name.into(),
                 role: pyfleet_policies::Role::Single,
+                labels: {
+                    let mut l = pyfleet_actors::Labels::default();
+                    l.set("service", "checkout".into());
+                    l.set("namespace", "prod".into());
+                    l
+                },
                 samples: vec![(
                     ThreadStatus::default(),
                     vec![FrameInfo {
@@ -419,7 +455,12 @@ mod tests {
         names.sort();
         assert_eq!(
             names,
-            vec!["metadata.json", "profile.pb.gz", "profile.speedscope.json"]
+            vec![
+                "labels.json",
+                "metadata.json",
+                "profile.pb.gz",
+                "profile.speedscope.json"
+            ]
         );
         let profile =
             super::super::pprof::decode(&fs::read(p.join("profile.pb.gz")).unwrap()).unwrap();
@@ -428,6 +469,12 @@ mod tests {
         let json: serde_json::Value =
             serde_json::from_slice(&fs::read(p.join("profile.speedscope.json")).unwrap()).unwrap();
         assert_eq!(json["profiles"][0]["name"], "web-42");
+        let labels: serde_json::Value =
+            serde_json::from_slice(&fs::read(p.join(LABELS_FILE)).unwrap()).unwrap();
+        let first = &labels["processes"][0];
+        assert_eq!(first["pid"], 42);
+        assert_eq!(first["labels"]["service"], "checkout");
+        assert_eq!(first["labels"]["namespace"], "prod");
     }
 
     #[test]
@@ -467,6 +514,7 @@ mod tests {
             pid: 43,
             name: "web".into(),
             role: pyfleet_policies::Role::Single,
+            labels: Default::default(),
             samples: vec![],
         });
         let p = dir.write(&s).unwrap();

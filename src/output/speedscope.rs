@@ -138,6 +138,7 @@ mod tests {
                     pid: 7,
                     name: "app".into(),
                     role: pyfleet_policies::Role::Single,
+                    labels: Default::default(),
                     samples: vec![
                         (gil, vec![leaf.clone(), main.clone()].into(), 2),
                         (
@@ -153,6 +154,7 @@ mod tests {
                     pid: 8,
                     name: "idle".into(),
                     role: pyfleet_policies::Role::Single,
+                    labels: Default::default(),
                     samples: vec![],
                 },
             ],

@@ -112,14 +112,7 @@ impl Process {
 
     /// An error reading one of the process's /proc files.
     fn proc_error(&self, e: std::io::Error) -> ProcessError {
-        match e.kind() {
-            std::io::ErrorKind::NotFound => ProcessError::NoSuchProcess(self.pid),
-            std::io::ErrorKind::PermissionDenied => ProcessError::PermissionDenied(self.pid),
-            _ => ProcessError::Proc {
-                pid: self.pid,
-                msg: e.to_string(),
-            },
-        }
+        proc_error(self.pid, e)
     }
 
     /// The executable's path as the target sees it.
@@ -132,21 +125,7 @@ impl Process {
     /// The command line, its first [`MAX_CMDLINE_BYTES`] bytes (the target chooses its
     /// length); empty for kernel threads and zombies.
     pub fn cmdline(&self) -> Result<Vec<String>, ProcessError> {
-        use std::io::Read;
-        let mut raw = Vec::new();
-        File::open(format!("/proc/{}/cmdline", self.pid))
-            .and_then(|f| f.take(MAX_CMDLINE_BYTES).read_to_end(&mut raw))
-            .map_err(|e| self.proc_error(e))?;
-        if raw.last() == Some(&0) {
-            raw.pop();
-        }
-        if raw.is_empty() {
-            return Ok(Vec::new());
-        }
-        Ok(raw
-            .split(|&b| b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect())
+        cmdline(self.pid)
     }
 
     /// Opens the file mapped at `m`: through `/proc/PID/map_files/` (the mapped file itself;
@@ -342,13 +321,76 @@ pub fn start_time(pid: i32) -> Option<u64> {
 /// A process's parent pid and start time (clock ticks since boot), from one read of
 /// `/proc/PID/stat`.
 pub fn parent_and_start(pid: i32) -> Option<(i32, u64)> {
-    let rest = stat_after_command(pid)?;
+    stat_facts(pid).map(|f| (f.ppid, f.start))
+}
+
+fn proc_error(pid: i32, e: std::io::Error) -> ProcessError {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => ProcessError::NoSuchProcess(pid),
+        std::io::ErrorKind::PermissionDenied => ProcessError::PermissionDenied(pid),
+        _ => ProcessError::Proc {
+            pid,
+            msg: e.to_string(),
+        },
+    }
+}
+
+/// The command line of `pid`, as [`Process::cmdline`] (without opening the process first).
+pub fn cmdline(pid: i32) -> Result<Vec<String>, ProcessError> {
+    use std::io::Read;
+    // Room for most command lines: read in one call, without probing reads.
+    let mut raw = Vec::with_capacity(4096);
+    File::open(format!("/proc/{pid}/cmdline"))
+        .and_then(|f| f.take(MAX_CMDLINE_BYTES).read_to_end(&mut raw))
+        .map_err(|e| proc_error(pid, e))?;
+    if raw.last() == Some(&0) {
+        raw.pop();
+    }
+    if raw.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(raw
+        .split(|&b| b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect())
+}
+
+/// The executable's path as `pid` sees it (`None` for kernel threads, zombies, or a
+/// process gone).
+pub fn exe_path(pid: i32) -> Option<PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/exe")).ok()
+}
+
+/// What one read of `/proc/PID/stat` says of who a process is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatFacts {
+    pub ppid: i32,
+    /// Clock ticks after boot (field 22).
+    pub start: u64,
+    /// The command name (at most 16 bytes, as the kernel keeps it): an `exec` changes it
+    /// (and so can the process itself).
+    pub comm: Vec<u8>,
+}
+
+/// The parent, start time and command name of `pid`, from one read of `/proc/PID/stat`.
+pub fn stat_facts(pid: i32) -> Option<StatFacts> {
+    use std::io::Read;
+    // One read: the kernel writes the whole line (a few hundred bytes) at once.
+    let mut buf = [0u8; 2048];
+    let n = File::open(format!("/proc/{pid}/stat"))
+        .and_then(|mut f| f.read(&mut buf))
+        .ok()?;
+    let stat = buf.get(..n).filter(|s| s.len() < buf.len())?;
+    let open = stat.iter().position(|&b| b == b'(')?;
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let comm = stat.get(open + 1..close)?.to_vec();
+    let rest = std::str::from_utf8(stat.get(close + 2..)?).ok()?;
     // Fields after the command name start at field 3 (state); the parent is field 4, the
     // start time field 22.
     let mut fields = rest.split_whitespace();
     let ppid = fields.nth(4 - 3)?.parse().ok()?;
     let start = fields.nth(22 - 4 - 1)?.parse().ok()?;
-    Some((ppid, start))
+    Some(StatFacts { ppid, start, comm })
 }
 
 /// `/proc/PID/stat` from field 3 (the state) on: the command name before it is in parentheses

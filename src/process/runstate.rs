@@ -93,6 +93,9 @@ pub struct RunWatch {
     rest: u8,
     /// Checks made so far, and whether a watched thread was heavy at the last full one.
     checks: u64,
+    /// The process was read since the last check: that check must drain the context-switch
+    /// log afresh (see [`super::switches`]).
+    read_since_check: bool,
     any_heavy: bool,
     /// The last check read some thread's figures (it cost something).
     read_any: bool,
@@ -143,6 +146,7 @@ impl RunWatch {
             moving: 0,
             rest: 0,
             checks: 0,
+            read_since_check: true,
             any_heavy: false,
             read_any: false,
         })
@@ -210,7 +214,8 @@ impl RunWatch {
         let mut log = super::switches::lock();
         let drain = log
             .as_deref_mut()
-            .map_or(0, super::switches::Switches::drain);
+            .map_or(0, |l| l.drain(now, self.read_since_check));
+        self.read_since_check = false;
         let mut all = !self.threads.is_empty() && !heavy_only;
         let mut changed = false;
         let checks = self.checks;
@@ -340,6 +345,11 @@ impl RunWatch {
             .map(|w| w.reference.map_or(u64::MAX, |r| r.epoch))
             .max()
             .unwrap_or(u64::MAX)
+    }
+
+    /// The caller read the process's memory (after the last check).
+    pub fn was_read(&mut self) {
+        self.read_since_check = true;
     }
 
     /// Starts watching thread `tid` (its first reading is taken at the next check). False

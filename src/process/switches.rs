@@ -18,11 +18,20 @@
 //! means its last run seen ended, and a run after it is logged with a later time and seen by
 //! a later drain. If the set of online CPUs changes, switches on a CPU without a ring would
 //! go unseen: the log then stops for good.
+//!
+//! A drain less than [`DRAIN_REUSE`] old may be reused (one drain serves the many processes
+//! checked one after the other in a tick): what a check then finds is the state at that
+//! drain, so a sample kept on it is the stack of that instant. That holds only if the
+//! process was not read after the drain (its memory would be newer than the state): a
+//! watch whose process was read asks for a fresh drain at its next check.
 
 use crate::memory::switch_ring::{Switch, SwitchRing};
 use rustc_hash::FxHashMap;
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
+
+/// How old a drain a check may use without draining again.
+const DRAIN_REUSE: Duration = Duration::from_micros(500);
 
 /// How often the set of online CPUs is checked.
 const CPU_CHECK: Duration = Duration::from_secs(1);
@@ -79,6 +88,7 @@ pub struct Switches {
     checked_cpus: Instant,
     stopped: bool,
     drains: u64,
+    last_drain: Instant,
     tids: FxHashMap<i32, Tracked>,
     scratch: Vec<Switch>,
 }
@@ -102,6 +112,7 @@ impl Switches {
             checked_cpus: Instant::now(),
             stopped: false,
             drains: 0,
+            last_drain: Instant::now(),
             tids: FxHashMap::default(),
             scratch: Vec::new(),
         })
@@ -125,11 +136,19 @@ impl Switches {
         }
     }
 
-    /// Reads what the kernel logged since the last drain; returns this drain's number.
-    pub fn drain(&mut self) -> u64 {
+    /// Reads what the kernel logged since the last drain, at `now` (the caller's clock: a
+    /// check reads it anyway), unless the last drain is less than [`DRAIN_REUSE`] old and
+    /// `fresh` is not asked for (see the module documentation); returns the number of the
+    /// drain the log's state is from.
+    pub fn drain(&mut self, now: Instant, fresh: bool) -> u64 {
+        if !fresh && self.drains > 0 && now.saturating_duration_since(self.last_drain) < DRAIN_REUSE
+        {
+            return self.drains;
+        }
         self.drains += 1;
-        if self.checked_cpus.elapsed() >= CPU_CHECK {
-            self.checked_cpus = Instant::now();
+        self.last_drain = now;
+        if now.saturating_duration_since(self.checked_cpus) >= CPU_CHECK {
+            self.checked_cpus = now;
             if online_cpus().as_deref() != Some(self.online.as_str()) {
                 tracing::warn!("the online CPUs changed: context-switch log stopped");
                 self.stopped = true;
@@ -252,6 +271,7 @@ mod tests {
             checked_cpus: Instant::now(),
             stopped: false,
             drains: 0,
+            last_drain: Instant::now(),
             tids: FxHashMap::default(),
             scratch: Vec::new(),
         };
@@ -305,5 +325,29 @@ mod tests {
         assert_eq!(s.state(7), None);
         s.unregister(7);
         assert!(s.tids.is_empty());
+    }
+
+    /// A recent drain serves the next checks, unless a check asks for a fresh one (its
+    /// process was read since); an old one never does.
+    #[test]
+    fn a_recent_drain_is_reused_unless_a_fresh_one_is_asked_for() {
+        let t0 = Instant::now();
+        let mut s = Switches {
+            rings: Vec::new(),
+            online: String::new(),
+            checked_cpus: t0,
+            stopped: false,
+            drains: 0,
+            last_drain: t0,
+            tids: FxHashMap::default(),
+            scratch: Vec::new(),
+        };
+        let first = s.drain(t0, false);
+        assert_eq!(first, 1, "the first check always drains");
+        let soon = t0 + DRAIN_REUSE / 2;
+        assert_eq!(s.drain(soon, false), first);
+        let fresh = s.drain(soon, true);
+        assert_eq!(fresh, first + 1);
+        assert_eq!(s.drain(soon + DRAIN_REUSE, false), fresh + 1);
     }
 }

@@ -1,5 +1,5 @@
 //! `pyfleet list [--match REGEX]`: a header line, then one row per Python process:
-//! `PID PPID VERSION NAME ROLE COMMAND LINE...`.
+//! `PID PPID VERSION NAME ROLE SERVICE LABELS COMMAND LINE...`.
 
 use crate::common::*;
 use std::collections::BTreeMap;

@@ -18,6 +18,7 @@ mod fleet;
 mod formats;
 mod hostile_memory;
 mod hostile_processes;
+mod labels;
 mod list;
 mod namespace;
 mod real_code;

@@ -193,7 +193,7 @@ fn idle_skip_works_in_a_namespace() {
         let samples = doc["samples"].as_u64().unwrap_or(0);
         let kept = doc["samples_unchanged"].as_u64().unwrap_or(0);
         // The process sleeps: after the first reads, the kernel says no thread ran, and all
-        // but one sample in MAX_KEPT (100) are kept whole. Without the host's thread ids no
+        // but one sample in MAX_KEPT (1000) are kept whole. Without the host's thread ids no
         // thread can be watched and none is.
         if !out.success() || samples == 0 || kept * 2 < samples {
             failures.push(format!(

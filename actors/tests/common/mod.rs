@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use pyfleet_actors::{
     Discovery, Fleet, FleetConfig, FleetStatus, FrameInfo, ProcessInfo, ProcessState, SampleError,
-    SampledThread, Snapshot, SnapshotWriter, SourceFactory, SourceStats, StackSource, ThreadStatus,
+    SampleKind, SampledThread, Snapshot, SnapshotWriter, SourceFactory, SourceStats, StackSource,
+    ThreadStatus,
 };
 use pyfleet_policies::{Mode, RatePolicy, RestartPolicy};
 
@@ -92,6 +93,7 @@ impl FakeProc {
                 role: pyfleet_policies::Role::Single,
                 cmdline: format!("python3 {name}.py"),
                 python_version: "3.13.1".to_string(),
+                labels: Default::default(),
                 start_time: 0,
             },
             threads,
@@ -259,7 +261,7 @@ impl SourceFactory for FakeFactory {
 }
 
 impl StackSource for FakeSource {
-    fn sample(&mut self, out: &mut Vec<SampledThread>) -> Result<(), SampleError> {
+    fn sample(&mut self, out: &mut Vec<SampledThread>) -> Result<SampleKind, SampleError> {
         let p = &self.proc;
         let call = p.calls.fetch_add(1, Ordering::SeqCst);
         let me = std::thread::current().id();
@@ -283,7 +285,7 @@ impl StackSource for FakeSource {
         if let Some((limit, after)) = p.limit {
             if p.ok_samples.load(Ordering::SeqCst) >= limit {
                 return match after {
-                    AfterLimit::Idle => Ok(()),
+                    AfterLimit::Idle => Ok(SampleKind::Read),
                     AfterLimit::Gone { unlist } => {
                         if unlist {
                             p.listed.store(false, Ordering::SeqCst);
@@ -306,7 +308,7 @@ impl StackSource for FakeSource {
         }
         p.ok_samples.fetch_add(1, Ordering::SeqCst);
         self.stats.samples += 1;
-        Ok(())
+        Ok(SampleKind::Read)
     }
 
     fn resolve(&self, stack: u64) -> Option<Vec<FrameInfo>> {

@@ -84,11 +84,21 @@ use top::*;
 
 /// Most samples in a row that keep a thread's stack (or a whole sample) without reading it:
 /// a full read at least this often bounds what anything the kernel's counts do not see
-/// (another process writing the target's memory) could leave unnoticed.
-pub const MAX_KEPT: u32 = 100;
+/// (another process writing the target's memory) could leave unnoticed. Each unwinder starts
+/// at its own point of the count (from its pid), so that the forced reads of processes
+/// attached together do not fall on the same tick.
+pub const MAX_KEPT: u32 = 1000;
 
-fn nanos_since(t: Instant) -> u64 {
-    u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX)
+/// What the last successful sample cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SampleKind {
+    /// Kept whole: a check found that no thread of the process had run (no memory read).
+    Kept,
+    /// Read after a check found that some thread had run.
+    Checked,
+    /// Read without a check.
+    #[default]
+    Read,
 }
 
 /// How an unwinder behaves.
@@ -167,11 +177,6 @@ pub struct UnwinderStats {
     /// Samples that read the target's memory after a check found some thread had run (they
     /// cost the check and the read). The others that read did so without a check.
     pub samples_checked: u64,
-    /// Time inside successful samples, by kind: kept whole, read after a check, read without
-    /// one (nanoseconds).
-    pub kept_ns: u64,
-    pub checked_ns: u64,
-    pub read_ns: u64,
     /// Threads read again at once because their stack moved during (or since the prediction
     /// of) the sample's read.
     pub rereads: u64,
@@ -249,6 +254,8 @@ pub struct Unwinder<M: RemoteMemory> {
     watch: Option<RunWatch>,
     last_full: Option<u64>,
     whole_kept: u32,
+    /// What the last successful sample cost.
+    last_kind: SampleKind,
     /// Samples in a row that failed (see [`FORGET_AFTER_FAILURES`]).
     failed_in_row: u32,
     /// `blocking`: pauses the target around each read; which threads ran just before.
@@ -330,7 +337,8 @@ impl<M: RemoteMemory> Unwinder<M> {
                 None
             },
             last_full: None,
-            whole_kept: 0,
+            whole_kept: (pid as u32).wrapping_mul(0x9E37_79B1) % MAX_KEPT,
+            last_kind: SampleKind::Read,
             failed_in_row: 0,
             pauser: opts.blocking.then(|| Pauser::new(pid)),
             running: Vec::new(),
@@ -374,9 +382,13 @@ impl<M: RemoteMemory> Unwinder<M> {
         &self.out
     }
 
+    /// What the last successful sample cost (read, until one succeeded).
+    pub fn last_kind(&self) -> SampleKind {
+        self.last_kind
+    }
+
     /// Takes one sample of every thread of every interpreter.
     pub fn sample(&mut self) -> Result<&[ThreadSample], UnwindError> {
-        let began = Instant::now();
         self.epoch += 1;
         // Memory stays bounded however many distinct stacks a process shows over days: past
         // a limit the interning starts afresh (stack ids are not reused, so an id from before
@@ -402,7 +414,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                 let n = self.out.len() as u64;
                 self.stats.samples += 1;
                 self.stats.samples_unchanged += 1;
-                self.stats.kept_ns += nanos_since(began);
+                self.last_kind = SampleKind::Kept;
                 self.stats.threads_unchanged += n;
                 self.stats.frame_cache_hits += n;
                 if self.opts.cpu_status {
@@ -447,15 +459,16 @@ impl<M: RemoteMemory> Unwinder<M> {
                 self.failed_in_row = 0;
                 self.last_full = Some(self.epoch);
                 if let Some(w) = self.watch.as_mut() {
+                    w.was_read();
                     for tc in self.threads.values() {
                         w.watch(tc.tid, tc.heavy);
                     }
                 }
                 if checked {
                     self.stats.samples_checked += 1;
-                    self.stats.checked_ns += nanos_since(began);
+                    self.last_kind = SampleKind::Checked;
                 } else {
-                    self.stats.read_ns += nanos_since(began);
+                    self.last_kind = SampleKind::Read;
                 }
                 Ok(&self.out)
             }
