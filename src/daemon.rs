@@ -11,6 +11,7 @@ use pyfleet::discovery::HostDiscovery;
 use pyfleet::output::snapshot_dir::SnapshotDir;
 use pyfleet::stack_source::UnwinderFactory;
 use pyfleet_actors::{Fleet, FleetConfig};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// pyfleet's own resident memory, for dashboards and alerts.
@@ -46,6 +47,13 @@ pub fn run(opts: RunOptions) -> Result<()> {
     config.validate().map_err(|e| anyhow!("{e}"))?;
 
     let runtime = runtime()?;
+    // Set once the fleet runs: /debug/pprof/profile takes its profiles through it.
+    let profiler = Arc::new(std::sync::OnceLock::new());
+    let pull = pyfleet::metrics_server::Pull {
+        profiler: profiler.clone(),
+        mode: settings.mode,
+        rate_hz: settings.rate.base_hz(),
+    };
     let result = runtime.block_on(async move {
         if let Some(addr) = settings.metrics_addr {
             // Bound first, so that a port in use is a startup error, not a log line later.
@@ -67,7 +75,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
             let handle = recorder.handle();
             metrics::set_global_recorder(recorder)
                 .map_err(|_| anyhow!("a metrics recorder is already installed"))?;
-            tokio::spawn(pyfleet::metrics_server::serve(listener, handle.clone()));
+            tokio::spawn(pyfleet::metrics_server::serve(listener, handle.clone(), pull));
             // The exporter drops idle series (an exited process's) only while it renders: a
             // daemon nobody scrapes would keep them all.
             let every = config.metrics_idle_timeout() / 2;
@@ -147,6 +155,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
         )
         .await
         .map_err(|e| anyhow!("{e}"))?;
+        let _ = profiler.set(fleet.profiler());
 
         let why = wait_for_end(settings.duration).await?;
         tracing::info!("{why}: writing the final snapshot");

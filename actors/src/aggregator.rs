@@ -1,9 +1,15 @@
 //! The aggregator actor: counts per (process, thread status, stack) for the current snapshot
-//! window.
+//! window, and for the windows of pull requests ("taps").
 //!
 //! Owns the window's counts and, per sampler life, the frames of the stack ids that sampler
 //! has sent (a sampler sends each stack's frames once; see `slot`). On `TakeSnapshot` it
 //! hands over the window as a [`Snapshot`] and starts a new, empty one.
+//!
+//! A tap ([`Fleet::profile`](crate::Fleet::profile)) is a window of its own, opened by a
+//! request and closed by it: it counts the batches that arrive while it is open (samplers send
+//! every batch interval, so a tap's edges are as fine as that), optionally of one pid or one
+//! service only. At most [`MAX_TAPS`] are open at once, none longer than [`MAX_TAP_AGE`]
+//! (one whose requester vanished without closing it is dropped then).
 //!
 //! Memory is bounded: at most `max_stacks` distinct (sampler life, stack id, status) entries
 //! per process per window; samples past that are counted into one `[truncated]` stack per
@@ -14,7 +20,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
@@ -44,6 +50,41 @@ pub(crate) struct Batch {
 pub(crate) enum AggregatorMsg {
     Batch(Batch),
     TakeSnapshot(RpcReplyPort<Snapshot>),
+    /// Opens a tap; `None` when [`MAX_TAPS`] are open.
+    OpenTap(TapFilter, RpcReplyPort<Option<u64>>),
+    /// Closes a tap and hands over what it counted (`None` if it is not open).
+    CloseTap(u64, RpcReplyPort<Option<Snapshot>>),
+    /// Closes a tap whose requester went away.
+    DropTap(u64),
+}
+
+/// Most taps open at once.
+pub const MAX_TAPS: usize = 8;
+/// A tap open longer than this is dropped (its requester is gone).
+pub const MAX_TAP_AGE: Duration = Duration::from_secs(600);
+
+/// Which processes a tap counts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TapFilter {
+    pub pid: Option<i32>,
+    /// The `service` label's value.
+    pub service: Option<String>,
+}
+
+impl TapFilter {
+    fn admits(&self, batch: &Batch) -> bool {
+        self.pid.is_none_or(|p| p == batch.pid)
+            && self
+                .service
+                .as_deref()
+                .is_none_or(|s| batch.labels.get("service") == Some(s))
+    }
+}
+
+struct Tap {
+    filter: TapFilter,
+    opened: SystemTime,
+    window: BTreeMap<i32, ProcessWindow>,
 }
 
 struct Life {
@@ -72,6 +113,8 @@ pub(crate) struct Aggregation {
     lives: HashMap<u64, Life>,
     window: BTreeMap<i32, ProcessWindow>,
     window_start: SystemTime,
+    taps: HashMap<u64, Tap>,
+    next_tap: u64,
     unknown: Frames,
     truncated: Frames,
 }
@@ -87,12 +130,14 @@ impl Aggregation {
             lives: HashMap::new(),
             window: BTreeMap::new(),
             window_start: started_at,
+            taps: HashMap::new(),
+            next_tap: 0,
             unknown: single_frame(UNKNOWN_FUNCTION),
             truncated: single_frame(TRUNCATED_FUNCTION),
         }
     }
 
-    pub(crate) fn add(&mut self, batch: Batch) {
+    pub(crate) fn add(&mut self, mut batch: Batch) {
         let life = self.lives.entry(batch.life).or_insert_with(|| Life {
             epoch: batch.epoch,
             stacks: HashMap::new(),
@@ -103,41 +148,14 @@ impl Aggregation {
             life.epoch = batch.epoch;
             life.stacks.clear();
         }
-        for (id, frames) in batch.new_stacks {
+        for (id, frames) in std::mem::take(&mut batch.new_stacks) {
             life.stacks.insert(id, Arc::from(frames));
         }
-        let window = self
-            .window
-            .entry(batch.pid)
-            .or_insert_with(|| ProcessWindow {
-                name: batch.name.clone(),
-                role: batch.role,
-                labels: batch.labels.clone(),
-                entries: HashMap::new(),
-                truncated: BTreeMap::new(),
-            });
-        if window.name != batch.name {
-            window.name = batch.name.clone();
-        }
-        window.role = batch.role;
-        window.labels = batch.labels.clone();
-        for (stack, status, n) in batch.counts {
-            if n == 0 {
-                continue;
-            }
-            let key = (batch.life, stack, status);
-            if let Some(entry) = window.entries.get_mut(&key) {
-                entry.1 = entry.1.saturating_add(n);
-            } else if window.entries.len() < self.max_stacks {
-                let frames = life
-                    .stacks
-                    .get(&stack)
-                    .cloned()
-                    .unwrap_or_else(|| self.unknown.clone());
-                window.entries.insert(key, (frames, n));
-            } else {
-                let t = window.truncated.entry(status).or_default();
-                *t = t.saturating_add(n);
+        let unknown = &self.unknown;
+        count(&mut self.window, self.max_stacks, life, unknown, &batch);
+        for tap in self.taps.values_mut() {
+            if tap.filter.admits(&batch) {
+                count(&mut tap.window, self.max_stacks, life, unknown, &batch);
             }
         }
         if batch.last {
@@ -151,43 +169,7 @@ impl Aggregation {
             life.idle_windows += 1;
             life.idle_windows <= MAX_IDLE_WINDOWS
         });
-        let window = std::mem::take(&mut self.window);
-        let processes = window
-            .into_iter()
-            .map(|(pid, w)| {
-                // Different lives (restarts) and stack ids may share frames: merge them.
-                let mut merged: HashMap<(ThreadStatus, Frames), u64> =
-                    HashMap::with_capacity(w.entries.len() + w.truncated.len());
-                let entries = w
-                    .entries
-                    .into_iter()
-                    .map(|((_, _, status), (frames, n))| ((status, frames), n));
-                let truncated = w
-                    .truncated
-                    .into_iter()
-                    .map(|(status, n)| ((status, self.truncated.clone()), n));
-                for (key, n) in entries.chain(truncated) {
-                    let c = merged.entry(key).or_default();
-                    *c = c.saturating_add(n);
-                }
-                let mut samples: Vec<(ThreadStatus, Frames, u64)> = merged
-                    .into_iter()
-                    .map(|((status, frames), n)| (status, frames, n))
-                    .collect();
-                samples.sort_by(|a, b| {
-                    b.2.cmp(&a.2)
-                        .then_with(|| a.1.cmp(&b.1))
-                        .then_with(|| a.0.cmp(&b.0))
-                });
-                ProcessProfile {
-                    pid,
-                    name: w.name.to_string(),
-                    role: w.role,
-                    labels: (*w.labels).clone(),
-                    samples,
-                }
-            })
-            .collect();
+        let processes = profiles(std::mem::take(&mut self.window), &self.truncated);
         Snapshot {
             started_at: std::mem::replace(&mut self.window_start, taken_at),
             taken_at,
@@ -195,10 +177,123 @@ impl Aggregation {
         }
     }
 
+    /// Opens a tap (see the module documentation); `None` when [`MAX_TAPS`] are open.
+    pub(crate) fn open_tap(&mut self, filter: TapFilter, now: SystemTime) -> Option<u64> {
+        self.taps.retain(|_, t| {
+            now.duration_since(t.opened)
+                .is_ok_and(|age| age <= MAX_TAP_AGE)
+        });
+        if self.taps.len() >= MAX_TAPS {
+            return None;
+        }
+        self.next_tap += 1;
+        self.taps.insert(
+            self.next_tap,
+            Tap {
+                filter,
+                opened: now,
+                window: BTreeMap::new(),
+            },
+        );
+        Some(self.next_tap)
+    }
+
+    /// Closes a tap and hands over what it counted.
+    pub(crate) fn close_tap(&mut self, id: u64, now: SystemTime) -> Option<Snapshot> {
+        let tap = self.taps.remove(&id)?;
+        Some(Snapshot {
+            started_at: tap.opened,
+            taken_at: now,
+            processes: profiles(tap.window, &self.truncated),
+        })
+    }
+
     #[cfg(test)]
     fn lives(&self) -> usize {
         self.lives.len()
     }
+}
+
+/// Counts a batch into a window (of the snapshot or of a tap), `life` holding its frames.
+fn count(
+    windows: &mut BTreeMap<i32, ProcessWindow>,
+    max_stacks: usize,
+    life: &Life,
+    unknown: &Frames,
+    batch: &Batch,
+) {
+    let window = windows.entry(batch.pid).or_insert_with(|| ProcessWindow {
+        name: batch.name.clone(),
+        role: batch.role,
+        labels: batch.labels.clone(),
+        entries: HashMap::new(),
+        truncated: BTreeMap::new(),
+    });
+    if window.name != batch.name {
+        window.name = batch.name.clone();
+    }
+    window.role = batch.role;
+    window.labels = batch.labels.clone();
+    for &(stack, status, n) in &batch.counts {
+        if n == 0 {
+            continue;
+        }
+        let key = (batch.life, stack, status);
+        if let Some(entry) = window.entries.get_mut(&key) {
+            entry.1 = entry.1.saturating_add(n);
+        } else if window.entries.len() < max_stacks {
+            let frames = life
+                .stacks
+                .get(&stack)
+                .cloned()
+                .unwrap_or_else(|| unknown.clone());
+            window.entries.insert(key, (frames, n));
+        } else {
+            let t = window.truncated.entry(status).or_default();
+            *t = t.saturating_add(n);
+        }
+    }
+}
+
+/// A window's processes, each with its distinct stacks merged across lives, highest count
+/// first.
+fn profiles(window: BTreeMap<i32, ProcessWindow>, truncated: &Frames) -> Vec<ProcessProfile> {
+    window
+        .into_iter()
+        .map(|(pid, w)| {
+            // Different lives (restarts) and stack ids may share frames: merge them.
+            let mut merged: HashMap<(ThreadStatus, Frames), u64> =
+                HashMap::with_capacity(w.entries.len() + w.truncated.len());
+            let entries = w
+                .entries
+                .into_iter()
+                .map(|((_, _, status), (frames, n))| ((status, frames), n));
+            let over = w
+                .truncated
+                .into_iter()
+                .map(|(status, n)| ((status, truncated.clone()), n));
+            for (key, n) in entries.chain(over) {
+                let c = merged.entry(key).or_default();
+                *c = c.saturating_add(n);
+            }
+            let mut samples: Vec<(ThreadStatus, Frames, u64)> = merged
+                .into_iter()
+                .map(|((status, frames), n)| (status, frames, n))
+                .collect();
+            samples.sort_by(|a, b| {
+                b.2.cmp(&a.2)
+                    .then_with(|| a.1.cmp(&b.1))
+                    .then_with(|| a.0.cmp(&b.0))
+            });
+            ProcessProfile {
+                pid,
+                name: w.name.to_string(),
+                role: w.role,
+                labels: (*w.labels).clone(),
+                samples,
+            }
+        })
+        .collect()
 }
 
 /// The aggregator actor; see the module documentation.
@@ -231,6 +326,20 @@ impl Actor for AggregatorActor {
                 if reply.send(snap).is_err() {
                     tracing::warn!("snapshot requester went away; window dropped");
                 }
+            }
+            AggregatorMsg::OpenTap(filter, reply) => {
+                let id = state.open_tap(filter, SystemTime::now());
+                if reply.send(id).is_err() {
+                    if let Some(id) = id {
+                        state.close_tap(id, SystemTime::now());
+                    }
+                }
+            }
+            AggregatorMsg::CloseTap(id, reply) => {
+                let _ = reply.send(state.close_tap(id, SystemTime::now()));
+            }
+            AggregatorMsg::DropTap(id) => {
+                state.close_tap(id, SystemTime::now());
             }
         }
         Ok(())

@@ -28,7 +28,7 @@ use std::time::Duration;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 
-use crate::aggregator::{AggregatorActor, AggregatorMsg};
+use crate::aggregator::{AggregatorActor, AggregatorMsg, TapFilter};
 use crate::config::FleetConfig;
 use crate::error::FleetError;
 use crate::sampling::SamplingPool;
@@ -128,6 +128,13 @@ impl Fleet {
         })
     }
 
+    /// A handle that takes profiles of the running fleet on request (see [`Profiler`]).
+    pub fn profiler(&self) -> Profiler {
+        Profiler {
+            aggregator: self.aggregator.clone(),
+        }
+    }
+
     /// The supervisor's view of the fleet now.
     pub async fn status(&self) -> Result<FleetStatus, FleetError> {
         match self.supervisor.call(SupervisorMsg::Status, None).await {
@@ -173,5 +180,75 @@ impl Fleet {
             let _ = tokio::time::timeout(self.stop_timeout, handle).await;
         }
         written
+    }
+}
+
+/// Takes profiles of the running fleet on request: what its samplers count in the next
+/// seconds, without starting any sampler of its own (a "tap" on the aggregator, see its
+/// module documentation). Several requests at once each get their own window.
+#[derive(Clone)]
+pub struct Profiler {
+    aggregator: ActorRef<AggregatorMsg>,
+}
+
+/// Why a [`Profiler`] gave no profile.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PullError {
+    #[error("too many profiles are being taken at once (at most {0})")]
+    Busy(usize),
+    #[error("the fleet is stopping")]
+    Stopped,
+}
+
+/// Which processes a pull counts: one pid, one service, or every one.
+pub type PullFilter = TapFilter;
+
+/// Closes its tap if the request is dropped before it took its profile.
+struct OpenTap {
+    aggregator: ActorRef<AggregatorMsg>,
+    id: Option<u64>,
+}
+
+impl Drop for OpenTap {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            let _ = self.aggregator.cast(AggregatorMsg::DropTap(id));
+        }
+    }
+}
+
+impl Profiler {
+    /// What the fleet's samplers count during `duration` from now, of the processes `filter`
+    /// admits (to the batch interval: samplers hand over their counts once a second).
+    pub async fn profile(
+        &self,
+        duration: Duration,
+        filter: PullFilter,
+    ) -> Result<crate::Snapshot, PullError> {
+        let opened = self
+            .aggregator
+            .call(|reply| AggregatorMsg::OpenTap(filter, reply), None)
+            .await;
+        let id = match opened {
+            Ok(CallResult::Success(Some(id))) => id,
+            Ok(CallResult::Success(None)) => {
+                return Err(PullError::Busy(crate::aggregator::MAX_TAPS))
+            }
+            _ => return Err(PullError::Stopped),
+        };
+        let mut tap = OpenTap {
+            aggregator: self.aggregator.clone(),
+            id: Some(id),
+        };
+        tokio::time::sleep(duration).await;
+        tap.id = None;
+        match self
+            .aggregator
+            .call(|reply| AggregatorMsg::CloseTap(id, reply), None)
+            .await
+        {
+            Ok(CallResult::Success(Some(snapshot))) => Ok(snapshot),
+            _ => Err(PullError::Stopped),
+        }
     }
 }

@@ -88,9 +88,10 @@ mod status;
 mod supervisor;
 mod timing;
 
+pub use aggregator::{MAX_TAPS, MAX_TAP_AGE};
 pub use config::FleetConfig;
 pub use error::FleetError;
-pub use fleet::Fleet;
+pub use fleet::{Fleet, Profiler, PullError, PullFilter};
 pub use self_cpu::cpu_time as own_cpu_time;
 pub use slot::sample_kind_seconds;
 pub use snapshot::{Frames, ProcessProfile, Snapshot, SnapshotWriter};

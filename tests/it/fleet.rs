@@ -1,7 +1,8 @@
 //! The fleet daemon end to end: gunicorn (3 workers, Python 3.15) and a second gunicorn on
 //! Python 3.11 under HTTP load, `pyfleet --match gunicorn` for a short --duration, a worker
 //! killed with SIGKILL mid-run. Checks the snapshots (files, the WSGI handler's functions,
-//! the replacement worker's pid, SVG well-formed), a scrape of /metrics, and bad input.
+//! the replacement worker's pid, SVG well-formed), a scrape of /metrics, two profiles pulled
+//! at once by `go tool pprof` from `/debug/pprof/profile`, and bad input.
 
 use crate::common::*;
 use std::collections::BTreeSet;
@@ -44,7 +45,7 @@ fn gunicorn_fleet_under_load_with_a_killed_worker() {
             target_script("load.py").display().to_string(),
             "127.0.0.1".into(),
             port15.to_string(),
-            "14".into(),
+            "18".into(),
         ],
     );
     let _load11 = Proc::spawn(
@@ -54,7 +55,7 @@ fn gunicorn_fleet_under_load_with_a_killed_worker() {
             target_script("load.py").display().to_string(),
             "127.0.0.1".into(),
             port11.to_string(),
-            "14".into(),
+            "18".into(),
             "2".into(),
         ],
     );
@@ -67,7 +68,7 @@ fn gunicorn_fleet_under_load_with_a_killed_worker() {
             "--match",
             "gunicorn",
             "--duration",
-            "12s",
+            "16s",
             "--scan-interval",
             "1",
             "--snapshot-interval",
@@ -200,6 +201,73 @@ fn gunicorn_fleet_under_load_with_a_killed_worker() {
         cpu > 0.0 && cpu.fract() != 0.0,
         "pyfleet_cpu_seconds_total {cpu}"
     );
+
+    // Pulled as from a Go service: two `go tool pprof` at once, each a complete 3 s profile of
+    // the running fleet with the WSGI handler, its process's labels on every sample.
+    if let Some(go) = tool("go", SETUP_FORMAT_TOOLS) {
+        let pprof_tmp = tempdir("pyfleet-pull-");
+        let url = format!("http://{metrics_addr}/debug/pprof/profile?seconds=3");
+        let pulls: Vec<Running> = (0..2)
+            .map(|_| {
+                let mut cmd = std::process::Command::new(&go);
+                cmd.args(["tool", "pprof", "-raw", &url])
+                    .env("PPROF_TMPDIR", pprof_tmp.path())
+                    .env("HOME", pprof_tmp.path());
+                Running::start(cmd, Duration::from_secs(60))
+            })
+            .collect();
+        let workers: BTreeSet<i32> = workers15
+            .iter()
+            .chain(&workers11)
+            .chain([&replacement])
+            .copied()
+            .collect();
+        for pull in pulls {
+            let got = pull.finish();
+            assert!(got.success(), "{}", got.describe());
+            // `-raw`: after "Samples:" and the sample types, a line per sample starting with
+            // its count (its labels on the lines below), until "Locations".
+            let samples: u64 = got
+                .stdout
+                .lines()
+                .skip_while(|l| !l.starts_with("Samples:"))
+                .skip(2)
+                .take_while(|l| !l.starts_with("Locations"))
+                .filter_map(|l| l.split_whitespace().next()?.parse::<u64>().ok())
+                .sum();
+            assert!(
+                got.stdout.contains("handle_request") && got.stdout.contains("fib_work"),
+                "the pulled profile has no WSGI handler:\n{}",
+                truncate(&got.stdout, 4000)
+            );
+            assert!(
+                got.stdout.contains("service:[gunicorn]"),
+                "{}",
+                truncate(&got.stdout, 4000)
+            );
+            assert!(
+                workers
+                    .iter()
+                    .any(|w| got.stdout.contains(&format!("pid:[{w}]"))),
+                "no worker's pid label:\n{}",
+                truncate(&got.stdout, 4000)
+            );
+            // Three seconds of five processes at 100 Hz in wall mode, to the batch interval.
+            assert!(
+                samples >= 600,
+                "{samples} samples in 3 s:\n{}",
+                truncate(&got.stdout, 4000)
+            );
+        }
+    }
+    for bad in ["seconds=0", "seconds=100000", "pid=abc"] {
+        let (status, body) = http_get(metrics_port, &format!("/debug/pprof/profile?{bad}"))
+            .unwrap_or_else(|| panic!("no answer to {bad}"));
+        assert!(
+            status == 400 && body.trim().lines().count() == 1,
+            "{bad}: {status} {body}"
+        );
+    }
 
     let run = daemon.finish();
     assert!(run.success(), "{}", run.describe());

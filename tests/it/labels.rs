@@ -242,7 +242,9 @@ fn labels_say_who_a_process_is_on_every_version() {
         .get(&hostile.pid())
         .unwrap_or_else(|| panic!("the hostile process is not listed\n{}", out.describe()));
     assert!(
-        service.len() <= 128 && service.starts_with("evil__31m___zz") && !out.stdout.contains('\x1b'),
+        service.len() <= 128
+            && service.starts_with("evil__31m___zz")
+            && !out.stdout.contains('\x1b'),
         "hostile service {service:?}"
     );
     assert!(
