@@ -15,6 +15,7 @@ use crate::common::*;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
+use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -991,10 +992,96 @@ fn live_metrics_scraped_by_prometheus_answer_every_dashboard_query() {
     }
     promtool_check_metrics(&promtool, &page(), tmp.path());
 
+    // deploy/parca/parca.yaml: Parca pulls what it says, as Parca asks (the path with
+    // `seconds` = its scrape interval, here shortened as Prometheus's was), within its
+    // timeout, and gets a pprof whose samples carry each process's pid.
+    check_parca_pull(&venv, metrics_port, &[steady.pid(), churn.pid()]);
+
     // SIGTERM: a final snapshot, exit 0.
     send_signal(daemon.pid(), libc::SIGTERM);
     let out = daemon.finish();
     assert!(out.success(), "{}", out.describe());
     assert!(out.stderr.contains("SIGTERM"), "{}", out.describe());
     assert!(!snapshot_dirs(&out_dir).is_empty(), "no snapshot");
+}
+
+/// What deploy/parca/parca.yaml makes Parca do, done against a live pyfleet: one scrape of
+/// its CPU profile (Parca's rules: the timeout above the interval, the Go-only types off).
+fn check_parca_pull(venv: &Path, metrics_port: u16, pids: &[i32]) {
+    let config = yaml_documents(venv, &deploy("parca/parca.yaml")).remove(0);
+    let job = config["scrape_configs"]
+        .as_array()
+        .and_then(|jobs| jobs.iter().find(|j| j["job_name"] == "pyfleet"))
+        .unwrap_or_else(|| panic!("no pyfleet job: {config}"));
+    let seconds = |v: &Value| -> u64 {
+        v.as_str()
+            .and_then(|s| s.strip_suffix('s'))
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("not a duration in seconds: {v}"))
+    };
+    let (interval, timeout) = (
+        seconds(&job["scrape_interval"]),
+        seconds(&job["scrape_timeout"]),
+    );
+    assert!(
+        timeout > interval,
+        "Parca wants scrape_timeout above scrape_interval: {job}"
+    );
+    assert_eq!(
+        job["static_configs"][0]["targets"],
+        json!(["127.0.0.1:9464"]),
+        "{job}"
+    );
+    let pprof = &job["profiling_config"]["pprof_config"];
+    assert_eq!(
+        pprof["process_cpu"]["path"], "/debug/pprof/profile",
+        "{job}"
+    );
+    assert_eq!(pprof["process_cpu"]["delta"], true, "{job}");
+    for go_only in ["memory", "block", "goroutine", "mutex"] {
+        assert_eq!(
+            pprof[go_only]["enabled"], false,
+            "{go_only} should be off: {job}"
+        );
+    }
+    // One scrape, 2 s instead of the interval (the test's time), read raw: the body is binary.
+    let path = format!(
+        "{}?seconds=2",
+        pprof["process_cpu"]["path"].as_str().unwrap_or("")
+    );
+    let started = Instant::now();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", metrics_port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(timeout)))
+        .unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(timeout),
+        "slower than Parca's timeout"
+    );
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no HTTP answer: {:?}", String::from_utf8_lossy(&raw)));
+    let head = String::from_utf8_lossy(&raw[..split]);
+    assert!(
+        head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200"),
+        "{head}"
+    );
+    let profile = pyfleet::output::pprof::decode(&raw[split + 4..]).unwrap();
+    let s = |i: i64| profile.string_table[i as usize].as_str();
+    let labelled: BTreeSet<i64> = profile
+        .sample
+        .iter()
+        .flat_map(|x| x.label.iter())
+        .filter(|l| s(l.key) == "pid")
+        .map(|l| l.num)
+        .collect();
+    for pid in pids {
+        assert!(
+            labelled.contains(&i64::from(*pid)),
+            "no sample of pid {pid}: {labelled:?}"
+        );
+    }
 }
