@@ -153,10 +153,47 @@ pub struct RunOptions {
     /// costs a little more while pyfleet runs (see the README).
     #[arg(long)]
     pub switch_log: bool,
+    /// Push profiles to Grafana Pyroscope at this URL (http://host:port; see the README)
+    /// [default: no push]. Authentication and tenant: the config file's [pyroscope] table.
+    #[arg(long = "pyroscope", value_name = "URL")]
+    #[serde(skip)]
+    pub pyroscope_url: Option<String>,
+    /// Time between pushes to Pyroscope (seconds, or 15s, 1m, ...) [default: 15s].
+    #[arg(long, value_name = "DURATION")]
+    #[serde(skip)]
+    pub push_interval: Option<Seconds>,
+    /// The config file's [pyroscope] table.
+    #[arg(skip)]
+    #[serde(rename = "pyroscope")]
+    pub pyroscope: Option<PyroscopeFile>,
     /// Read settings from this TOML file (command-line options win).
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     pub config: Option<PathBuf>,
+}
+
+/// The config file's `[pyroscope]` table.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct PyroscopeFile {
+    pub url: Option<String>,
+    pub push_interval: Option<Seconds>,
+    /// A file holding `user:password` for basic authentication.
+    pub basic_auth_file: Option<PathBuf>,
+    /// A file holding a bearer token.
+    pub token_file: Option<PathBuf>,
+    /// `X-Scope-OrgID` (multi-tenant Pyroscope).
+    pub tenant: Option<String>,
+    /// Push windows held while Pyroscope does not take them [default: 64].
+    pub queue: Option<usize>,
+}
+
+/// Where and how often to push, validated.
+#[derive(Debug, Clone)]
+pub struct PushSettings {
+    pub target: crate::push::Target,
+    pub interval: Duration,
+    pub queue: usize,
 }
 
 /// Validated settings.
@@ -181,6 +218,7 @@ pub struct RunSettings {
     pub read_only: bool,
     pub blocking: bool,
     pub switch_log: bool,
+    pub push: Option<PushSettings>,
 }
 
 /// `--exclude-role` values, checked.
@@ -250,6 +288,9 @@ impl RunOptions {
             read_only: self.read_only || file.read_only,
             blocking: self.blocking || file.blocking,
             switch_log: self.switch_log || file.switch_log,
+            pyroscope_url: self.pyroscope_url,
+            push_interval: self.push_interval,
+            pyroscope: file.pyroscope,
             config: self.config,
         }
     }
@@ -304,6 +345,7 @@ impl RunOptions {
             })?),
         };
         let exclude_roles = parse_roles(&o.exclude_role)?;
+        let push = push_settings(&o)?;
         Ok(RunSettings {
             policy,
             exclude_roles,
@@ -326,8 +368,58 @@ impl RunOptions {
             read_only: o.read_only,
             blocking: o.blocking,
             switch_log: o.switch_log,
+            push,
         })
     }
+}
+
+/// `--pyroscope`, `--push-interval` and the `[pyroscope]` table, checked (the command line
+/// wins).
+fn push_settings(o: &RunOptions) -> Result<Option<PushSettings>, String> {
+    let table = o.pyroscope.clone().unwrap_or_default();
+    let Some(url) = o.pyroscope_url.clone().or(table.url.clone()) else {
+        if o.push_interval.is_some() {
+            return Err("--push-interval goes with --pyroscope URL".to_string());
+        }
+        return Ok(None);
+    };
+    let read = |what: &str, path: &PathBuf| {
+        std::fs::read_to_string(path)
+            .map_err(|e| format!("pyroscope {what} {}: {e}", path.display()))
+    };
+    let mut target = crate::push::Target::parse(&url)?;
+    match (&table.basic_auth_file, &table.token_file) {
+        (Some(_), Some(_)) => {
+            return Err("pyroscope: basic-auth-file and token-file exclude each other".into())
+        }
+        (Some(f), None) => {
+            let credentials = read("basic-auth-file", f)?;
+            if !credentials.trim().contains(':') {
+                return Err(format!(
+                    "pyroscope basic-auth-file {}: not user:password",
+                    f.display()
+                ));
+            }
+            target = target.with_basic_auth(&credentials);
+        }
+        (None, Some(f)) => target = target.with_token(&read("token-file", f)?),
+        (None, None) => {}
+    }
+    if let Some(t) = &table.tenant {
+        if t.is_empty() || !t.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(format!("pyroscope tenant '{t}': printable characters only"));
+        }
+    }
+    let interval = seconds(
+        "push-interval",
+        o.push_interval.or(table.push_interval),
+        15.0,
+    )?;
+    Ok(Some(PushSettings {
+        target: target.with_tenant(table.tenant.clone()),
+        interval,
+        queue: table.queue.unwrap_or(crate::push::DEFAULT_QUEUE).max(1),
+    }))
 }
 
 #[cfg(test)]

@@ -35,7 +35,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
         .map_err(|e| anyhow!(e))?
         .with_formats(&settings.snapshot_formats)
         .with_sampling(settings.mode, settings.rate.base_hz());
-    let config = FleetConfig {
+    let mut config = FleetConfig {
         scan_interval: settings.scan_interval,
         snapshot_interval: settings.snapshot_interval,
         mode: settings.mode,
@@ -110,7 +110,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
             parts.join(", ")
         };
         eprintln!(
-            "pyfleet: profiling {what} at {} Hz ({} mode{}{}); snapshots ({}) every {} s in {}; metrics {}",
+            "pyfleet: profiling {what} at {} Hz ({} mode{}{}); snapshots ({}) every {} s in {}; metrics {}{}",
             settings.rate.base_hz(),
             settings.mode,
             if settings.read_only { ", read-only" } else { "" },
@@ -127,6 +127,15 @@ pub fn run(opts: RunOptions) -> Result<()> {
                 .metrics_addr
                 .map(|a| format!("on http://{a}/metrics"))
                 .unwrap_or_else(|| "off".into()),
+            settings
+                .push
+                .as_ref()
+                .map(|p| format!(
+                    "; pushing to pyroscope at {} every {} s",
+                    p.target.authority,
+                    p.interval.as_secs_f64()
+                ))
+                .unwrap_or_default(),
         );
         warn_without_ptrace("profiled");
         pyfleet::process::runstate::raise_open_file_limit();
@@ -142,6 +151,20 @@ pub fn run(opts: RunOptions) -> Result<()> {
                 );
             }
         }
+        // Pushing to Pyroscope: windows go to a queue a task of its own sends.
+        let pusher = settings.push.as_ref().map(|p| {
+            let pusher = pyfleet::push::Pusher::start(
+                p.target.clone(),
+                p.queue,
+                settings.mode,
+                settings.rate.base_hz(),
+            );
+            config.push = Some(pyfleet_actors::PushSchedule {
+                interval: p.interval,
+                pusher: Arc::new(pusher.clone()),
+            });
+            pusher
+        });
         let fleet = Fleet::start(
             config,
             HostDiscovery::new(settings.policy.clone())
@@ -162,6 +185,10 @@ pub fn run(opts: RunOptions) -> Result<()> {
         let last = stop_and_write(fleet)
             .await
             .map_err(|e| anyhow!("{why}, but {e}"))?;
+        if let Some(p) = pusher {
+            // The last window went to the queue with the final snapshot: a moment to send it.
+            p.drain(PUSH_DRAIN).await;
+        }
         eprintln!("pyfleet: {why}; last snapshot {}", last.display());
         Ok(())
     });
@@ -169,6 +196,9 @@ pub fn run(opts: RunOptions) -> Result<()> {
     runtime.shutdown_timeout(Duration::from_millis(200));
     result
 }
+
+/// Longest the daemon waits, at the end, for the queued push windows to be sent.
+const PUSH_DRAIN: Duration = Duration::from_secs(5);
 
 /// Longest the fleet's samplers are given to stop once told to end (the daemon's and
 /// `record`'s `stop_timeout`); the final snapshot or file is written after.

@@ -10,5 +10,6 @@ pub mod memory;
 pub mod metrics_server;
 pub mod output;
 pub mod process;
+pub mod push;
 pub mod stack_source;
 pub mod stacks;

@@ -2,10 +2,14 @@
 //! window, and for the windows of pull requests ("taps").
 //!
 //! Owns the window's counts and, per sampler life, the frames of the stack ids that sampler
-//! has sent (a sampler sends each stack's frames once; see `slot`). On `TakeSnapshot` it
+//! has sent (a sampler sends each stack's frames once; see `slot`). On `TakeWindows` it
 //! hands over the window as a [`Snapshot`] and starts a new, empty one.
 //!
-//! A tap ([`Fleet::profile`](crate::Fleet::profile)) is a window of its own, opened by a
+//! With pushing on, a push window counts beside the snapshot window; the sink cuts it on its
+//! own schedule (both in one message when both are due, so that equal schedules cut equal
+//! windows).
+//!
+//! A tap ([`Profiler::profile`](crate::Profiler::profile)) is a window of its own, opened by a
 //! request and closed by it: it counts the batches that arrive while it is open (samplers send
 //! every batch interval, so a tap's edges are as fine as that), optionally of one pid or one
 //! service only. At most [`MAX_TAPS`] are open at once, none longer than [`MAX_TAP_AGE`]
@@ -49,7 +53,12 @@ pub(crate) struct Batch {
 
 pub(crate) enum AggregatorMsg {
     Batch(Batch),
-    TakeSnapshot(RpcReplyPort<Snapshot>),
+    /// Cuts the snapshot window, the push window, or both at one instant.
+    TakeWindows {
+        snapshot: bool,
+        push: bool,
+        reply: RpcReplyPort<(Option<Snapshot>, Option<Snapshot>)>,
+    },
     /// Opens a tap; `None` when [`MAX_TAPS`] are open.
     OpenTap(TapFilter, RpcReplyPort<Option<u64>>),
     /// Closes a tap and hands over what it counted (`None` if it is not open).
@@ -113,6 +122,8 @@ pub(crate) struct Aggregation {
     lives: HashMap<u64, Life>,
     window: BTreeMap<i32, ProcessWindow>,
     window_start: SystemTime,
+    /// The push window, when pushing (see `FleetConfig::push`).
+    push: Option<(BTreeMap<i32, ProcessWindow>, SystemTime)>,
     taps: HashMap<u64, Tap>,
     next_tap: u64,
     unknown: Frames,
@@ -130,6 +141,7 @@ impl Aggregation {
             lives: HashMap::new(),
             window: BTreeMap::new(),
             window_start: started_at,
+            push: None,
             taps: HashMap::new(),
             next_tap: 0,
             unknown: single_frame(UNKNOWN_FUNCTION),
@@ -153,6 +165,9 @@ impl Aggregation {
         }
         let unknown = &self.unknown;
         count(&mut self.window, self.max_stacks, life, unknown, &batch);
+        if let Some((window, _)) = self.push.as_mut() {
+            count(window, self.max_stacks, life, unknown, &batch);
+        }
         for tap in self.taps.values_mut() {
             if tap.filter.admits(&batch) {
                 count(&mut tap.window, self.max_stacks, life, unknown, &batch);
@@ -175,6 +190,21 @@ impl Aggregation {
             taken_at,
             processes,
         }
+    }
+
+    /// Keeps a push window from now on.
+    pub(crate) fn start_pushing(&mut self, now: SystemTime) {
+        self.push = Some((BTreeMap::new(), now));
+    }
+
+    /// Hands over the push window and starts a new one (`None` when not pushing).
+    pub(crate) fn take_push(&mut self, taken_at: SystemTime) -> Option<Snapshot> {
+        let (window, started_at) = self.push.as_mut()?;
+        Some(Snapshot {
+            started_at: std::mem::replace(started_at, taken_at),
+            taken_at,
+            processes: profiles(std::mem::take(window), &self.truncated),
+        })
     }
 
     /// Opens a tap (see the module documentation); `None` when [`MAX_TAPS`] are open.
@@ -302,15 +332,20 @@ pub(crate) struct AggregatorActor;
 impl Actor for AggregatorActor {
     type Msg = AggregatorMsg;
     type State = Aggregation;
-    /// The per-process cap of distinct stacks per window.
-    type Arguments = usize;
+    /// The per-process cap of distinct stacks per window, and whether to keep a push window.
+    type Arguments = (usize, bool);
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        max_stacks: usize,
+        (max_stacks, pushing): (usize, bool),
     ) -> Result<Self::State, ActorProcessingErr> {
-        Ok(Aggregation::new(max_stacks, SystemTime::now()))
+        let now = SystemTime::now();
+        let mut state = Aggregation::new(max_stacks, now);
+        if pushing {
+            state.start_pushing(now);
+        }
+        Ok(state)
     }
 
     async fn handle(
@@ -321,10 +356,16 @@ impl Actor for AggregatorActor {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             AggregatorMsg::Batch(batch) => state.add(batch),
-            AggregatorMsg::TakeSnapshot(reply) => {
-                let snap = state.take(SystemTime::now());
-                if reply.send(snap).is_err() {
-                    tracing::warn!("snapshot requester went away; window dropped");
+            AggregatorMsg::TakeWindows {
+                snapshot,
+                push,
+                reply,
+            } => {
+                let now = SystemTime::now();
+                let snap = snapshot.then(|| state.take(now));
+                let pushed = if push { state.take_push(now) } else { None };
+                if reply.send((snap, pushed)).is_err() {
+                    tracing::warn!("window requester went away; window dropped");
                 }
             }
             AggregatorMsg::OpenTap(filter, reply) => {

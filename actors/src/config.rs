@@ -44,6 +44,25 @@ pub struct FleetConfig {
     /// thread is one wakeup per tick for the whole fleet, the cheapest; more only isolate
     /// processes from a source that stalls (see the `sampling` module's documentation).
     pub sampling_threads: usize,
+    /// Push windows besides snapshot windows (default none): every `interval` the window of
+    /// counts since the last is handed to `pusher`, and once more at shutdown.
+    pub push: Option<PushSchedule>,
+}
+
+/// When and to what push windows go (see [`FleetConfig::push`]). A push window is cut at the
+/// same instant as a snapshot window when both fall due together (equal intervals).
+#[derive(Clone)]
+pub struct PushSchedule {
+    pub interval: Duration,
+    pub pusher: std::sync::Arc<dyn crate::snapshot::WindowPusher>,
+}
+
+impl std::fmt::Debug for PushSchedule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PushSchedule")
+            .field("interval", &self.interval)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for FleetConfig {
@@ -61,6 +80,7 @@ impl Default for FleetConfig {
             healthy_after: Duration::from_secs(10),
             stop_timeout: Duration::from_secs(5),
             sampling_threads: 1,
+            push: None,
         }
     }
 }
@@ -74,7 +94,8 @@ impl FleetConfig {
             ("batch_interval", self.batch_interval),
             ("rate_interval", self.rate_interval),
         ];
-        for (name, d) in intervals {
+        let push = self.push.as_ref().map(|p| ("push interval", p.interval));
+        for (name, d) in intervals.into_iter().chain(push) {
             if d.is_zero() {
                 return Err(FleetError::Config(format!("{name} must be above zero")));
             }

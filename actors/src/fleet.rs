@@ -70,10 +70,13 @@ impl Fleet {
                 reason: e.to_string(),
             }
         };
-        let (aggregator, aggregator_handle) =
-            Actor::spawn(None, AggregatorActor, config.max_stacks_per_process)
-                .await
-                .map_err(spawn_err("aggregator"))?;
+        let (aggregator, aggregator_handle) = Actor::spawn(
+            None,
+            AggregatorActor,
+            (config.max_stacks_per_process, config.push.is_some()),
+        )
+        .await
+        .map_err(spawn_err("aggregator"))?;
         let sampling = match SamplingPool::start(
             config.sampling_threads,
             config.rate.base_hz(),
@@ -92,6 +95,7 @@ impl Fleet {
             writer: Arc::new(writer),
             aggregator: aggregator.clone(),
             interval: config.snapshot_interval,
+            push: config.push.clone(),
         };
         let (sink, sink_handle) = match Actor::spawn(None, SinkActor::<W>::new(), sink_args).await {
             Ok(s) => s,
@@ -224,7 +228,7 @@ impl Profiler {
         &self,
         duration: Duration,
         filter: PullFilter,
-    ) -> Result<crate::Snapshot, PullError> {
+    ) -> Result<crate::snapshot::Snapshot, PullError> {
         let opened = self
             .aggregator
             .call(|reply| AggregatorMsg::OpenTap(filter, reply), None)

@@ -10,8 +10,9 @@
 //!                     │                                     │ fleet: one wakeup per tick,
 //!                     ◄──(SlotEnded: how a slot ended)──────┤ every slot's StackSource)
 //!                                                           ▼ batches
-//!                   sink ──(every snapshot_interval: TakeSnapshot)──► aggregator
-//!                     └──► SnapshotWriter (blocking thread)
+//!                   sink ──(every snapshot / push interval: TakeWindows)──► aggregator
+//!                     ├──► SnapshotWriter (blocking thread)        ▲ taps (Profiler)
+//!                     └──► WindowPusher (queues, never blocks)
 //! ```
 //!
 //! A *sampler* is one life of one process's sampling: the supervisor attaches its source,
@@ -27,20 +28,20 @@
 //! | module | owns | uses |
 //! |---|---|---|
 //! | [`source`] | the traits the root implements (discovery, attach, sample) and their data | — |
-//! | [`snapshot`] | [`Snapshot`] and [`SnapshotWriter`] | source |
+//! | [`snapshot`] | [`Snapshot`], [`SnapshotWriter`] and [`WindowPusher`] | source |
 //! | `metric_names` | every metric's name and help | — |
 //! | `panics` | turning a panic into an error | — |
 //! | `self_cpu` | pyfleet's own CPU time | — |
 //! | `timing` | tick deadlines, jitter, periodic messages | — |
 //! | `error` | [`FleetError`] | — |
 //! | `status` | [`FleetStatus`], [`ProcessStatus`], [`ProcessState`] | — |
-//! | `config` | [`FleetConfig`], its defaults and checks | error, timing |
-//! | `aggregator` | the window's counts; batches in, snapshots out | snapshot, source |
+//! | `config` | [`FleetConfig`], [`PushSchedule`], defaults and checks | error, snapshot, timing |
+//! | `aggregator` | the windows' counts (snapshot, push, taps); batches in, snapshots out | snapshot, source |
 //! | `slot` | one process on a sampling thread, and how it ends (`SlotEnd`) | aggregator, metric_names, panics, snapshot, source |
 //! | `sampling` | the sampling threads and their loop | slot, aggregator, panics, source, timing |
-//! | `sink` | writing a snapshot every interval | aggregator, metric_names, panics, snapshot, timing |
+//! | `sink` | writing a snapshot every interval, handing push windows over | aggregator, config, metric_names, panics, snapshot, timing |
 //! | `supervisor` | which pids are sampled, sampler lives, restarts, exits, the rate | config, status, slot, sampling, metric_names, panics, self_cpu, source, timing |
-//! | `fleet` | [`Fleet`]: start and shutdown order, the status query | config, error, status, supervisor, sampling, sink, aggregator, snapshot, source |
+//! | `fleet` | [`Fleet`]: start and shutdown order, the status query, [`Profiler`] | config, error, status, supervisor, sampling, sink, aggregator, snapshot, source |
 //!
 //! Data two modules share lives in a module below both (`slot`'s ends for `sampling` and
 //! `supervisor`; `config` and `status` for `supervisor` and `fleet`), never in one of them.
@@ -89,12 +90,12 @@ mod supervisor;
 mod timing;
 
 pub use aggregator::{MAX_TAPS, MAX_TAP_AGE};
-pub use config::FleetConfig;
+pub use config::{FleetConfig, PushSchedule};
 pub use error::FleetError;
 pub use fleet::{Fleet, Profiler, PullError, PullFilter};
 pub use self_cpu::cpu_time as own_cpu_time;
 pub use slot::sample_kind_seconds;
-pub use snapshot::{Frames, ProcessProfile, Snapshot, SnapshotWriter};
+pub use snapshot::{Frames, ProcessProfile, Snapshot, SnapshotWriter, WindowPusher};
 pub use source::{
     Discovery, FrameInfo, Labels, ProcessInfo, SampleError, SampleKind, SampledThread,
     SourceFactory, SourceStats, StackSource, ThreadStatus,

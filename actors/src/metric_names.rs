@@ -54,6 +54,15 @@ pub const PROCESS_EXITS: &str = "pyfleet_process_exits_total";
 pub const ACTOR_RESTARTS: &str = "pyfleet_actor_restarts_total";
 /// Snapshots written (no labels).
 pub const SNAPSHOTS_WRITTEN: &str = "pyfleet_snapshots_written_total";
+/// Push requests to a profile store, `{result="sent"|"failed"}` (a failed attempt is retried).
+pub const PUSH_REQUESTS: &str = "pyfleet_push_requests_total";
+/// Push windows dropped: the queue was full (the store was down for long) or the store
+/// refused them for good (a 4xx answer).
+pub const PUSH_DROPPED: &str = "pyfleet_push_windows_dropped_total";
+/// Body bytes of push requests the store accepted.
+pub const PUSH_BYTES: &str = "pyfleet_push_bytes_total";
+/// Push windows waiting to be sent.
+pub const PUSH_QUEUED: &str = "pyfleet_push_queued_windows";
 /// pyfleet's own CPU time, user + system, in fractional seconds. Not in the metrics facade (its
 /// counters are integers): the /metrics handler renders it at each scrape from
 /// [`own_cpu_time`](crate::own_cpu_time), with [`CPU_SECONDS_HELP`].
@@ -106,4 +115,16 @@ pub fn describe() {
         "Sampler restarts after a failure"
     );
     describe_counter!(SNAPSHOTS_WRITTEN, Unit::Count, "Snapshots written");
+    describe_counter!(
+        PUSH_REQUESTS,
+        Unit::Count,
+        "Requests to the profile store, by result (sent, failed)"
+    );
+    describe_counter!(
+        PUSH_DROPPED,
+        Unit::Count,
+        "Push windows dropped (queue full, or refused by the store)"
+    );
+    describe_counter!(PUSH_BYTES, Unit::Bytes, "Bytes the profile store accepted");
+    describe_gauge!(PUSH_QUEUED, Unit::Count, "Push windows waiting to be sent");
 }

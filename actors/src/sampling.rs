@@ -522,7 +522,9 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn slots_end_by_removal_abandonment_or_panic_with_their_final_batch() {
-        let (aggregator, _) = Actor::spawn(None, AggregatorActor, 100).await.unwrap();
+        let (aggregator, _) = Actor::spawn(None, AggregatorActor, (100, false))
+            .await
+            .unwrap();
         let pool = SamplingPool::start(1, 500.0, aggregator.clone()).unwrap();
         let mut removed = place(&pool, 1, None).await;
         let mut abandoned = place(&pool, 2, None).await;
@@ -553,8 +555,18 @@ mod tests {
         // Shutdown finishes the slot left (final batch first) and joins the thread.
         pool.shutdown(Duration::from_secs(5)).await;
         assert!(stays.dropped.load(Ordering::SeqCst));
-        let snap = match aggregator.call(AggregatorMsg::TakeSnapshot, None).await {
-            Ok(CallResult::Success(snap)) => snap,
+        let taken = aggregator
+            .call(
+                |reply| AggregatorMsg::TakeWindows {
+                    snapshot: true,
+                    push: false,
+                    reply,
+                },
+                None,
+            )
+            .await;
+        let snap = match taken {
+            Ok(CallResult::Success((Some(snap), _))) => snap,
             _ => panic!("no snapshot"),
         };
         for f in [&removed, &abandoned, &panics, &stays] {

@@ -1,5 +1,7 @@
 //! The snapshot sink actor: every `snapshot_interval`, and once more at shutdown, takes the
-//! aggregator's window and hands it to the [`SnapshotWriter`].
+//! aggregator's window and hands it to the [`SnapshotWriter`]; with pushing on, every push
+//! interval (and at shutdown) it takes the push window and hands it to the pusher, which
+//! queues it (both windows in one message when both are due).
 //!
 //! Owns the snapshot schedule and `pyfleet_snapshots_written_total`. An empty window is
 //! written too: "nothing was sampled" is information (no process matched, or every process
@@ -18,19 +20,22 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::task::JoinHandle;
 
 use crate::aggregator::AggregatorMsg;
+use crate::config::PushSchedule;
 use crate::metric_names as m;
 use crate::panics::guard;
-use crate::snapshot::SnapshotWriter;
+use crate::snapshot::{Snapshot, SnapshotWriter};
 use crate::timing::spawn_ticker;
 
 pub(crate) struct SinkArgs<W> {
     pub writer: Arc<W>,
     pub aggregator: ActorRef<AggregatorMsg>,
     pub interval: Duration,
+    pub push: Option<PushSchedule>,
 }
 
 pub(crate) enum SinkMsg {
-    Tick,
+    /// A snapshot, a push window, or both are due.
+    Tick { snapshot: bool, push: bool },
     /// The final snapshot: stops the schedule, writes, replies with where it went.
     Final(RpcReplyPort<Result<PathBuf, String>>),
 }
@@ -48,7 +53,9 @@ pub(crate) struct SinkState<W> {
     writer: Arc<W>,
     aggregator: ActorRef<AggregatorMsg>,
     interval: Duration,
+    push: Option<PushSchedule>,
     ticker: Option<JoinHandle<()>>,
+    push_ticker: Option<JoinHandle<()>>,
     finished: bool,
     written: Counter,
 }
@@ -67,7 +74,9 @@ impl<W: SnapshotWriter> Actor for SinkActor<W> {
             writer: args.writer,
             aggregator: args.aggregator,
             interval: args.interval,
+            push: args.push,
             ticker: None,
+            push_ticker: None,
             finished: false,
             written: metrics::counter!(m::SNAPSHOTS_WRITTEN),
         })
@@ -78,7 +87,21 @@ impl<W: SnapshotWriter> Actor for SinkActor<W> {
         myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        state.ticker = Some(spawn_ticker(myself, state.interval, || SinkMsg::Tick));
+        let push_interval = state.push.as_ref().map(|p| p.interval);
+        // Equal schedules: one ticker cuts both windows at once.
+        let together = push_interval == Some(state.interval);
+        state.ticker = Some(spawn_ticker(myself.clone(), state.interval, move || {
+            SinkMsg::Tick {
+                snapshot: true,
+                push: together,
+            }
+        }));
+        if let Some(every) = push_interval.filter(|_| !together) {
+            state.push_ticker = Some(spawn_ticker(myself, every, || SinkMsg::Tick {
+                snapshot: false,
+                push: true,
+            }));
+        }
         Ok(())
     }
 
@@ -87,7 +110,10 @@ impl<W: SnapshotWriter> Actor for SinkActor<W> {
         _myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        if let Some(t) = state.ticker.take() {
+        for t in [state.ticker.take(), state.push_ticker.take()]
+            .into_iter()
+            .flatten()
+        {
             t.abort();
         }
         Ok(())
@@ -100,19 +126,22 @@ impl<W: SnapshotWriter> Actor for SinkActor<W> {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            SinkMsg::Tick => {
+            SinkMsg::Tick { snapshot, push } => {
                 if !state.finished {
-                    if let Err(e) = state.snapshot().await {
+                    if let Err(e) = state.take(snapshot, push).await {
                         tracing::warn!("snapshot not written: {e}");
                     }
                 }
             }
             SinkMsg::Final(reply) => {
-                if let Some(t) = state.ticker.take() {
+                for t in [state.ticker.take(), state.push_ticker.take()]
+                    .into_iter()
+                    .flatten()
+                {
                     t.abort();
                 }
                 state.finished = true;
-                let _ = reply.send(state.snapshot().await);
+                let _ = reply.send(state.take(true, true).await);
             }
         }
         Ok(())
@@ -120,16 +149,38 @@ impl<W: SnapshotWriter> Actor for SinkActor<W> {
 }
 
 impl<W: SnapshotWriter> SinkState<W> {
-    async fn snapshot(&mut self) -> Result<PathBuf, String> {
-        let snap = match self
+    /// Takes the windows asked for; hands the push window to the pusher and writes the
+    /// snapshot (the path it went to; an empty path when no snapshot was asked for).
+    async fn take(&mut self, snapshot: bool, push: bool) -> Result<PathBuf, String> {
+        let push = push && self.push.is_some();
+        let (snap, pushed) = match self
             .aggregator
-            .call(AggregatorMsg::TakeSnapshot, None)
+            .call(
+                |reply| AggregatorMsg::TakeWindows {
+                    snapshot,
+                    push,
+                    reply,
+                },
+                None,
+            )
             .await
         {
-            Ok(CallResult::Success(snap)) => snap,
+            Ok(CallResult::Success(windows)) => windows,
             Ok(_) => return Err("the aggregator did not answer".to_string()),
             Err(e) => return Err(format!("the aggregator is gone: {e}")),
         };
+        if let (Some(window), Some(schedule)) = (pushed, self.push.as_ref()) {
+            if let Err(panic) = guard(|| schedule.pusher.push(window)) {
+                tracing::warn!("the pusher panicked: {panic}");
+            }
+        }
+        match snap {
+            Some(snap) => self.write(snap).await,
+            None => Ok(PathBuf::new()),
+        }
+    }
+
+    async fn write(&mut self, snap: Snapshot) -> Result<PathBuf, String> {
         let writer = self.writer.clone();
         let written = tokio::task::spawn_blocking(move || {
             let path = guard(|| writer.write(&snap))

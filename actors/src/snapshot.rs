@@ -55,6 +55,12 @@ impl ProcessProfile {
     }
 }
 
+/// Takes each push window (see [`PushSchedule`](crate::PushSchedule)) away to a profile store.
+/// Called on the sink's task: it must not block (queue the window and return).
+pub trait WindowPusher: Send + Sync + 'static {
+    fn push(&self, window: Snapshot);
+}
+
 /// Writes snapshots out. Implemented by the root package; the sink calls it on a blocking
 /// thread, never on the async workers, one call at a time.
 pub trait SnapshotWriter: Send + Sync + 'static {

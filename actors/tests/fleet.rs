@@ -4,10 +4,11 @@
 
 mod common;
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
-use pyfleet_actors::{FleetConfig, ProcessState};
+use pyfleet_actors::{FleetConfig, ProcessState, PushSchedule, WindowPusher};
 use pyfleet_policies::{Mode, RatePolicy, RestartPolicy};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -471,4 +472,55 @@ async fn a_sampler_stopped_while_it_attaches_ends_at_once_and_its_source_is_drop
         snaps.iter().all(|s| s.processes.is_empty()),
         "nothing was sampled"
     );
+}
+
+/// Collects the push windows it is handed.
+#[derive(Default)]
+struct Pushed(Mutex<Vec<pyfleet_actors::Snapshot>>);
+
+impl WindowPusher for Pushed {
+    fn push(&self, window: pyfleet_actors::Snapshot) {
+        self.0.lock().unwrap().push(window);
+    }
+}
+
+/// Push windows on the snapshot schedule are the snapshot windows, cut at the same
+/// instants; on their own schedule they still split every sample, none lost, including the
+/// final partial window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_windows_are_cut_with_the_snapshots_and_lose_nothing() {
+    for push_every in [150, 70] {
+        let world = World::new();
+        let p = world.add(FakeProc::new(901, "pushed", vec![(CPU, 1)]));
+        let pushed = Arc::new(Pushed::default());
+        let config = FleetConfig {
+            snapshot_interval: Duration::from_millis(150),
+            batch_interval: Duration::from_millis(30),
+            push: Some(PushSchedule {
+                interval: Duration::from_millis(push_every),
+                pusher: pushed.clone(),
+            }),
+            ..fast_config()
+        };
+        let h = start(config, &world).await;
+        let writer = h.writer.clone();
+        assert!(eventually(|| writer.snapshots().len() >= 3).await);
+        h.fleet.shutdown().await.expect("final snapshot");
+        let snaps = h.writer.snapshots();
+        let windows = pushed.0.lock().unwrap().clone();
+        assert_eq!(total(&windows, 901), p.ok(), "push every {push_every} ms");
+        assert_eq!(total(&snaps, 901), p.ok());
+        if push_every == 150 {
+            assert_eq!(windows.len(), snaps.len());
+            for (w, s) in windows.iter().zip(&snaps) {
+                assert_eq!((w.started_at, w.taken_at), (s.started_at, s.taken_at));
+                assert_eq!(
+                    total(std::slice::from_ref(w), 901),
+                    total(std::slice::from_ref(s), 901)
+                );
+            }
+        } else {
+            assert!(windows.len() > snaps.len(), "{} windows", windows.len());
+        }
+    }
 }

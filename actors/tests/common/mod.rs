@@ -381,6 +381,7 @@ pub fn fast_config() -> FleetConfig {
         healthy_after: Duration::from_secs(10),
         stop_timeout: Duration::from_secs(5),
         sampling_threads: 1,
+        push: None,
     }
 }
 
