@@ -21,6 +21,7 @@ mod hostile_processes;
 mod labels;
 mod list;
 mod namespace;
+mod push;
 mod real_code;
 mod record;
 mod sampler_consistency;
