@@ -589,4 +589,73 @@ mod tests {
         .unwrap_err();
         assert!(e.starts_with("cannot read config"), "{e}");
     }
+
+    /// Label rules and the `[pyroscope]` table from a config file; the command line's
+    /// `--pyroscope` wins; mistakes are one line.
+    #[test]
+    fn label_rules_and_pyroscope_from_a_config_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pyfleet.toml");
+        let auth = dir.path().join("auth");
+        std::fs::write(&auth, "user:pass\n").unwrap();
+        std::fs::write(
+            &path,
+            format!(
+                "match-label = [\"namespace=^prod$\"]\nexclude-label = [\"service=canary\"]\n\
+                 [pyroscope]\nurl = \"http://pyro:4040\"\npush-interval = \"30s\"\n\
+                 basic-auth-file = \"{}\"\ntenant = \"team-a\"\nqueue = 8\n",
+                auth.display()
+            ),
+        )
+        .unwrap();
+        let from = |cli: RunOptions| {
+            RunOptions {
+                config: Some(path.clone()),
+                ..cli
+            }
+            .resolve(1)
+        };
+        let s = from(RunOptions::default()).unwrap();
+        assert!(s.policy.uses_labels());
+        let push = s.push.expect("push settings");
+        assert_eq!(push.target.authority, "pyro:4040");
+        assert_eq!(push.target.tenant.as_deref(), Some("team-a"));
+        assert_eq!(
+            push.target.authorization.as_deref(),
+            Some("Basic dXNlcjpwYXNz")
+        );
+        assert_eq!((push.interval, push.queue), (Duration::from_secs(30), 8));
+        let s = from(RunOptions {
+            pyroscope_url: Some("http://other:4040".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(s.push.unwrap().target.authority, "other:4040");
+        for (cli, says) in [
+            (
+                RunOptions {
+                    pyroscope_url: Some("https://x".into()),
+                    ..Default::default()
+                },
+                "https is not supported",
+            ),
+            (
+                RunOptions {
+                    push_interval: Some(Seconds(5.0)),
+                    ..Default::default()
+                },
+                "--push-interval goes with --pyroscope",
+            ),
+            (
+                RunOptions {
+                    match_label: vec!["colour=red".into()],
+                    ..Default::default()
+                },
+                "unknown label 'colour'",
+            ),
+        ] {
+            let e = cli.resolve(1).unwrap_err();
+            assert!(e.contains(says) && e.lines().count() == 1, "{e}");
+        }
+    }
 }

@@ -67,11 +67,7 @@ impl StackSource for UnwinderSource {
             },
             stack: u64::from(t.stack),
         }));
-        Ok(match self.unwinder.last_kind() {
-            cpython::SampleKind::Kept => SampleKind::Kept,
-            cpython::SampleKind::Checked => SampleKind::Checked,
-            cpython::SampleKind::Read => SampleKind::Read,
-        })
+        Ok(self.unwinder.last_kind())
     }
 
     fn resolve(&self, stack: u64) -> Option<Vec<FrameInfo>> {

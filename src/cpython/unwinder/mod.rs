@@ -89,17 +89,8 @@ use top::*;
 /// attached together do not fall on the same tick.
 pub const MAX_KEPT: u32 = 1000;
 
-/// What the last successful sample cost.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SampleKind {
-    /// Kept whole: a check found that no thread of the process had run (no memory read).
-    Kept,
-    /// Read after a check found that some thread had run.
-    Checked,
-    /// Read without a check.
-    #[default]
-    Read,
-}
+/// What a successful sample cost (the actors count samples by it).
+pub use pyfleet_actors::SampleKind;
 
 /// How an unwinder behaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
