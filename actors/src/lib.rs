@@ -53,8 +53,9 @@
 //!
 //! # Metrics of exited processes
 //!
-//! The `metrics` facade cannot remove a series, so per-process series (labels `process` and
-//! `pid`, taken only from [`ProcessInfo::name`] and [`ProcessInfo::pid`]) disappear through
+//! The `metrics` facade cannot remove a series, so per-process series (labels `process`,
+//! `role`, `pid`, and the `service` and `namespace` of [`ProcessInfo::labels`], taken only
+//! from the [`ProcessInfo`]) disappear through
 //! the exporter's idle timeout. While a process is sampled, its sampler touches every one of
 //! its series every `batch_interval` (a zero increment counts as an update for
 //! metrics-util's recency tracking), and the supervisor touches
