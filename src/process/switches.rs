@@ -106,16 +106,21 @@ impl Switches {
                 }
             }
         }
-        Some(Switches {
+        Some(Switches::with_rings(rings, online, Instant::now()))
+    }
+
+    /// A log over `rings` (of the CPUs listed in `online`) that has drained nothing yet.
+    fn with_rings(rings: Vec<SwitchRing>, online: String, now: Instant) -> Switches {
+        Switches {
             rings,
             online,
-            checked_cpus: Instant::now(),
+            checked_cpus: now,
             stopped: false,
             drains: 0,
-            last_drain: Instant::now(),
+            last_drain: now,
             tids: FxHashMap::default(),
             scratch: Vec::new(),
-        })
+        }
     }
 
     fn running(&self) -> bool {
@@ -265,16 +270,7 @@ mod tests {
     /// Without rings: what the latest times say, whatever order the rings were read in.
     #[test]
     fn the_latest_switch_says_whether_a_thread_runs() {
-        let mut s = Switches {
-            rings: Vec::new(),
-            online: String::new(),
-            checked_cpus: Instant::now(),
-            stopped: false,
-            drains: 0,
-            last_drain: Instant::now(),
-            tids: FxHashMap::default(),
-            scratch: Vec::new(),
-        };
+        let mut s = Switches::with_rings(Vec::new(), String::new(), Instant::now());
         let (i, o) = (
             |time| Switch::In { tid: 7, time },
             |time| Switch::Out { tid: 7, time },
@@ -332,16 +328,7 @@ mod tests {
     #[test]
     fn a_recent_drain_is_reused_unless_a_fresh_one_is_asked_for() {
         let t0 = Instant::now();
-        let mut s = Switches {
-            rings: Vec::new(),
-            online: String::new(),
-            checked_cpus: t0,
-            stopped: false,
-            drains: 0,
-            last_drain: t0,
-            tids: FxHashMap::default(),
-            scratch: Vec::new(),
-        };
+        let mut s = Switches::with_rings(Vec::new(), String::new(), t0);
         let first = s.drain(t0, false);
         assert_eq!(first, 1, "the first check always drains");
         let soon = t0 + DRAIN_REUSE / 2;
