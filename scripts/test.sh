@@ -7,6 +7,7 @@
 #   - prometheus/promtool (Debian), kubernetes-validate (PyPI venv) for the deploy/ test;
 #   - chromium, go tool pprof (Debian), speedscope's schema (npm), jsonschema (PyPI venv) for
 #     the output formats' test;
+#   - clang (Debian) for build.rs to build the kernel capture's BPF program;
 #   - Rust dependencies (cargo fetches them);
 #   - formatting, clippy, unit and integration tests against real interpreters 3.11-3.15
 #     (the real-code exactness test measures the release build);
@@ -17,6 +18,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 step() { printf '\n== %s\n' "$*"; }
+
+step "build tools (clang: the kernel capture's BPF program)"
+scripts/setup-build-tools.sh
 
 step "interpreters"
 scripts/setup-pythons.sh

@@ -173,6 +173,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
             UnwinderFactory {
                 read_only: settings.read_only,
                 blocking: settings.blocking,
+                capture: None,
             },
             writer,
         )

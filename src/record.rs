@@ -112,6 +112,12 @@ pub struct RecordOptions {
     /// costs a little more while pyfleet runs (see the README).
     #[arg(long)]
     pub switch_log: bool,
+    /// How stacks are taken: `reads` (pyfleet reads each target's memory at each tick) or
+    /// `kernel` (the kernel copies a running thread's frames at its CPU's sampling
+    /// interrupt: each stack one instant's, the target never stopped; cpu mode; needs root
+    /// and a pyfleet built with clang).
+    #[arg(long, value_name = "reads|kernel", default_value = "reads")]
+    pub capture: String,
 }
 
 /// Validated settings.
@@ -129,6 +135,8 @@ struct Plan {
     read_only: bool,
     blocking: bool,
     switch_log: bool,
+    /// `--capture kernel`.
+    kernel_capture: bool,
     force: bool,
     wait: bool,
     exclude_roles: Vec<pyfleet_policies::Role>,
@@ -158,6 +166,17 @@ fn plan(mut o: RecordOptions) -> Result<Plan> {
         bail!(
             "--wait goes with --match or --match-label (it waits for a matching process to start)"
         );
+    }
+    let kernel_capture = match o.capture.as_str() {
+        "reads" => false,
+        "kernel" => true,
+        other => bail!("--capture must be reads or kernel (got {other:?})"),
+    };
+    if kernel_capture && mode != Mode::Cpu {
+        bail!("--capture kernel samples threads on a CPU only: it goes with --mode cpu");
+    }
+    if kernel_capture && o.blocking {
+        bail!("--capture kernel never stops the target: it does not go with --blocking");
     }
     let format = match (&o.format, &o.output) {
         (Some(f), _) => f.parse::<Format>().map_err(|e| anyhow!("--format: {e}"))?,
@@ -190,6 +209,7 @@ fn plan(mut o: RecordOptions) -> Result<Plan> {
         read_only: o.read_only,
         blocking: o.blocking,
         switch_log: o.switch_log,
+        kernel_capture,
         force: o.force,
         wait: o.wait,
         exclude_roles: pyfleet::config::parse_roles(&o.exclude_role).map_err(|e| anyhow!(e))?,
@@ -268,6 +288,15 @@ pub fn run(opts: RecordOptions) -> Result<()> {
     if plan.switch_log {
         crate::daemon::start_switch_log();
     }
+    let capture = match plan.kernel_capture {
+        true => {
+            let hz = plan.rate.base_hz().round().clamp(1.0, f64::from(u32::MAX)) as u32;
+            let c = pyfleet::memory::kernel_capture::KernelCapture::start(hz)
+                .map_err(|e| anyhow!("--capture kernel: {e}"))?;
+            Some(Arc::new(pyfleet::stack_source::SharedCapture::new(c)))
+        }
+        false => None,
+    };
     let runtime = crate::daemon::runtime()?;
     let started = Instant::now();
     let progress = std::io::stderr().is_terminal();
@@ -284,6 +313,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
                 inner: UnwinderFactory {
                     read_only: plan.read_only,
                     blocking: plan.blocking,
+                    capture: capture.clone(),
                 },
                 counters: counters.clone(),
             },

@@ -2,23 +2,163 @@
 //! [`UnwinderSource`] (the unwinder of `cpython`) per process; [`Counted`] wraps a factory to
 //! count the samples taken and failed across the fleet (for `record`'s progress line).
 //!
+//! With a [`SharedCapture`] (`--capture kernel`), a source reads its process in full only to
+//! learn its threads (at most once a second, [`CAPTURE_REFRESH`]); its samples are the chains
+//! the kernel copied at interrupts of those threads since the last tick, as many per tick as
+//! there were (each one thread on a CPU at one instant). The capture is one for the whole
+//! fleet: the source that drains it files every record under its pid, and each source takes
+//! its own (at most [`MAX_PENDING`] waiting per process; older ones are dropped and counted).
+//!
 //! Must not schedule anything (the actors decide when) nor format output (`output/` does).
 
 use crate::cpython::{self, Unwinder, UnwinderOptions};
+use crate::memory::kernel_capture::{KernelCapture, FRAME_BYTES};
 use crate::memory::ProcessMemory;
 use pyfleet_actors::{
     FrameInfo, ProcessInfo, SampleError, SampleKind, SampledThread, SourceFactory, SourceStats,
     StackSource, ThreadStatus,
 };
+use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// How often a capturing source reads its process in full to learn its threads.
+pub const CAPTURE_REFRESH: Duration = Duration::from_secs(1);
+
+/// Most captured records waiting for one process's source (about 4 s of one busy thread at
+/// 1 kHz); past it the oldest are dropped and counted.
+pub const MAX_PENDING: usize = 4096;
 
 /// Attaches the unwinder to each process.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Clone, Default)]
 pub struct UnwinderFactory {
     pub read_only: bool,
     /// Pause each target for its samples (`--blocking`).
     pub blocking: bool,
+    /// Sample through the kernel capture instead (`--capture kernel`).
+    pub capture: Option<Arc<SharedCapture>>,
+}
+
+/// One captured chain, copied out of the ring for its process's source.
+struct PendingRecord {
+    tid: u32,
+    /// Why the chain is not whole, if it is not.
+    incomplete: Option<&'static str>,
+    frames: Vec<(u64, [u8; FRAME_BYTES])>,
+}
+
+struct CaptureState {
+    capture: KernelCapture,
+    /// Records waiting per pid, for pids some source watches.
+    pending: FxHashMap<u32, Vec<PendingRecord>>,
+    /// Watched threads per pid.
+    watched: FxHashMap<u32, Vec<u32>>,
+    dropped: u64,
+}
+
+/// The kernel capture, shared by every source of a fleet (see the module documentation).
+pub struct SharedCapture {
+    state: Mutex<CaptureState>,
+}
+
+impl SharedCapture {
+    pub fn new(capture: KernelCapture) -> SharedCapture {
+        SharedCapture {
+            state: Mutex::new(CaptureState {
+                capture,
+                pending: FxHashMap::default(),
+                watched: FxHashMap::default(),
+                dropped: 0,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, CaptureState> {
+        // A panic elsewhere while holding it leaves plain data behind: still usable.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records lost: no room in the kernel's ring, or too many waiting for one process.
+    pub fn lost(&self) -> u64 {
+        let s = self.lock();
+        s.capture.lost() + s.dropped
+    }
+
+    /// Watches exactly `threads` of `pid` (those no longer listed are no longer captured).
+    fn watch(
+        &self,
+        pid: u32,
+        threads: &[cpython::CapturedThread],
+        path: crate::memory::kernel_capture::FramePointerPath,
+    ) -> Result<(), String> {
+        let mut s = self.lock();
+        let old = s.watched.remove(&pid).unwrap_or_default();
+        for tid in old {
+            if !threads.iter().any(|t| t.tid as u32 == tid) {
+                s.capture.unwatch(tid);
+            }
+        }
+        let mut now = Vec::with_capacity(threads.len());
+        for t in threads {
+            let tid = t.tid as u32;
+            s.capture
+                .watch(tid, t.tstate, path)
+                .map_err(|e| e.to_string())?;
+            now.push(tid);
+        }
+        s.pending.entry(pid).or_default();
+        s.watched.insert(pid, now);
+        Ok(())
+    }
+
+    /// Stops capturing `pid`'s threads and drops what waits for it.
+    fn forget(&self, pid: u32) {
+        let mut s = self.lock();
+        for tid in s.watched.remove(&pid).unwrap_or_default() {
+            s.capture.unwatch(tid);
+        }
+        s.pending.remove(&pid);
+    }
+
+    /// Drains the kernel's ring into the per-process queues, then hands `pid`'s records to
+    /// `out` (oldest first).
+    fn take(&self, pid: u32, out: &mut Vec<PendingRecord>) {
+        let mut s = self.lock();
+        let CaptureState {
+            capture,
+            pending,
+            dropped,
+            ..
+        } = &mut *s;
+        capture.drain(|r| {
+            let Some(queue) = pending.get_mut(&r.pid) else {
+                return;
+            };
+            if queue.len() >= MAX_PENDING {
+                queue.remove(0);
+                *dropped += 1;
+            }
+            queue.push(PendingRecord {
+                tid: r.tid,
+                incomplete: r.unreadable().or(r
+                    .truncated()
+                    .then_some("a chain deeper than the capture copies")),
+                frames: r
+                    .frames()
+                    .map(|(a, b)| {
+                        let mut bytes = [0u8; FRAME_BYTES];
+                        let n = b.len().min(FRAME_BYTES);
+                        bytes[..n].copy_from_slice(&b[..n]);
+                        (a, bytes)
+                    })
+                    .collect(),
+            });
+        });
+        if let Some(queue) = pending.get_mut(&pid) {
+            out.append(queue);
+        }
+    }
 }
 
 impl SourceFactory for UnwinderFactory {
@@ -26,24 +166,131 @@ impl SourceFactory for UnwinderFactory {
 
     fn attach(&self, p: &ProcessInfo, needs_cpu_status: bool) -> Result<UnwinderSource, String> {
         let opts = UnwinderOptions {
-            frame_cache: true,
+            // A capturing source reads its process only to learn its threads: no marker.
+            frame_cache: self.capture.is_none(),
             read_only: self.read_only,
             cpu_status: needs_cpu_status,
             blocking: self.blocking,
             ..Default::default()
         };
         let unwinder = cpython::attach(p.pid, opts).map_err(|e| e.to_string())?;
-        Ok(UnwinderSource { unwinder })
+        Ok(UnwinderSource {
+            unwinder,
+            capture: self.capture.clone().map(|shared| CaptureLink {
+                shared,
+                pid: p.pid as u32,
+                refreshed: None,
+                threads: Vec::new(),
+                records: Vec::new(),
+            }),
+        })
+    }
+}
+
+/// A capturing source's share of the [`SharedCapture`].
+struct CaptureLink {
+    shared: Arc<SharedCapture>,
+    pid: u32,
+    refreshed: Option<Instant>,
+    /// The threads watched: those of the last full sample that succeeded.
+    threads: Vec<cpython::CapturedThread>,
+    records: Vec<PendingRecord>,
+}
+
+impl Drop for CaptureLink {
+    fn drop(&mut self) {
+        self.shared.forget(self.pid);
     }
 }
 
 /// One process's unwinder, as the actors see it.
 pub struct UnwinderSource {
     unwinder: Unwinder<ProcessMemory>,
+    capture: Option<CaptureLink>,
+}
+
+fn sample_error(e: &cpython::UnwindError) -> SampleError {
+    SampleError {
+        kind: e.kind(),
+        process_gone: e.is_process_gone(),
+        message: e.to_string(),
+    }
+}
+
+impl UnwinderSource {
+    /// A tick of a capturing source: the threads learnt again when due, then every chain
+    /// captured for this process since the last tick.
+    fn sample_captured(
+        unwinder: &mut Unwinder<ProcessMemory>,
+        link: &mut CaptureLink,
+        out: &mut Vec<SampledThread>,
+    ) -> Result<SampleKind, SampleError> {
+        if link
+            .refreshed
+            .is_none_or(|t| t.elapsed() >= CAPTURE_REFRESH)
+        {
+            match unwinder.sample() {
+                Ok(_) => {
+                    link.refreshed = Some(Instant::now());
+                    link.threads = unwinder.captured_threads();
+                    let path = unwinder.frame_pointer_path();
+                    link.shared
+                        .watch(link.pid, &link.threads, path)
+                        .map_err(|message| SampleError {
+                            kind: "capture",
+                            process_gone: false,
+                            message,
+                        })?;
+                }
+                Err(e) if e.is_process_gone() => return Err(sample_error(&e)),
+                // Its threads are learnt at the next tick; the capture goes on meanwhile.
+                Err(_) => {}
+            }
+        }
+        let mut records = std::mem::take(&mut link.records);
+        link.shared.take(link.pid, &mut records);
+        unwinder.begin_captured_batch();
+        let mut first_error = None;
+        let mut taken = 0usize;
+        for r in records.drain(..) {
+            let frames = r.frames.iter().map(|(a, b)| (*a, &b[..]));
+            let thread = link.threads.iter().find(|t| t.tid as u32 == r.tid);
+            let sampled = match (r.incomplete, thread) {
+                (Some(why), _) => unwinder.captured_failure(why),
+                // Captured before this source stopped watching it: a thread that ended.
+                (None, None) => continue,
+                (None, Some(&t)) => unwinder.sample_captured(t, frames, false),
+            };
+            match sampled {
+                Ok(t) => {
+                    taken += 1;
+                    out.push(SampledThread {
+                        thread_id: t.thread_id,
+                        status: ThreadStatus {
+                            on_cpu: true,
+                            holds_gil: t.holds_gil,
+                        },
+                        stack: u64::from(t.stack),
+                    });
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        link.records = records;
+        match (taken, first_error) {
+            (0, Some(e)) => Err(sample_error(&e)),
+            _ => Ok(SampleKind::Read),
+        }
+    }
 }
 
 impl StackSource for UnwinderSource {
     fn sample(&mut self, out: &mut Vec<SampledThread>) -> Result<SampleKind, SampleError> {
+        if let Some(link) = self.capture.as_mut() {
+            return Self::sample_captured(&mut self.unwinder, link, out);
+        }
         // A target that changed its stack under the read (a torn frame chain, a frame freed
         // mid-read) usually reads fine a moment later: one immediate retry, so the profile
         // loses fewer samples. Both attempts count in the unwinder's own error stats.

@@ -22,7 +22,9 @@ pub mod synthetic;
 pub use layout::{Layout, Version};
 pub use objects::CodeInfo;
 pub use resolved::{Frame, InterpreterStacks, ThreadStack};
-pub use unwinder::{SampleKind, ThreadSample, Unwinder, UnwinderOptions, UnwinderStats};
+pub use unwinder::{
+    CapturedThread, SampleKind, ThreadSample, Unwinder, UnwinderOptions, UnwinderStats,
+};
 
 use crate::binary::{self, BinaryError, RuntimeLocation};
 use crate::memory::{FieldOutOfRange, MemoryError, ProcessMemory, RemoteMemory};
@@ -51,6 +53,9 @@ pub enum UnwindError {
     /// More than pyfleet reads for one sample (bytes, objects): the rest waits for the next.
     #[error("over the sample's budget: {0}")]
     Budget(&'static str),
+    /// A chain from the kernel capture that cannot be a whole stack.
+    #[error("the kernel capture copied {0}")]
+    Capture(&'static str),
 }
 
 impl UnwindError {
@@ -86,6 +91,7 @@ impl UnwindError {
             | UnwindError::Moved(_) => "inconsistent",
             UnwindError::Cycle(_) | UnwindError::TooLong(..) => "cycle",
             UnwindError::Budget(_) => "budget",
+            UnwindError::Capture(_) => "capture",
         }
     }
 }

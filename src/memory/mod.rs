@@ -7,6 +7,8 @@
 //! [`Pauser`] stops a target's threads for a read that must see one instant (`--blocking`).
 //! [`switch_ring::SwitchRing`] reads the kernel's log of context switches on one CPU from
 //! the ring buffer it shares with pyfleet (memory too, though not a target's).
+//! [`kernel_capture::KernelCapture`] has the kernel copy watched threads' frame chains at each
+//! sampling interrupt (a BPF program), one instant each, without stopping them.
 //! [`limit_malloc_arenas`] keeps pyfleet's own heap from spreading over one arena per thread.
 //!
 //! It is the only home of `unsafe` in pyfleet. It knows nothing about CPython: callers ask for
@@ -14,6 +16,7 @@
 //! because syscalls, not bytes, are what a sample costs.
 
 mod image;
+pub mod kernel_capture;
 pub mod pause;
 mod process_vm;
 pub mod switch_ring;

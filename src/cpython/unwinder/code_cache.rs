@@ -16,6 +16,9 @@ pub(super) const MAX_NOT_CODE: usize = 64;
 /// would otherwise fail, or mislabel, every sample it is in for as long as it is cached.
 pub(super) const FORGET_AFTER_FAILURES: u32 = 8;
 
+/// Set in stamps that are epochs rather than code-object generations.
+const EPOCH_STAMP: u64 = 1 << 63;
+
 /// Most code objects loaded in one sample.
 pub(super) const MAX_CODES_PER_SAMPLE: usize = 1024;
 
@@ -33,18 +36,18 @@ pub(super) struct CodeEntry {
 impl<M: RemoteMemory> Unwinder<M> {
     /// Makes sure every code object walked this sample is cached and valid: one batch of
     /// validations, one batch of loads.
+    /// `generation`: the interpreter's `code_object_generation` read with the sample (3.14+);
+    /// `None` validates by fingerprint, once per epoch, on every version (captured samples).
     pub(super) fn resolve_codes(
         &mut self,
         b: &ReadPlan,
-        generation: u64,
+        generation: Option<u64>,
     ) -> Result<(), UnwindError> {
         self.codes_changed = false;
-        let use_generation = self.layout.interp.code_object_generation.is_some();
-        let stamp = if use_generation {
-            generation
-        } else {
-            self.epoch
-        };
+        let generation = generation.filter(|_| self.layout.interp.code_object_generation.is_some());
+        // Epoch stamps live apart from generations (top bit set), so that one never passes
+        // for the other when both kinds of sample run on one unwinder.
+        let stamp = generation.unwrap_or(self.epoch | EPOCH_STAMP);
         let (fp_lo, fp_len) = fingerprint_span(&self.layout);
 
         // Distinct code objects of this sample, each counted once as a hit or a miss.

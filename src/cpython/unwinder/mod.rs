@@ -43,6 +43,8 @@
 //! `_Py_DebugOffsets` gives (validated), and never in `read_only` mode.
 
 mod budget;
+mod captured;
+pub use captured::CapturedThread;
 mod code_cache;
 mod frame_cache;
 mod frames;
@@ -550,7 +552,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         let mut work = std::mem::take(&mut self.work);
         work.clear();
         let r = self.collect(b, &mut work).and_then(|gen| {
-            self.resolve_codes(b, gen)?;
+            self.resolve_codes(b, Some(gen))?;
             self.finish(&mut work)
         });
         self.work = work;

@@ -1,0 +1,159 @@
+// SPDX-License-Identifier: MIT OR GPL-2.0-only
+// (GPL-compatible: the kernel lets only such programs read user memory.)
+//
+// pyfleet's kernel capture: at each sampling interrupt of a CPU (a cpu-clock perf event per
+// CPU), if the interrupted thread is one pyfleet watches (its id is in `threads`), copy its
+// Python frame chain as it is at that instant into the `records` ring: the address and the
+// first FRAME_BYTES bytes of each frame, newest first, following `previous`. Nothing else is
+// interpreted here: userspace decodes the frames with the version's layout, exactly as it
+// decodes frames read from a paused thread. The thread is not running while this runs (it
+// was interrupted), so the chain is one instant's.
+//
+// Bounded: at most MAX_FRAMES frames (deeper chains are flagged truncated and counted as
+// failed samples by userspace), one fixed-size ring reservation per sample (a full ring
+// counts the sample as lost in `lost`), reads that would fault fail instead (flagged).
+//
+// Self-contained on purpose (no libbpf or kernel headers): the helper numbers and map types
+// below are the kernel's stable UAPI values; only clang is needed to build it.
+
+typedef unsigned char __u8;
+typedef unsigned short __u16;
+typedef unsigned int __u32;
+typedef unsigned long long __u64;
+
+#define SEC(name) __attribute__((section(name), used))
+#define __uint(name, val) int (*name)[val]
+#define __type(name, val) typeof(val) *name
+
+enum {
+    BPF_MAP_TYPE_HASH = 1,
+    BPF_MAP_TYPE_PERCPU_ARRAY = 6,
+    BPF_MAP_TYPE_RINGBUF = 27,
+};
+
+static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)1;
+static __u64 (*bpf_ktime_get_ns)(void) = (void *)5;
+static __u64 (*bpf_get_current_pid_tgid)(void) = (void *)14;
+static long (*bpf_probe_read_user)(void *dst, __u32 size, const void *src) = (void *)112;
+static void *(*bpf_ringbuf_reserve)(void *ringbuf, __u64 size, __u64 flags) = (void *)131;
+static void (*bpf_ringbuf_submit)(void *data, __u64 flags) = (void *)132;
+
+// Keep in step with src/memory/kernel_capture.rs.
+#define MAX_FRAMES 256
+#define FRAME_BYTES 80
+#define MAX_THREADS 16384
+#define RING_BYTES (8 << 20)
+#define NO_INDIRECTION 0xffffffffffffffffULL
+
+#define FLAG_POINTER_UNREADABLE 1
+#define FLAG_FRAME_UNREADABLE 2
+#define FLAG_TRUNCATED 4
+
+// Where a watched thread's current frame is, and how frames link.
+struct thread_info {
+    __u64 tstate;
+    // tstate + first: the current frame's address (3.13+), or (3.11, 3.12) the address of
+    // a pointer to the C frame, whose `second` offset holds it.
+    __u64 first;
+    __u64 second;
+    // Offset of `previous` in a frame (below FRAME_BYTES - 8).
+    __u64 previous;
+};
+
+struct frame_copy {
+    __u64 addr;
+    __u8 bytes[FRAME_BYTES];
+};
+
+struct record {
+    __u32 pid;
+    __u32 tid;
+    __u64 time;
+    __u16 frames;
+    __u16 flags;
+    __u32 pad;
+    struct frame_copy frame[MAX_FRAMES];
+};
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, MAX_THREADS);
+    __type(key, __u32);
+    __type(value, struct thread_info);
+} threads SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_RINGBUF);
+    __uint(max_entries, RING_BYTES);
+} records SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, __u64);
+} lost SEC(".maps");
+
+SEC("perf_event")
+int capture_python_frames(void *ctx)
+{
+    __u64 id = bpf_get_current_pid_tgid();
+    __u32 tid = (__u32)id;
+    struct thread_info *info = bpf_map_lookup_elem(&threads, &tid);
+    if (!info)
+        return 0;
+    struct record *r = bpf_ringbuf_reserve(&records, sizeof(struct record), 0);
+    if (!r) {
+        __u32 zero = 0;
+        __u64 *n = bpf_map_lookup_elem(&lost, &zero);
+        if (n)
+            *n += 1;
+        return 0;
+    }
+    r->pid = (__u32)(id >> 32);
+    r->tid = tid;
+    r->time = bpf_ktime_get_ns();
+    r->frames = 0;
+    r->flags = 0;
+    r->pad = 0;
+    __u64 previous = info->previous;
+    if (previous > FRAME_BYTES - 8)
+        previous = 0;
+    __u64 at = info->tstate + info->first;
+    __u64 frame = 0;
+    if (info->second != NO_INDIRECTION) {
+        __u64 cframe = 0;
+        if (bpf_probe_read_user(&cframe, 8, (void *)at) < 0 || cframe == 0) {
+            r->flags = FLAG_POINTER_UNREADABLE;
+            bpf_ringbuf_submit(r, 0);
+            return 0;
+        }
+        at = cframe + info->second;
+    }
+    if (bpf_probe_read_user(&frame, 8, (void *)at) < 0) {
+        r->flags = FLAG_POINTER_UNREADABLE;
+        bpf_ringbuf_submit(r, 0);
+        return 0;
+    }
+    __u32 i;
+    for (i = 0; i < MAX_FRAMES; i++) {
+        if (frame == 0)
+            break;
+        struct frame_copy *f = &r->frame[i];
+        f->addr = frame;
+        if (bpf_probe_read_user(f->bytes, FRAME_BYTES, (void *)frame) < 0) {
+            r->flags = FLAG_FRAME_UNREADABLE;
+            break;
+        }
+        __u64 next = 0;
+        __builtin_memcpy(&next, f->bytes + previous, 8);
+        frame = next;
+    }
+    if (i == MAX_FRAMES && frame != 0)
+        r->flags |= FLAG_TRUNCATED;
+    r->frames = (__u16)i;
+    bpf_ringbuf_submit(r, 0);
+    return 0;
+}
+
+char LICENSE[] SEC("license") = "Dual MIT/GPL";

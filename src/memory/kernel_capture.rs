@@ -1,0 +1,304 @@
+//! The kernel capture: Python frame chains copied by the kernel at the sampling interrupt.
+//!
+//! `bpf/capture.bpf.c` (built by `build.rs` with clang) runs at every tick of a cpu-clock perf
+//! event on each online CPU. When the interrupted thread is one this capture watches
+//! ([`KernelCapture::watch`]: its thread state and where its current-frame pointer lies), it
+//! copies the thread's frames as they are at that instant, newest first (each frame's address
+//! and first [`FRAME_BYTES`] bytes, following `previous`), into a ring buffer this module
+//! drains ([`KernelCapture::drain`]). The interrupted thread does not run while its frames are
+//! copied: a record is one instant's chain, never a torn one. Only threads on a CPU are
+//! captured (a cpu-mode profile), each in proportion to the CPU time it uses.
+//!
+//! Contract: bounded by the program's constants (at most [`MAX_FRAMES`] frames a record,
+//! deeper chains flagged [`CapturedRecord::truncated`]; [`MAX_WATCHED`] threads; a ring of
+//! fixed size whose overflow is counted by [`KernelCapture::lost`], never blocking anything).
+//! Nothing is written to any target. Needs root (CAP_BPF and CAP_PERFMON).
+
+use aya::maps::{HashMap as BpfMap, MapData, PerCpuArray, RingBuf};
+use aya::programs::perf_event::{
+    PerfEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent,
+};
+use aya::{Ebpf, Pod};
+
+/// Most frames one record holds (`MAX_FRAMES` in `bpf/capture.bpf.c`).
+pub const MAX_FRAMES: usize = 256;
+/// Bytes copied from the start of each frame (`FRAME_BYTES`): every field pyfleet reads of a
+/// frame lies in the first 80 bytes on 3.11-3.15.
+pub const FRAME_BYTES: usize = 80;
+/// Most threads watched at once (`MAX_THREADS`).
+pub const MAX_WATCHED: usize = 16384;
+
+const HEAD_BYTES: usize = 24;
+const FRAME_COPY_BYTES: usize = 8 + FRAME_BYTES;
+const NO_INDIRECTION: u64 = u64::MAX;
+const FLAG_POINTER_UNREADABLE: u16 = 1;
+const FLAG_FRAME_UNREADABLE: u16 = 2;
+const FLAG_TRUNCATED: u16 = 4;
+
+#[cfg(pyfleet_capture)]
+static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/capture.bpf.o"));
+
+/// Where a thread's current-frame pointer lies, from its thread state (the layout's
+/// `CurrentFrame`), and where a frame names its caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FramePointerPath {
+    /// Offset in the thread state of the current frame's address (3.13+), or of a pointer
+    /// to the C frame holding it (3.11, 3.12: then `in_cframe` is that offset in it).
+    pub first: u64,
+    pub in_cframe: Option<u64>,
+    /// Offset of `previous` in a frame (below [`FRAME_BYTES`] - 8).
+    pub previous: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct ThreadInfo {
+    tstate: u64,
+    first: u64,
+    second: u64,
+    previous: u64,
+}
+
+// SAFETY: four u64 fields, `repr(C)`, no padding: every bit pattern is a valid value, which
+// is what `Pod` asks of types copied to and from BPF maps.
+unsafe impl Pod for ThreadInfo {}
+
+/// Why the capture could not start or watch a thread.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    #[error("this pyfleet was built without the kernel capture (no clang at build time)")]
+    NotBuilt,
+    #[error("cannot load the kernel capture program: {0} (needs root: CAP_BPF and CAP_PERFMON)")]
+    Load(String),
+    #[error("cannot attach the kernel capture to CPU {cpu}: {why}")]
+    Attach { cpu: u32, why: String },
+    #[error("cannot watch thread {tid}: {why}")]
+    Watch { tid: u32, why: String },
+    #[error("the frame layout puts `previous` at {0}, past the bytes the capture copies")]
+    Layout(u64),
+}
+
+/// The loaded program, its events and maps. Dropping it detaches everything.
+pub struct KernelCapture {
+    threads: BpfMap<MapData, u32, ThreadInfo>,
+    ring: RingBuf<MapData>,
+    lost: PerCpuArray<MapData, u64>,
+    watched: usize,
+    /// Owns the program and its perf events (detached when dropped).
+    _ebpf: Ebpf,
+}
+
+impl KernelCapture {
+    /// Loads the program and attaches it to a cpu-clock event at `rate_hz` on every online
+    /// CPU.
+    pub fn start(rate_hz: u32) -> Result<KernelCapture, CaptureError> {
+        let mut ebpf = load()?;
+        let cpus = aya::util::online_cpus()
+            .map_err(|(what, e)| CaptureError::Load(format!("{what}: {e}")))?;
+        let program: &mut PerfEvent = ebpf
+            .program_mut("capture_python_frames")
+            .ok_or_else(|| CaptureError::Load("program missing from the object".into()))?
+            .try_into()
+            .map_err(|e: aya::programs::ProgramError| CaptureError::Load(e.to_string()))?;
+        program
+            .load()
+            .map_err(|e| CaptureError::Load(e.to_string()))?;
+        for cpu in cpus {
+            program
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Frequency(u64::from(rate_hz.max(1))),
+                    false,
+                )
+                .map_err(|e| CaptureError::Attach {
+                    cpu,
+                    why: e.to_string(),
+                })?;
+        }
+        let mut map = |name: &str| {
+            ebpf.take_map(name)
+                .ok_or_else(|| CaptureError::Load(format!("map {name} missing from the object")))
+        };
+        let threads =
+            BpfMap::try_from(map("threads")?).map_err(|e| CaptureError::Load(e.to_string()))?;
+        let ring =
+            RingBuf::try_from(map("records")?).map_err(|e| CaptureError::Load(e.to_string()))?;
+        let lost =
+            PerCpuArray::try_from(map("lost")?).map_err(|e| CaptureError::Load(e.to_string()))?;
+        Ok(KernelCapture {
+            threads,
+            ring,
+            lost,
+            watched: 0,
+            _ebpf: ebpf,
+        })
+    }
+
+    /// Captures thread `tid` (the host's id) from now on, its current frame found from its
+    /// thread state at `tstate` by `path`. Watching a watched thread again updates it.
+    pub fn watch(
+        &mut self,
+        tid: u32,
+        tstate: u64,
+        path: FramePointerPath,
+    ) -> Result<(), CaptureError> {
+        if path.previous > (FRAME_BYTES - 8) as u64 {
+            return Err(CaptureError::Layout(path.previous));
+        }
+        let known = self.threads.get(&tid, 0).is_ok();
+        if !known && self.watched >= MAX_WATCHED {
+            return Err(CaptureError::Watch {
+                tid,
+                why: format!("at most {MAX_WATCHED} threads are watched"),
+            });
+        }
+        let info = ThreadInfo {
+            tstate,
+            first: path.first,
+            second: path.in_cframe.unwrap_or(NO_INDIRECTION),
+            previous: path.previous,
+        };
+        self.threads
+            .insert(tid, info, 0)
+            .map_err(|e| CaptureError::Watch {
+                tid,
+                why: e.to_string(),
+            })?;
+        if !known {
+            self.watched += 1;
+        }
+        Ok(())
+    }
+
+    /// Stops capturing thread `tid` (nothing if it was not watched).
+    pub fn unwatch(&mut self, tid: u32) {
+        if self.threads.remove(&tid).is_ok() {
+            self.watched = self.watched.saturating_sub(1);
+        }
+    }
+
+    /// Hands every record captured since the last drain to `f`, oldest first.
+    pub fn drain(&mut self, mut f: impl FnMut(CapturedRecord<'_>)) {
+        while let Some(item) = self.ring.next() {
+            if let Some(r) = CapturedRecord::parse(&item) {
+                f(r);
+            }
+        }
+    }
+
+    /// Samples the ring had no room for, since the start (summed over CPUs).
+    pub fn lost(&self) -> u64 {
+        self.lost
+            .get(&0, 0)
+            .map(|per_cpu| per_cpu.iter().sum())
+            .unwrap_or(0)
+    }
+}
+
+#[cfg(pyfleet_capture)]
+fn load() -> Result<Ebpf, CaptureError> {
+    Ebpf::load(PROGRAM).map_err(|e| CaptureError::Load(e.to_string()))
+}
+
+#[cfg(not(pyfleet_capture))]
+fn load() -> Result<Ebpf, CaptureError> {
+    Err(CaptureError::NotBuilt)
+}
+
+/// One record of the ring: a thread's frame chain at one interrupt.
+#[derive(Debug, Clone, Copy)]
+pub struct CapturedRecord<'a> {
+    pub pid: u32,
+    pub tid: u32,
+    /// `CLOCK_MONOTONIC` nanoseconds of the interrupt.
+    pub time_ns: u64,
+    flags: u16,
+    frames: &'a [u8],
+}
+
+impl<'a> CapturedRecord<'a> {
+    fn parse(bytes: &'a [u8]) -> Option<CapturedRecord<'a>> {
+        let head = bytes.get(..HEAD_BYTES)?;
+        let u32_at = |o: usize| Some(u32::from_le_bytes(head.get(o..o + 4)?.try_into().ok()?));
+        let n = usize::from(u16::from_le_bytes(head.get(16..18)?.try_into().ok()?));
+        let n = n.min(MAX_FRAMES);
+        let frames = bytes.get(HEAD_BYTES..HEAD_BYTES + n * FRAME_COPY_BYTES)?;
+        Some(CapturedRecord {
+            pid: u32_at(0)?,
+            tid: u32_at(4)?,
+            time_ns: u64::from_le_bytes(head.get(8..16)?.try_into().ok()?),
+            flags: u16::from_le_bytes(head.get(18..20)?.try_into().ok()?),
+            frames,
+        })
+    }
+
+    /// The frames, newest first: each one's address and first [`FRAME_BYTES`] bytes.
+    pub fn frames(&self) -> impl Iterator<Item = (u64, &'a [u8])> + 'a {
+        self.frames.chunks_exact(FRAME_COPY_BYTES).map(|c| {
+            let (addr, bytes) = c.split_at(8);
+            let mut a = [0u8; 8];
+            a.copy_from_slice(addr);
+            (u64::from_le_bytes(a), bytes)
+        })
+    }
+
+    /// The chain is deeper than [`MAX_FRAMES`]: the oldest frames are missing.
+    pub fn truncated(&self) -> bool {
+        self.flags & FLAG_TRUNCATED != 0
+    }
+
+    /// Why the kernel could not copy the chain, if it could not: the pointer to the current
+    /// frame or a frame was not readable without a page fault at the interrupt.
+    pub fn unreadable(&self) -> Option<&'static str> {
+        if self.flags & FLAG_POINTER_UNREADABLE != 0 {
+            Some("the current-frame pointer was not resident at the interrupt")
+        } else if self.flags & FLAG_FRAME_UNREADABLE != 0 {
+            Some("a frame was not resident at the interrupt")
+        } else {
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(pid: u32, tid: u32, flags: u16, frames: &[(u64, u8)]) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend(pid.to_le_bytes());
+        v.extend(tid.to_le_bytes());
+        v.extend(7u64.to_le_bytes());
+        v.extend((frames.len() as u16).to_le_bytes());
+        v.extend(flags.to_le_bytes());
+        v.extend(0u32.to_le_bytes());
+        for &(addr, fill) in frames {
+            v.extend(addr.to_le_bytes());
+            v.extend([fill; FRAME_BYTES]);
+        }
+        v
+    }
+
+    #[test]
+    fn records_parse_into_their_frames() {
+        let bytes = record(10, 11, FLAG_TRUNCATED, &[(0x1000, 1), (0x2000, 2)]);
+        let r = CapturedRecord::parse(&bytes).expect("parses");
+        assert_eq!((r.pid, r.tid, r.time_ns), (10, 11, 7));
+        assert!(r.truncated());
+        assert_eq!(r.unreadable(), None);
+        let frames: Vec<_> = r.frames().collect();
+        assert_eq!(frames.len(), 2);
+        assert_eq!(frames[1].0, 0x2000);
+        assert!(frames[1].1.iter().all(|&b| b == 2));
+    }
+
+    #[test]
+    fn a_short_record_is_refused_not_read_past() {
+        let bytes = record(1, 2, FLAG_FRAME_UNREADABLE, &[(0x1000, 1), (0x2000, 2)]);
+        assert!(CapturedRecord::parse(&bytes[..bytes.len() - 1]).is_none());
+        assert!(CapturedRecord::parse(&bytes[..10]).is_none());
+        let r = CapturedRecord::parse(&bytes).expect("parses");
+        assert!(r.unreadable().is_some());
+    }
+}
