@@ -114,7 +114,11 @@ pub fn run(opts: RunOptions) -> Result<()> {
             settings.rate.base_hz(),
             settings.mode,
             if settings.read_only { ", read-only" } else { "" },
-            if settings.blocking { ", blocking" } else { "" },
+            match (settings.blocking, settings.kernel_capture) {
+                (true, _) => ", blocking",
+                (_, true) => ", kernel capture",
+                _ => "",
+            },
             settings
                 .snapshot_formats
                 .iter()
@@ -142,6 +146,15 @@ pub fn run(opts: RunOptions) -> Result<()> {
         if settings.switch_log {
             start_switch_log();
         }
+        let capture = match settings.kernel_capture {
+            true => {
+                let hz = settings.rate.base_hz().round().clamp(1.0, f64::from(u32::MAX)) as u32;
+                let c = pyfleet::memory::kernel_capture::KernelCapture::start(hz)
+                    .map_err(|e| anyhow::anyhow!("--capture kernel: {e}"))?;
+                Some(Arc::new(pyfleet::stack_source::SharedCapture::new(c)))
+            }
+            false => None,
+        };
         for &pid in &settings.pids {
             let probed = pyfleet::discovery::probe_within(pid, pyfleet::discovery::PROBE_DEADLINE);
             if !matches!(probed, pyfleet::discovery::Probed::Python(_)) {
@@ -173,7 +186,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
             UnwinderFactory {
                 read_only: settings.read_only,
                 blocking: settings.blocking,
-                capture: None,
+                capture,
             },
             writer,
         )

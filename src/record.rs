@@ -400,7 +400,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
     line.push_str(&failed_note(
         counters.errors(),
         counters.samples(),
-        plan.blocking,
+        !plan.blocking && !plan.kernel_capture,
     ));
     if let Some(why) = why {
         line.push_str("; ");
@@ -485,16 +485,20 @@ fn note_left_out_subprocesses(plan: &Plan) {
 }
 
 /// The end line's word on failed samples: how many, what share of those attempted, and when
-/// above 1% without `--blocking`, the way to get them all.
-fn failed_note(errors: u64, samples: u64, blocking: bool) -> String {
+/// above 1% with reads from outside (`reads`: neither `--blocking` nor the kernel capture),
+/// the ways to get them all.
+fn failed_note(errors: u64, samples: u64, reads: bool) -> String {
     if errors == 0 {
         return String::new();
     }
     let share = 100.0 * errors as f64 / (errors + samples) as f64;
     let s = if errors == 1 { "" } else { "s" };
     let mut note = format!("; {errors} failed sample{s} ({share:.1}% of those attempted");
-    if share > 1.0 && !blocking {
-        note.push_str(": stacks that moved while read; --blocking pauses the target for each");
+    if share > 1.0 && reads {
+        note.push_str(
+            ": stacks that moved while read; --capture kernel copies each at an interrupt \
+             (cpu mode), --blocking pauses the target for each",
+        );
     }
     note.push(')');
     note
@@ -610,14 +614,14 @@ mod tests {
 
     #[test]
     fn failed_samples_are_told_with_their_share() {
-        assert_eq!(failed_note(0, 100, false), "");
+        assert_eq!(failed_note(0, 100, true), "");
         assert_eq!(
-            failed_note(1, 199, false),
+            failed_note(1, 199, true),
             "; 1 failed sample (0.5% of those attempted)"
         );
-        let note = failed_note(10, 90, false);
+        let note = failed_note(10, 90, true);
         assert!(note.starts_with("; 10 failed samples (10.0% of those attempted: "));
-        assert!(note.contains("--blocking"));
-        assert!(!failed_note(10, 90, true).contains("--blocking"));
+        assert!(note.contains("--blocking") && note.contains("--capture kernel"));
+        assert!(!failed_note(10, 90, false).contains("--blocking"));
     }
 }

@@ -15,8 +15,8 @@ use crate::cpython::{self, Unwinder, UnwinderOptions};
 use crate::memory::kernel_capture::{KernelCapture, FRAME_BYTES};
 use crate::memory::ProcessMemory;
 use pyfleet_actors::{
-    FrameInfo, ProcessInfo, SampleError, SampleKind, SampledThread, SourceFactory, SourceStats,
-    StackSource, ThreadStatus,
+    CapturedCounts, FrameInfo, ProcessInfo, SampleError, SampleKind, SampledThread, SourceFactory,
+    SourceStats, StackSource, ThreadStatus,
 };
 use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -182,6 +182,7 @@ impl SourceFactory for UnwinderFactory {
                 refreshed: None,
                 threads: Vec::new(),
                 records: Vec::new(),
+                last: CapturedCounts::default(),
             }),
         })
     }
@@ -195,6 +196,8 @@ struct CaptureLink {
     /// The threads watched: those of the last full sample that succeeded.
     threads: Vec<cpython::CapturedThread>,
     records: Vec<PendingRecord>,
+    /// What the last call held.
+    last: CapturedCounts,
 }
 
 impl Drop for CaptureLink {
@@ -251,7 +254,7 @@ impl UnwinderSource {
         link.shared.take(link.pid, &mut records);
         unwinder.begin_captured_batch();
         let mut first_error = None;
-        let mut taken = 0usize;
+        let (mut taken, mut failed) = (0usize, 0usize);
         for r in records.drain(..) {
             let frames = r.frames.iter().map(|(a, b)| (*a, &b[..]));
             let thread = link.threads.iter().find(|t| t.tid as u32 == r.tid);
@@ -274,6 +277,7 @@ impl UnwinderSource {
                     });
                 }
                 Err(e) => {
+                    failed += 1;
                     first_error.get_or_insert(e);
                 }
             }
@@ -281,7 +285,14 @@ impl UnwinderSource {
         link.records = records;
         match (taken, first_error) {
             (0, Some(e)) => Err(sample_error(&e)),
-            _ => Ok(SampleKind::Read),
+            (_, e) => {
+                link.last = CapturedCounts {
+                    taken: taken as u64,
+                    failed: failed as u64,
+                    failed_kind: e.map_or("", |e| e.kind()),
+                };
+                Ok(SampleKind::Read)
+            }
         }
     }
 }
@@ -328,6 +339,10 @@ impl StackSource for UnwinderSource {
                 })
                 .collect(),
         )
+    }
+
+    fn captured_in_last(&self) -> Option<CapturedCounts> {
+        self.capture.as_ref().map(|l| l.last)
     }
 
     fn stats(&self) -> SourceStats {
@@ -391,11 +406,15 @@ pub struct CountedSource<S> {
 impl<S: StackSource> StackSource for CountedSource<S> {
     fn sample(&mut self, out: &mut Vec<SampledThread>) -> Result<SampleKind, SampleError> {
         let r = self.inner.sample(out);
-        match &r {
-            Ok(_) => self.counters.samples.fetch_add(1, Ordering::Relaxed),
+        match (&r, self.inner.captured_in_last()) {
+            (Ok(_), Some(c)) => {
+                self.counters.errors.fetch_add(c.failed, Ordering::Relaxed);
+                self.counters.samples.fetch_add(c.taken, Ordering::Relaxed)
+            }
+            (Ok(_), None) => self.counters.samples.fetch_add(1, Ordering::Relaxed),
             // The process exiting is how a recording ends, not a failure.
-            Err(e) if e.process_gone => 0,
-            Err(_) => self.counters.errors.fetch_add(1, Ordering::Relaxed),
+            (Err(e), _) if e.process_gone => 0,
+            (Err(_), _) => self.counters.errors.fetch_add(1, Ordering::Relaxed),
         };
         r
     }
@@ -406,5 +425,9 @@ impl<S: StackSource> StackSource for CountedSource<S> {
 
     fn stats(&self) -> SourceStats {
         self.inner.stats()
+    }
+
+    fn captured_in_last(&self) -> Option<CapturedCounts> {
+        self.inner.captured_in_last()
     }
 }

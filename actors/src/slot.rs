@@ -252,6 +252,12 @@ impl Slot {
             Ok(Ok(kind)) => {
                 w.consecutive_errors = 0;
                 w.metrics.succeeded(kind, took);
+                if let Some(c) = w.source.captured_in_last() {
+                    for _ in 0..c.failed {
+                        w.metrics.error(c.failed_kind);
+                        w.metrics.failed();
+                    }
+                }
                 for thread in out.iter() {
                     let s = thread.status;
                     if w.mode.counts(s.on_cpu, s.holds_gil) {

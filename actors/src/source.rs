@@ -176,6 +176,24 @@ pub trait StackSource: Send + 'static {
 
     /// Cumulative counters since attach.
     fn stats(&self) -> SourceStats;
+
+    /// For a source whose calls return every sample taken since its last call (the kernel
+    /// capture: as many per call as there were, each one thread at one instant), what the
+    /// last successful call held; `None` (the default) for a source that samples every thread
+    /// once per call.
+    fn captured_in_last(&self) -> Option<CapturedCounts> {
+        None
+    }
+}
+
+/// What one call of a capturing source held (see [`StackSource::captured_in_last`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CapturedCounts {
+    /// Samples returned.
+    pub taken: u64,
+    /// Samples that failed (not returned), and the kind of the first failure.
+    pub failed: u64,
+    pub failed_kind: &'static str,
 }
 
 /// Attaches a [`StackSource`] to a process. Called on tokio's blocking pool (never on the

@@ -11,6 +11,7 @@
 mod common;
 
 mod blocking;
+mod capture;
 mod deploy;
 mod dump_errors;
 mod dump_exact;

@@ -446,38 +446,10 @@ fn real_libraries_sampled_without_stopping_match_stop_the_world() {
 /// thread was interrupted.
 #[test]
 fn real_libraries_captured_by_the_kernel_match_stop_the_world() {
-    if !kernel_capture_available() {
+    if !crate::capture::kernel_capture_available(&measured_exe()) {
         return;
     }
     compare_with_stop_the_world(Sampler::Kernel);
-}
-
-/// Whether the binary measured can use the kernel capture; when it cannot (no clang at build
-/// time, no BPF), the test is left out unless it must run (`CI` or `PYFLEET_REQUIRE_ALL`).
-fn kernel_capture_available() -> bool {
-    let out = Command::new(measured_exe())
-        .args([
-            "record",
-            "--capture",
-            "kernel",
-            "--pid",
-            "1",
-            "--duration",
-            "0.1",
-        ])
-        .args(["-o", "/dev/null/none.folded"])
-        .output()
-        .expect("run pyfleet");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let missing = stderr.contains("built without the kernel capture")
-        || stderr.contains("cannot load the kernel capture");
-    if missing {
-        let must =
-            std::env::var_os("CI").is_some() || std::env::var_os("PYFLEET_REQUIRE_ALL").is_some();
-        assert!(!must, "the kernel capture is not available: {stderr}");
-        eprintln!("left out: the kernel capture is not available: {stderr}");
-    }
-    !missing
 }
 
 fn compare_with_stop_the_world(sampler: Sampler) {
