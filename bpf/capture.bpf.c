@@ -10,8 +10,9 @@
 // was interrupted), so the chain is one instant's.
 //
 // Bounded: at most MAX_FRAMES frames (deeper chains are flagged truncated and counted as
-// failed samples by userspace), one fixed-size ring reservation per sample (a full ring
-// counts the sample as lost in `lost`), reads that would fault fail instead (flagged).
+// failed samples by userspace), a record built in a per-CPU scratch value and sent with only
+// the frames it holds (a full ring counts the sample as lost in `lost`), reads that would
+// fault fail instead (flagged).
 //
 // Self-contained on purpose (no libbpf or kernel headers): the helper numbers and map types
 // below are the kernel's stable UAPI values; only clang is needed to build it.
@@ -35,14 +36,14 @@ static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)1;
 static __u64 (*bpf_ktime_get_ns)(void) = (void *)5;
 static __u64 (*bpf_get_current_pid_tgid)(void) = (void *)14;
 static long (*bpf_probe_read_user)(void *dst, __u32 size, const void *src) = (void *)112;
-static void *(*bpf_ringbuf_reserve)(void *ringbuf, __u64 size, __u64 flags) = (void *)131;
-static void (*bpf_ringbuf_submit)(void *data, __u64 flags) = (void *)132;
+static long (*bpf_ringbuf_output)(void *ringbuf, void *data, __u64 size, __u64 flags) = (void *)130;
 
 // Keep in step with src/memory/kernel_capture.rs.
 #define MAX_FRAMES 256
 #define FRAME_BYTES 80
 #define MAX_THREADS 16384
-#define RING_BYTES (8 << 20)
+// Userspace sizes the ring by the number of CPUs (map_max_entries); this is the default.
+#define RING_BYTES (1 << 20)
 #define NO_INDIRECTION 0xffffffffffffffffULL
 
 #define FLAG_POINTER_UNREADABLE 1
@@ -94,6 +95,33 @@ struct {
     __type(value, __u64);
 } lost SEC(".maps");
 
+// Where a record is built before it goes to the ring with only the bytes it uses.
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct record);
+} scratch SEC(".maps");
+
+static void count_lost(void)
+{
+    __u32 zero = 0;
+    __u64 *n = bpf_map_lookup_elem(&lost, &zero);
+    if (n)
+        *n += 1;
+}
+
+// Sends the first `frames` frames of `r` (a record with no frames when it failed early).
+static void send(struct record *r, __u32 frames)
+{
+    __u64 size = sizeof(struct record) - sizeof(r->frame)
+        + (__u64)frames * sizeof(struct frame_copy);
+    if (size > sizeof(struct record))
+        size = sizeof(struct record);
+    if (bpf_ringbuf_output(&records, r, size, 0) < 0)
+        count_lost();
+}
+
 SEC("perf_event")
 int capture_python_frames(void *ctx)
 {
@@ -102,14 +130,10 @@ int capture_python_frames(void *ctx)
     struct thread_info *info = bpf_map_lookup_elem(&threads, &tid);
     if (!info)
         return 0;
-    struct record *r = bpf_ringbuf_reserve(&records, sizeof(struct record), 0);
-    if (!r) {
-        __u32 zero = 0;
-        __u64 *n = bpf_map_lookup_elem(&lost, &zero);
-        if (n)
-            *n += 1;
+    __u32 zero = 0;
+    struct record *r = bpf_map_lookup_elem(&scratch, &zero);
+    if (!r)
         return 0;
-    }
     r->pid = (__u32)(id >> 32);
     r->tid = tid;
     r->time = bpf_ktime_get_ns();
@@ -125,14 +149,14 @@ int capture_python_frames(void *ctx)
         __u64 cframe = 0;
         if (bpf_probe_read_user(&cframe, 8, (void *)at) < 0 || cframe == 0) {
             r->flags = FLAG_POINTER_UNREADABLE;
-            bpf_ringbuf_submit(r, 0);
+            send(r, 0);
             return 0;
         }
         at = cframe + info->second;
     }
     if (bpf_probe_read_user(&frame, 8, (void *)at) < 0) {
         r->flags = FLAG_POINTER_UNREADABLE;
-        bpf_ringbuf_submit(r, 0);
+        send(r, 0);
         return 0;
     }
     __u32 i;
@@ -152,7 +176,7 @@ int capture_python_frames(void *ctx)
     if (i == MAX_FRAMES && frame != 0)
         r->flags |= FLAG_TRUNCATED;
     r->frames = (__u16)i;
-    bpf_ringbuf_submit(r, 0);
+    send(r, i);
     return 0;
 }
 

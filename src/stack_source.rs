@@ -3,7 +3,8 @@
 //! count the samples taken and failed across the fleet (for `record`'s progress line).
 //!
 //! With a [`SharedCapture`] (`--capture kernel`), a source reads its process in full only to
-//! learn its threads (at most once a second, [`CAPTURE_REFRESH`]); its samples are the chains
+//! learn its threads (when its thread list changed, looked at once a second, or every
+//! [`CAPTURE_FULL_REFRESH`]); its samples are the chains
 //! the kernel copied at interrupts of those threads since the last tick, as many per tick as
 //! there were (each one thread on a CPU at one instant). The capture is one for the whole
 //! fleet: the source that drains it files every record under its pid, and each source takes
@@ -23,8 +24,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// How often a capturing source reads its process in full to learn its threads.
+/// How often a capturing source lists its process's threads: a full read follows when the
+/// list changed (a thread started or ended), to learn the new thread states.
 pub const CAPTURE_REFRESH: Duration = Duration::from_secs(1);
+
+/// How often a capturing source reads its process in full even when its thread list did not
+/// change (a thread that starts running Python without starting a thread: an embedded
+/// interpreter's, or one whose id was reused within a second).
+pub const CAPTURE_FULL_REFRESH: Duration = Duration::from_secs(10);
+
+/// Most threads a capturing source lists.
+const MAX_LISTED_THREADS: usize = 8192;
 
 /// Most captured records waiting for one process's source (about 4 s of one busy thread at
 /// 1 kHz); past it the oldest are dropped and counted.
@@ -179,7 +189,10 @@ impl SourceFactory for UnwinderFactory {
             capture: self.capture.clone().map(|shared| CaptureLink {
                 shared,
                 pid: p.pid as u32,
+                listed: None,
                 refreshed: None,
+                tids: Vec::new(),
+                listing: Vec::new(),
                 threads: Vec::new(),
                 records: Vec::new(),
                 last: CapturedCounts::default(),
@@ -192,7 +205,12 @@ impl SourceFactory for UnwinderFactory {
 struct CaptureLink {
     shared: Arc<SharedCapture>,
     pid: u32,
+    /// When the thread list was last looked at, and the process last read in full.
+    listed: Option<Instant>,
     refreshed: Option<Instant>,
+    /// The thread ids listed then (sorted), and the list just taken.
+    tids: Vec<i32>,
+    listing: Vec<i32>,
     /// The threads watched: those of the last full sample that succeeded.
     threads: Vec<cpython::CapturedThread>,
     records: Vec<PendingRecord>,
@@ -228,22 +246,39 @@ impl UnwinderSource {
         link: &mut CaptureLink,
         out: &mut Vec<SampledThread>,
     ) -> Result<SampleKind, SampleError> {
-        if link
+        // What this call cost: a full read to learn the threads, else whether it had chains
+        // to decode (their code objects are validated with one read), else nothing.
+        let mut kind = SampleKind::Kept;
+        let mut read_now = link
             .refreshed
-            .is_none_or(|t| t.elapsed() >= CAPTURE_REFRESH)
-        {
+            .is_none_or(|t| t.elapsed() >= CAPTURE_FULL_REFRESH);
+        if !read_now && link.listed.is_none_or(|t| t.elapsed() >= CAPTURE_REFRESH) {
+            link.listed = Some(Instant::now());
+            crate::process::thread_ids(link.pid as i32, MAX_LISTED_THREADS, &mut link.listing);
+            read_now = link.listing != link.tids;
+        }
+        if read_now {
+            crate::process::thread_ids(link.pid as i32, MAX_LISTED_THREADS, &mut link.listing);
             match unwinder.sample() {
                 Ok(_) => {
-                    link.refreshed = Some(Instant::now());
-                    link.threads = unwinder.captured_threads();
-                    let path = unwinder.frame_pointer_path();
-                    link.shared
-                        .watch(link.pid, &link.threads, path)
-                        .map_err(|message| SampleError {
-                            kind: "capture",
-                            process_gone: false,
-                            message,
-                        })?;
+                    kind = unwinder.last_kind();
+                    let first = link.refreshed.is_none();
+                    let now = Instant::now();
+                    link.refreshed = Some(now);
+                    link.listed = Some(now);
+                    std::mem::swap(&mut link.tids, &mut link.listing);
+                    let threads = unwinder.captured_threads();
+                    if first || threads != link.threads {
+                        link.threads = threads;
+                        let path = unwinder.frame_pointer_path();
+                        link.shared
+                            .watch(link.pid, &link.threads, path)
+                            .map_err(|message| SampleError {
+                                kind: "capture",
+                                process_gone: false,
+                                message,
+                            })?;
+                    }
                 }
                 Err(e) if e.is_process_gone() => return Err(sample_error(&e)),
                 // Its threads are learnt at the next tick; the capture goes on meanwhile.
@@ -252,7 +287,12 @@ impl UnwinderSource {
         }
         let mut records = std::mem::take(&mut link.records);
         link.shared.take(link.pid, &mut records);
-        unwinder.begin_captured_batch();
+        if !records.is_empty() {
+            unwinder.begin_captured_batch();
+            if kind == SampleKind::Kept {
+                kind = SampleKind::Read;
+            }
+        }
         let mut first_error = None;
         let (mut taken, mut failed) = (0usize, 0usize);
         for r in records.drain(..) {
@@ -291,7 +331,7 @@ impl UnwinderSource {
                     failed: failed as u64,
                     failed_kind: e.map_or("", |e| e.kind()),
                 };
-                Ok(SampleKind::Read)
+                Ok(kind)
             }
         }
     }

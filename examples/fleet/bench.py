@@ -76,6 +76,25 @@ def cpu_ticks(pid):
     return int(fields[11]) + int(fields[12])
 
 
+def bpf_run_ns(pid):
+    """Nanoseconds the BPF programs `pid` holds have run (the kernel capture's, which runs in
+    the targets' interrupts), from /proc/PID/fdinfo; 0 without the kernel's BPF statistics."""
+    total_ns = 0
+    fdinfo = f"/proc/{pid}/fdinfo"
+    for name in os.listdir(fdinfo):
+        try:
+            with open(os.path.join(fdinfo, name)) as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        if "prog_type" in fields:
+            total_ns += int(fields.get("run_time_ns", "0").strip() or 0)
+    return total_ns
+
+
+BPF_STATS = "/proc/sys/kernel/bpf_stats_enabled"
+
+
 def run_pyspy(args, pids):
     """The alternative: one `py-spy record` per process at the same rate, for the same time.
     Returns their total CPU, percent of one core."""
@@ -97,6 +116,7 @@ def run_pyspy(args, pids):
 
 def run(args, pythons):
     procs = []
+    stats_before = None
     # In every worker's command line, for `--match` to find exactly this run's workers.
     token = f"fleet-bench-{os.getpid()}"
     try:
@@ -130,15 +150,23 @@ def run(args, pythons):
         cmd += ["--match", token]
         if args.switch_log:
             cmd += ["--switch-log"]
+        if args.capture_kernel:
+            cmd += ["--capture", "kernel"]
+            # The capture's program runs in the targets' interrupts: its time is counted too
+            # (the statistics are switched back off at the end).
+            with open(BPF_STATS) as f:
+                stats_before = f.read().strip()
+            with open(BPF_STATS, "w") as f:
+                f.write("1")
         t0 = time.monotonic()
         daemon = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
         # Steady state, without attaching at the start and the final snapshot at the end:
         # pyfleet's CPU between two readings of /proc/PID/stat.
         warmup = min(5.0, args.duration / 4)
         time.sleep(warmup)
-        c0, s0 = cpu_ticks(daemon.pid), time.monotonic()
+        c0, b0, s0 = cpu_ticks(daemon.pid), bpf_run_ns(daemon.pid), time.monotonic()
         time.sleep(max(1.0, args.duration - warmup - 1.5))
-        c1, s1 = cpu_ticks(daemon.pid), time.monotonic()
+        c1, b1, s1 = cpu_ticks(daemon.pid), bpf_run_ns(daemon.pid), time.monotonic()
         metrics = scrape(port)
         scraped = time.monotonic()
         _, status, usage = os.wait4(daemon.pid, 0)
@@ -162,6 +190,8 @@ def run(args, pythons):
             "cpu_percent_of_one_core": round(100 * cpu / wall, 2),
             "steady_cpu_percent_of_one_core": round(
                 100 * (c1 - c0) / os.sysconf("SC_CLK_TCK") / (s1 - s0), 2),
+            # The kernel capture's program, in the targets' interrupts (0 without it).
+            "steady_bpf_cpu_percent_of_one_core": round(100 * (b1 - b0) / 1e9 / (s1 - s0), 3),
             "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
             "cpu_us_per_sample": round(1e6 * steady_cpu_s / (s1 - s0) / max(1e-9, steady_samples_per_s), 2),
             "floor_cpu_us_per_read": round(floor_us, 2),
@@ -190,6 +220,9 @@ def run(args, pythons):
         for p in procs:
             p.kill()
             p.wait()
+        if stats_before is not None:
+            with open(BPF_STATS, "w") as f:
+                f.write(stats_before)
 
 
 def main():
@@ -213,6 +246,10 @@ def main():
     ap.add_argument("--switch-log", action="store_true",
                     help="run pyfleet with --switch-log (idle threads told by the kernel's "
                          "context-switch log; needs CAP_PERFMON)")
+    ap.add_argument("--capture-kernel", action="store_true",
+                    help="run pyfleet with --capture kernel (samples taken in the kernel; cpu "
+                         "mode); the program's run time in the targets is reported beside "
+                         "pyfleet's CPU")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if not os.path.exists(args.pyfleet):

@@ -11,7 +11,8 @@
 //!
 //! Contract: bounded by the program's constants (at most [`MAX_FRAMES`] frames a record,
 //! deeper chains flagged [`CapturedRecord::truncated`]; [`MAX_WATCHED`] threads; a ring of
-//! fixed size whose overflow is counted by [`KernelCapture::lost`], never blocking anything).
+//! 256 KiB a CPU, 1-16 MiB, whose overflow is counted by [`KernelCapture::lost`], never
+//! blocking anything).
 //! Nothing is written to any target. Needs root (CAP_BPF and CAP_PERFMON).
 
 use aya::maps::{HashMap as BpfMap, MapData, PerCpuArray, RingBuf};
@@ -27,6 +28,12 @@ pub const MAX_FRAMES: usize = 256;
 pub const FRAME_BYTES: usize = 80;
 /// Most threads watched at once (`MAX_THREADS`).
 pub const MAX_WATCHED: usize = 16384;
+
+/// Ring bytes per CPU: a record takes 24 bytes and 88 a frame (a 50-frame stack 4.4 KiB, the
+/// deepest 22 KiB), and the ring is drained at every tick of the sampling thread.
+const RING_BYTES_PER_CPU: u64 = 256 << 10;
+const MIN_RING_BYTES: u64 = 1 << 20;
+const MAX_RING_BYTES: u64 = 16 << 20;
 
 const HEAD_BYTES: usize = 24;
 const FRAME_COPY_BYTES: usize = 8 + FRAME_BYTES;
@@ -92,9 +99,9 @@ impl KernelCapture {
     /// Loads the program and attaches it to a cpu-clock event at `rate_hz` on every online
     /// CPU.
     pub fn start(rate_hz: u32) -> Result<KernelCapture, CaptureError> {
-        let mut ebpf = load()?;
         let cpus = aya::util::online_cpus()
             .map_err(|(what, e)| CaptureError::Load(format!("{what}: {e}")))?;
+        let mut ebpf = load(ring_bytes(cpus.len()))?;
         let program: &mut PerfEvent = ebpf
             .program_mut("capture_python_frames")
             .ok_or_else(|| CaptureError::Load("program missing from the object".into()))?
@@ -196,13 +203,26 @@ impl KernelCapture {
     }
 }
 
+/// The ring's size for `cpus` CPUs: [`RING_BYTES_PER_CPU`] each (a power of two, as the
+/// kernel requires), within [`MIN_RING_BYTES`] and [`MAX_RING_BYTES`].
+fn ring_bytes(cpus: usize) -> u32 {
+    let want = (cpus.max(1) as u64).saturating_mul(RING_BYTES_PER_CPU);
+    want.next_power_of_two()
+        .clamp(MIN_RING_BYTES, MAX_RING_BYTES)
+        .try_into()
+        .unwrap_or(MAX_RING_BYTES as u32)
+}
+
 #[cfg(pyfleet_capture)]
-fn load() -> Result<Ebpf, CaptureError> {
-    Ebpf::load(PROGRAM).map_err(|e| CaptureError::Load(e.to_string()))
+fn load(ring: u32) -> Result<Ebpf, CaptureError> {
+    aya::EbpfLoader::new()
+        .map_max_entries("records", ring)
+        .load(PROGRAM)
+        .map_err(|e| CaptureError::Load(e.to_string()))
 }
 
 #[cfg(not(pyfleet_capture))]
-fn load() -> Result<Ebpf, CaptureError> {
+fn load(_ring: u32) -> Result<Ebpf, CaptureError> {
     Err(CaptureError::NotBuilt)
 }
 
@@ -291,6 +311,15 @@ mod tests {
         assert_eq!(frames.len(), 2);
         assert_eq!(frames[1].0, 0x2000);
         assert!(frames[1].1.iter().all(|&b| b == 2));
+    }
+
+    #[test]
+    fn the_ring_grows_with_the_cpus_within_its_bounds() {
+        assert_eq!(ring_bytes(0), 1 << 20);
+        assert_eq!(ring_bytes(2), 1 << 20);
+        assert_eq!(ring_bytes(8), 2 << 20);
+        assert_eq!(ring_bytes(12), 4 << 20);
+        assert_eq!(ring_bytes(4096), 16 << 20);
     }
 
     #[test]

@@ -312,6 +312,20 @@ pub fn running_threads(pid: i32, max: usize, out: &mut Vec<i32>) {
     }
 }
 
+/// The thread ids of `pid` (at most `max`), sorted, into `out`; empty when it cannot be listed.
+pub fn thread_ids(pid: i32, max: usize, out: &mut Vec<i32>) {
+    out.clear();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return;
+    };
+    out.extend(
+        dir.flatten()
+            .take(max)
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok()),
+    );
+    out.sort_unstable();
+}
+
 /// When the process started, in clock ticks after boot (`/proc/PID/stat` field 22): with the
 /// pid, it names one process for its whole life (a reused pid gets another start time).
 pub fn start_time(pid: i32) -> Option<u64> {

@@ -5,6 +5,7 @@
 //! code is `real_code::real_libraries_captured_by_the_kernel_match_stop_the_world`.
 
 use crate::common::*;
+use crate::namespace::contained;
 use std::path::Path;
 use std::time::Duration;
 
@@ -64,26 +65,11 @@ fn captured_samples_of_a_contained_target_from_record_and_the_daemon() {
     for interp in interpreters() {
         let l = &interp.label;
         let dir = tempdir("pyfleet-capture-");
-        let mut t = Proc::spawn(
-            &format!("gil_busy.py [{l}] in a pid namespace"),
-            &unshare,
-            &[
-                "-p".to_string(),
-                "-f".into(),
-                "--mount-proc".into(),
-                "--kill-child".into(),
-                interp.path.display().to_string(),
-                target_script("gil_busy.py").display().to_string(),
-                dir.path().display().to_string(),
-            ],
-        );
-        t.wait_for_path(&dir.path().join("threads.json"), Duration::from_secs(30));
-        let outer = t.pid();
-        let pid: i32 = std::fs::read_to_string(format!("/proc/{outer}/task/{outer}/children"))
-            .ok()
-            .and_then(|s| s.split_whitespace().next()?.parse().ok())
-            .unwrap_or(0);
-        assert!(pid > 0, "[{l}] no target under unshare");
+        let out_dir = dir.path().display().to_string();
+        let mut t = contained(&unshare, l, &interp.path, "gil_busy.py", &[&out_dir]);
+        t.unshare
+            .wait_for_path(&dir.path().join("threads.json"), Duration::from_secs(30));
+        let pid = t.pid;
         let p = pid.to_string();
 
         // record: 2 s at 100 Hz of a thread on a CPU all the time, about 200 samples.
@@ -142,7 +128,7 @@ fn captured_samples_of_a_contained_target_from_record_and_the_daemon() {
                 truncate(&text, 600)
             ));
         }
-        t.kill();
+        t.unshare.kill();
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -12,13 +12,19 @@ const DUMPS: usize = 10;
 
 /// A target started under `unshare -p -f --mount-proc`; `pid` is the Python process as we
 /// see it (unshare's child).
-struct Contained {
-    unshare: Proc,
-    pid: i32,
+pub struct Contained {
+    pub unshare: Proc,
+    pub pid: i32,
 }
 
 /// `unshare` is util-linux's (`tool("unshare", SETUP_DEPLOY_TOOLS)`).
-fn contained(unshare: &Path, label: &str, python: &Path, script: &str, args: &[&str]) -> Contained {
+pub fn contained(
+    unshare: &Path,
+    label: &str,
+    python: &Path,
+    script: &str,
+    args: &[&str],
+) -> Contained {
     let mut all = vec![
         "-p".to_string(),
         "-f".into(),

@@ -10,9 +10,11 @@
 //!   Python frames and end at the script's `<module>` (at most [`MAX_SHORT_PERCENT`]
 //!   non-blocking, none blocking);
 //! - every function's self share within [`SELF_GOAL`] (2) points and its total share within
-//!   [`TOTAL_GOAL`] (3) points of the blocking reference, as a statistical test (below). Not
-//!   met yet: the test bounds the gaps at the goals plus [`SELF_ALLOWANCE`] and
-//!   [`TOTAL_ALLOWANCE`], and prints how far each cell is from the goals themselves.
+//!   [`TOTAL_GOAL`] (3) points of the blocking reference, as a statistical test (below). The
+//!   kernel capture (`--capture kernel`, [`KERNEL_RATE`] for [`KERNEL_SECONDS`]) is held to
+//!   the goals themselves; the default sampler, reading the running target from outside, to
+//!   the goals plus [`SELF_ALLOWANCE`] and [`TOTAL_ALLOWANCE`] (its bias, measured in
+//!   BENCHMARKS.md). Both print how far each cell is from the goals themselves.
 //!
 //! Sizing. A share measured from `n` samples differs from the share of the same seconds by
 //! chance; two recorders of the same seconds differ by about `se = sqrt(p (1 - p) (1/n1 +
@@ -438,6 +440,7 @@ fn real_code_plan(sampler: Sampler) -> (Plan, Option<Vec<String>>) {
 
 #[test]
 fn real_libraries_sampled_without_stopping_match_stop_the_world() {
+    let _machine = alone();
     compare_with_stop_the_world(Sampler::Reads);
 }
 
@@ -446,14 +449,16 @@ fn real_libraries_sampled_without_stopping_match_stop_the_world() {
 /// thread was interrupted.
 #[test]
 fn real_libraries_captured_by_the_kernel_match_stop_the_world() {
+    let _machine = alone();
     if !crate::capture::kernel_capture_available(&measured_exe()) {
         return;
     }
     compare_with_stop_the_world(Sampler::Kernel);
 }
 
+/// Records every cell with `sampler` and with `--blocking` over the same seconds, and checks
+/// them against each other (see the module documentation). The caller has the machine alone.
 fn compare_with_stop_the_world(sampler: Sampler) {
-    let _machine = alone();
     let dir = tempdir("pyfleet-real-code-");
     let (plan, only) = real_code_plan(sampler);
     let (self_allowance, total_allowance) = sampler.allowance();
