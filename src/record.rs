@@ -402,6 +402,13 @@ pub fn run(opts: RecordOptions) -> Result<()> {
         counters.samples(),
         !plan.blocking && !plan.kernel_capture,
     ));
+    let lost = capture.as_ref().map_or(0, |c| c.lost());
+    if lost > 0 {
+        line.push_str(&format!(
+            "; {lost} sample{} lost (the kernel capture had no room for them)",
+            if lost == 1 { "" } else { "s" }
+        ));
+    }
     if let Some(why) = why {
         line.push_str("; ");
         line.push_str(&why);

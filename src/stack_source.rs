@@ -249,16 +249,16 @@ impl UnwinderSource {
         // What this call cost: a full read to learn the threads, else whether it had chains
         // to decode (their code objects are validated with one read), else nothing.
         let mut kind = SampleKind::Kept;
-        let mut read_now = link
+        let full_due = link
             .refreshed
             .is_none_or(|t| t.elapsed() >= CAPTURE_FULL_REFRESH);
-        if !read_now && link.listed.is_none_or(|t| t.elapsed() >= CAPTURE_REFRESH) {
+        let mut read_now = full_due;
+        if full_due || link.listed.is_none_or(|t| t.elapsed() >= CAPTURE_REFRESH) {
             link.listed = Some(Instant::now());
             crate::process::thread_ids(link.pid as i32, MAX_LISTED_THREADS, &mut link.listing);
-            read_now = link.listing != link.tids;
+            read_now |= link.listing != link.tids;
         }
         if read_now {
-            crate::process::thread_ids(link.pid as i32, MAX_LISTED_THREADS, &mut link.listing);
             match unwinder.sample() {
                 Ok(_) => {
                     kind = unwinder.last_kind();
