@@ -2,9 +2,12 @@
 // (GPL-compatible: the kernel lets only such programs read user memory.)
 //
 // pyfleet's kernel capture: at each sampling interrupt of a CPU (a cpu-clock perf event per
-// CPU), if the interrupted thread is one pyfleet watches (its id is in `threads`), copy its
-// Python frame chain as it is at that instant into the `records` ring: the address and the
-// first FRAME_BYTES bytes of each frame, newest first, following `previous`. Nothing else is
+// CPU), if the interrupted thread is one pyfleet watches (its id is in `threads`, under its
+// process's id), copy its Python frame chain as it is at that instant into the `records`
+// ring: the address and the first FRAME_BYTES bytes of each frame, newest first, following
+// `previous`. A thread not watched of a watched process (its id in `processes`) gets a
+// record with no frames, flagged UNKNOWN_THREAD: it tells userspace that a thread it has not
+// learnt yet runs (a new one, or one that is not Python). Nothing else is
 // interpreted here: userspace decodes the frames with the version's layout, exactly as it
 // decodes frames read from a paused thread. The thread is not running while this runs (it
 // was interrupted), so the chain is one instant's.
@@ -42,6 +45,7 @@ static long (*bpf_ringbuf_output)(void *ringbuf, void *data, __u64 size, __u64 f
 #define MAX_FRAMES 256
 #define FRAME_BYTES 80
 #define MAX_THREADS 16384
+#define MAX_PROCESSES 16384
 // Userspace sizes the ring by the number of CPUs (map_max_entries); this is the default.
 #define RING_BYTES (1 << 20)
 #define NO_INDIRECTION 0xffffffffffffffffULL
@@ -49,9 +53,13 @@ static long (*bpf_ringbuf_output)(void *ringbuf, void *data, __u64 size, __u64 f
 #define FLAG_POINTER_UNREADABLE 1
 #define FLAG_FRAME_UNREADABLE 2
 #define FLAG_TRUNCATED 4
+#define FLAG_UNKNOWN_THREAD 8
 
 // Where a watched thread's current frame is, and how frames link.
 struct thread_info {
+    // The process the thread belongs to: a thread id reused by another process is not it.
+    __u32 pid;
+    __u32 pad;
     __u64 tstate;
     // tstate + first: the current frame's address (3.13+), or (3.11, 3.12) the address of
     // a pointer to the C frame, whose `second` offset holds it.
@@ -82,6 +90,14 @@ struct {
     __type(key, __u32);
     __type(value, struct thread_info);
 } threads SEC(".maps");
+
+// Watched processes (the value is unused).
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, MAX_PROCESSES);
+    __type(key, __u32);
+    __type(value, __u32);
+} processes SEC(".maps");
 
 struct {
     __uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -127,19 +143,27 @@ int capture_python_frames(void *ctx)
 {
     __u64 id = bpf_get_current_pid_tgid();
     __u32 tid = (__u32)id;
+    __u32 pid = (__u32)(id >> 32);
     struct thread_info *info = bpf_map_lookup_elem(&threads, &tid);
-    if (!info)
+    if (info && info->pid != pid)
+        info = 0;
+    if (!info && !bpf_map_lookup_elem(&processes, &pid))
         return 0;
     __u32 zero = 0;
     struct record *r = bpf_map_lookup_elem(&scratch, &zero);
     if (!r)
         return 0;
-    r->pid = (__u32)(id >> 32);
+    r->pid = pid;
     r->tid = tid;
     r->time = bpf_ktime_get_ns();
     r->frames = 0;
     r->flags = 0;
     r->pad = 0;
+    if (!info) {
+        r->flags = FLAG_UNKNOWN_THREAD;
+        send(r, 0);
+        return 0;
+    }
     __u64 previous = info->previous;
     if (previous > FRAME_BYTES - 8)
         previous = 0;

@@ -72,20 +72,15 @@ pub fn run(opts: RunOptions) -> Result<()> {
                 )
                 .context("bad histogram buckets")?
                 .build_recorder();
-            let handle = recorder.handle();
+            let exporter = pyfleet::metrics_server::Exporter::new(recorder.handle());
             metrics::set_global_recorder(recorder)
                 .map_err(|_| anyhow!("a metrics recorder is already installed"))?;
-            tokio::spawn(pyfleet::metrics_server::serve(listener, handle.clone(), pull));
-            // The exporter drops idle series (an exited process's) only while it renders: a
-            // daemon nobody scrapes would keep them all.
-            let every = config.metrics_idle_timeout() / 2;
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(every);
-                loop {
-                    tick.tick().await;
-                    drop(handle.render());
-                }
-            });
+            tokio::spawn(pyfleet::metrics_server::serve(
+                listener,
+                exporter.clone(),
+                pull,
+            ));
+            tokio::spawn(exporter.keep_tidy(config.metrics_idle_timeout() / 2));
             pyfleet_actors::metric_names::describe();
             metrics::describe_gauge!(
                 RESIDENT_MEMORY,

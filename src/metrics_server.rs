@@ -23,7 +23,7 @@ use pyfleet_policies::Mode;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
@@ -46,8 +46,51 @@ pub struct Pull {
     pub rate_hz: f64,
 }
 
+/// The exporter's handle, and when it last rendered (for a scrape or to tidy up).
+#[derive(Clone)]
+pub struct Exporter {
+    handle: PrometheusHandle,
+    since: Instant,
+    /// Milliseconds after `since` of the last rendering.
+    rendered_ms: Arc<AtomicU64>,
+}
+
+impl Exporter {
+    pub fn new(handle: PrometheusHandle) -> Exporter {
+        Exporter {
+            handle,
+            since: Instant::now(),
+            rendered_ms: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    fn render(&self) -> String {
+        let ms = u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.rendered_ms.store(ms, Ordering::Relaxed);
+        self.handle.render()
+    }
+
+    fn since_rendered(&self) -> Duration {
+        let at = Duration::from_millis(self.rendered_ms.load(Ordering::Relaxed));
+        self.since.elapsed().saturating_sub(at)
+    }
+
+    /// Renders whenever nothing did for `every`, forever: the exporter drops idle series (an
+    /// exited process's) only while it renders, so a daemon nobody scrapes would keep them
+    /// all, and one that is scraped needs no rendering of its own.
+    pub async fn keep_tidy(self, every: Duration) {
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tick.tick().await;
+            if self.since_rendered() >= every {
+                drop(self.render());
+            }
+        }
+    }
+}
+
 /// Serves `listener` until the runtime ends.
-pub async fn serve(listener: TcpListener, handle: PrometheusHandle, pull: Pull) {
+pub async fn serve(listener: TcpListener, handle: Exporter, pull: Pull) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let stream = match listener.accept().await {
@@ -100,7 +143,7 @@ pub async fn serve(listener: TcpListener, handle: PrometheusHandle, pull: Pull) 
 
 /// The exporter's rendering, pyfleet's own CPU time and the time of each kind of sample
 /// (fractional seconds, which the exporter's integer counters cannot carry).
-fn render(handle: &PrometheusHandle) -> String {
+fn render(handle: &Exporter) -> String {
     use pyfleet_actors::metric_names::{
         CPU_SECONDS, CPU_SECONDS_HELP, SAMPLE_KIND_SECONDS, SAMPLE_KIND_SECONDS_HELP,
     };
@@ -128,7 +171,7 @@ fn render(handle: &PrometheusHandle) -> String {
 }
 
 async fn respond(
-    handle: &PrometheusHandle,
+    handle: &Exporter,
     pull: &Pull,
     granted: &AtomicU64,
     req: &Request<Incoming>,

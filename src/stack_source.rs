@@ -3,10 +3,17 @@
 //! count the samples taken and failed across the fleet (for `record`'s progress line).
 //!
 //! With a [`SharedCapture`] (`--capture kernel`), a source reads its process in full only to
-//! learn its threads (when its thread list changed, looked at once a second, or every
-//! [`CAPTURE_FULL_REFRESH`]); its samples are the chains
+//! learn its threads: at its first tick, when the kernel tells of a thread of it that runs
+//! and is not yet known (a thread it found not to run Python is asked about again after
+//! [`CAPTURE_RECHECK`]), and every [`CAPTURE_FULL_REFRESH`]. Samples of a thread before it
+//! is learnt are counted failures. Its samples are the chains
 //! the kernel copied at interrupts of those threads since the last tick, as many per tick as
-//! there were (each one thread on a CPU at one instant). The capture is one for the whole
+//! there were (each one thread on a CPU at one instant); a process that ended hands out what
+//! was captured before, then reports its end. A source is due ([`StackSource::due`]) only
+//! when records wait for it, or once per [`CAPTURE_IDLE_CALL`]: an idle process costs a tick
+//! a look at the ring and its queue. Records are decoded at the first tick after they were
+//! taken, no later: a code object first seen in a record is read then, and the longer it
+//! waited the likelier it is gone (a failed sample). The capture is one for the whole
 //! fleet: the source that drains it files every record under its pid, and each source takes
 //! its own (at most [`MAX_PENDING`] waiting per process; older ones are dropped and counted).
 //!
@@ -20,21 +27,25 @@ use pyfleet_actors::{
     SourceStats, StackSource, ThreadStatus,
 };
 use rustc_hash::FxHashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// How often a capturing source lists its process's threads: a full read follows when the
-/// list changed (a thread started or ended), to learn the new thread states.
-pub const CAPTURE_REFRESH: Duration = Duration::from_secs(1);
+/// How long a thread found not to run Python is not asked about again (it may have been
+/// starting: its thread state not made yet).
+pub const CAPTURE_RECHECK: Duration = Duration::from_secs(1);
 
-/// How often a capturing source reads its process in full even when its thread list did not
-/// change (a thread that starts running Python without starting a thread: an embedded
-/// interpreter's, or one whose id was reused within a second).
+/// How often a capturing source reads its process in full though no new thread ran (plus up
+/// to 2 s, by pid): to forget threads that ended and learn thread states replaced under a
+/// known thread.
 pub const CAPTURE_FULL_REFRESH: Duration = Duration::from_secs(10);
 
-/// Most threads a capturing source lists.
-const MAX_LISTED_THREADS: usize = 8192;
+/// How often a capturing source with no records is called all the same: to read its process
+/// in full when [`CAPTURE_FULL_REFRESH`] is due.
+pub const CAPTURE_IDLE_CALL: Duration = Duration::from_secs(1);
+
+/// Most threads a capturing source remembers as not running Python.
+const MAX_NOT_PYTHON: usize = 8192;
 
 /// Most captured records waiting for one process's source (about 4 s of one busy thread at
 /// 1 kHz); past it the oldest are dropped and counted.
@@ -53,6 +64,8 @@ pub struct UnwinderFactory {
 /// One captured chain, copied out of the ring for its process's source.
 struct PendingRecord {
     tid: u32,
+    /// A thread the capture does not watch ran: no frames.
+    unknown_thread: bool,
     /// Why the chain is not whole, if it is not.
     incomplete: Option<&'static str>,
     frames: Vec<(u64, [u8; FRAME_BYTES])>,
@@ -65,12 +78,24 @@ struct CaptureState {
     /// Watched threads per pid.
     watched: FxHashMap<u32, Vec<u32>>,
     dropped: u64,
+    /// Records in `pending`, all processes together.
+    waiting: usize,
 }
 
 /// The kernel capture, shared by every source of a fleet (see the module documentation).
 pub struct SharedCapture {
     state: Mutex<CaptureState>,
+    /// What an idle source's tick looks at without the lock: how many records wait (as of
+    /// the last drain) and when the ring was last drained (microseconds after `since`).
+    waiting: AtomicUsize,
+    drained_us: AtomicU64,
+    since: Instant,
 }
+
+/// How long the ring may go undrained while no record waits: the sources a tick calls
+/// within it look at two atomics only. Well under a tick's period at any rate (1 ms at
+/// 1 kHz), so that each tick drains what was captured before it began.
+const DRAIN_EVERY: Duration = Duration::from_micros(200);
 
 impl SharedCapture {
     pub fn new(capture: KernelCapture) -> SharedCapture {
@@ -80,7 +105,11 @@ impl SharedCapture {
                 pending: FxHashMap::default(),
                 watched: FxHashMap::default(),
                 dropped: 0,
+                waiting: 0,
             }),
+            waiting: AtomicUsize::new(0),
+            drained_us: AtomicU64::new(0),
+            since: Instant::now(),
         }
     }
 
@@ -103,6 +132,7 @@ impl SharedCapture {
         path: crate::memory::kernel_capture::FramePointerPath,
     ) -> Result<(), String> {
         let mut s = self.lock();
+        s.capture.watch_process(pid).map_err(|e| e.to_string())?;
         let old = s.watched.remove(&pid).unwrap_or_default();
         for tid in old {
             if !threads.iter().any(|t| t.tid as u32 == tid) {
@@ -113,7 +143,7 @@ impl SharedCapture {
         for t in threads {
             let tid = t.tid as u32;
             s.capture
-                .watch(tid, t.tstate, path)
+                .watch(pid, tid, t.tstate, path)
                 .map_err(|e| e.to_string())?;
             now.push(tid);
         }
@@ -125,22 +155,66 @@ impl SharedCapture {
     /// Stops capturing `pid`'s threads and drops what waits for it.
     fn forget(&self, pid: u32) {
         let mut s = self.lock();
+        s.capture.unwatch_process(pid);
         for tid in s.watched.remove(&pid).unwrap_or_default() {
             s.capture.unwatch(tid);
         }
-        s.pending.remove(&pid);
+        let forgotten = s.pending.remove(&pid).map_or(0, |q| q.len());
+        s.waiting = s.waiting.saturating_sub(forgotten);
+        self.waiting.store(s.waiting, Ordering::Relaxed);
     }
 
     /// Drains the kernel's ring into the per-process queues, then hands `pid`'s records to
     /// `out` (oldest first).
     fn take(&self, pid: u32, out: &mut Vec<PendingRecord>) {
+        let mut s = self.drained(Instant::now());
+        let CaptureState {
+            pending, waiting, ..
+        } = &mut *s;
+        if let Some(queue) = pending.get_mut(&pid) {
+            *waiting = waiting.saturating_sub(queue.len());
+            out.append(queue);
+        }
+        self.waiting.store(s.waiting, Ordering::Relaxed);
+    }
+
+    /// Whether records wait for `pid`, the ring drained first unless no record waited at the
+    /// last drain, less than [`DRAIN_EVERY`] before `now`.
+    fn has_records(&self, pid: u32, now: Instant) -> bool {
+        let us = |t: Instant| {
+            u64::try_from(t.duration_since(self.since).as_micros()).unwrap_or(u64::MAX)
+        };
+        let recent = us(now).saturating_sub(self.drained_us.load(Ordering::Relaxed))
+            < DRAIN_EVERY.as_micros() as u64;
+        if recent && self.waiting.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let s = self.drained(now);
+        s.pending.get(&pid).is_some_and(|q| !q.is_empty())
+    }
+
+    /// The state, locked, with the ring drained into it at `now`.
+    fn drained(&self, now: Instant) -> MutexGuard<'_, CaptureState> {
         let mut s = self.lock();
+        s.drain();
+        let us = u64::try_from(now.duration_since(self.since).as_micros()).unwrap_or(u64::MAX);
+        self.drained_us.store(us, Ordering::Relaxed);
+        self.waiting.store(s.waiting, Ordering::Relaxed);
+        s
+    }
+}
+
+impl CaptureState {
+    /// Files every record of the kernel's ring under its process (those of processes no
+    /// source watches are dropped).
+    fn drain(&mut self) {
         let CaptureState {
             capture,
             pending,
             dropped,
+            waiting,
             ..
-        } = &mut *s;
+        } = self;
         capture.drain(|r| {
             let Some(queue) = pending.get_mut(&r.pid) else {
                 return;
@@ -148,9 +222,12 @@ impl SharedCapture {
             if queue.len() >= MAX_PENDING {
                 queue.remove(0);
                 *dropped += 1;
+            } else {
+                *waiting += 1;
             }
             queue.push(PendingRecord {
                 tid: r.tid,
+                unknown_thread: r.unknown_thread(),
                 incomplete: r.unreadable().or(r
                     .truncated()
                     .then_some("a chain deeper than the capture copies")),
@@ -165,9 +242,6 @@ impl SharedCapture {
                     .collect(),
             });
         });
-        if let Some(queue) = pending.get_mut(&pid) {
-            out.append(queue);
-        }
     }
 }
 
@@ -189,13 +263,13 @@ impl SourceFactory for UnwinderFactory {
             capture: self.capture.clone().map(|shared| CaptureLink {
                 shared,
                 pid: p.pid as u32,
-                listed: None,
+                called: None,
                 refreshed: None,
-                tids: Vec::new(),
-                listing: Vec::new(),
+                not_python: FxHashMap::default(),
                 threads: Vec::new(),
                 records: Vec::new(),
                 last: CapturedCounts::default(),
+                gone: None,
             }),
         })
     }
@@ -205,17 +279,19 @@ impl SourceFactory for UnwinderFactory {
 struct CaptureLink {
     shared: Arc<SharedCapture>,
     pid: u32,
-    /// When the thread list was last looked at, and the process last read in full.
-    listed: Option<Instant>,
+    /// When the source was last called, and the process last read in full.
+    called: Option<Instant>,
     refreshed: Option<Instant>,
-    /// The thread ids listed then (sorted), and the list just taken.
-    tids: Vec<i32>,
-    listing: Vec<i32>,
+    /// Threads the kernel told of that a read then found not running Python, and when.
+    not_python: FxHashMap<u32, Instant>,
     /// The threads watched: those of the last full sample that succeeded.
     threads: Vec<cpython::CapturedThread>,
     records: Vec<PendingRecord>,
     /// What the last call held.
     last: CapturedCounts,
+    /// The process ended: reported at the call after the one that handed out what was
+    /// captured before.
+    gone: Option<SampleError>,
 }
 
 impl Drop for CaptureLink {
@@ -239,34 +315,53 @@ fn sample_error(e: &cpython::UnwindError) -> SampleError {
 }
 
 impl UnwinderSource {
-    /// A tick of a capturing source: the threads learnt again when due, then every chain
-    /// captured for this process since the last tick.
+    /// A tick of a capturing source: every chain captured for this process since the last
+    /// tick, its threads learnt again first when due.
     fn sample_captured(
         unwinder: &mut Unwinder<ProcessMemory>,
         link: &mut CaptureLink,
         out: &mut Vec<SampledThread>,
     ) -> Result<SampleKind, SampleError> {
+        link.last = CapturedCounts::default();
+        if let Some(gone) = link.gone.take() {
+            return Err(gone);
+        }
+        let mut records = std::mem::take(&mut link.records);
+        link.shared.take(link.pid, &mut records);
+        let now = Instant::now();
+        link.called = Some(now);
+        if !link.not_python.is_empty() {
+            link.not_python
+                .retain(|_, at| now.duration_since(*at) < CAPTURE_RECHECK);
+        }
+        let known = |threads: &[cpython::CapturedThread], tid: u32| {
+            threads.iter().find(|t| t.tid as u32 == tid).copied()
+        };
+        let new_thread_ran = records.iter().any(|r| {
+            r.unknown_thread
+                && known(&link.threads, r.tid).is_none()
+                && !link.not_python.contains_key(&r.tid)
+        });
         // What this call cost: a full read to learn the threads, else whether it had chains
         // to decode (their code objects are validated with one read), else nothing.
         let mut kind = SampleKind::Kept;
-        let full_due = link
+        // Spread by pid, so that processes attached together are not all read at one tick.
+        let refresh_every =
+            CAPTURE_FULL_REFRESH + Duration::from_millis(u64::from(link.pid % 2000));
+        let refresh_due = link
             .refreshed
-            .is_none_or(|t| t.elapsed() >= CAPTURE_FULL_REFRESH);
-        let mut read_now = full_due;
-        if full_due || link.listed.is_none_or(|t| t.elapsed() >= CAPTURE_REFRESH) {
-            link.listed = Some(Instant::now());
-            crate::process::thread_ids(link.pid as i32, MAX_LISTED_THREADS, &mut link.listing);
-            read_now |= link.listing != link.tids;
-        }
-        if read_now {
+            .is_none_or(|t| now.duration_since(t) >= refresh_every);
+        let mut learnt = false;
+        if refresh_due || new_thread_ran {
             match unwinder.sample() {
                 Ok(_) => {
                     kind = unwinder.last_kind();
+                    learnt = true;
                     let first = link.refreshed.is_none();
-                    let now = Instant::now();
                     link.refreshed = Some(now);
-                    link.listed = Some(now);
-                    std::mem::swap(&mut link.tids, &mut link.listing);
+                    if refresh_due {
+                        link.not_python.clear();
+                    }
                     let threads = unwinder.captured_threads();
                     if first || threads != link.threads {
                         link.threads = threads;
@@ -280,13 +375,12 @@ impl UnwinderSource {
                             })?;
                     }
                 }
-                Err(e) if e.is_process_gone() => return Err(sample_error(&e)),
-                // Its threads are learnt at the next tick; the capture goes on meanwhile.
+                // What was captured before it ended goes out first.
+                Err(e) if e.is_process_gone() => link.gone = Some(sample_error(&e)),
+                // Its threads are learnt at a later tick; the capture goes on meanwhile.
                 Err(_) => {}
             }
         }
-        let mut records = std::mem::take(&mut link.records);
-        link.shared.take(link.pid, &mut records);
         if !records.is_empty() {
             unwinder.begin_captured_batch();
             if kind == SampleKind::Kept {
@@ -296,13 +390,25 @@ impl UnwinderSource {
         let mut first_error = None;
         let (mut taken, mut failed) = (0usize, 0usize);
         for r in records.drain(..) {
-            let frames = r.frames.iter().map(|(a, b)| (*a, &b[..]));
-            let thread = link.threads.iter().find(|t| t.tid as u32 == r.tid);
-            let sampled = match (r.incomplete, thread) {
-                (Some(why), _) => unwinder.captured_failure(why),
+            let thread = known(&link.threads, r.tid);
+            let sampled = match (r.unknown_thread, r.incomplete, thread) {
+                // A Python thread that ran before this source learnt it.
+                (true, _, Some(_)) => {
+                    unwinder.captured_failure("a thread that started since its process was read")
+                }
+                // Not Python, as the read just made found.
+                (true, _, None) => {
+                    if learnt && link.not_python.len() < MAX_NOT_PYTHON {
+                        link.not_python.insert(r.tid, now);
+                    }
+                    continue;
+                }
+                (false, Some(why), _) => unwinder.captured_failure(why),
                 // Captured before this source stopped watching it: a thread that ended.
-                (None, None) => continue,
-                (None, Some(&t)) => unwinder.sample_captured(t, frames, false),
+                (false, None, None) => continue,
+                (false, None, Some(t)) => {
+                    unwinder.sample_captured(t, r.frames.iter().map(|(a, b)| (*a, &b[..])), false)
+                }
             };
             match sampled {
                 Ok(t) => {
@@ -323,21 +429,37 @@ impl UnwinderSource {
             }
         }
         link.records = records;
+        if taken == 0 && first_error.is_none() {
+            if let Some(gone) = link.gone.take() {
+                return Err(gone);
+            }
+        }
+        link.last = CapturedCounts {
+            taken: taken as u64,
+            failed: failed as u64,
+            failed_kind: first_error.as_ref().map_or("", |e| e.kind()),
+        };
         match (taken, first_error) {
             (0, Some(e)) => Err(sample_error(&e)),
-            (_, e) => {
-                link.last = CapturedCounts {
-                    taken: taken as u64,
-                    failed: failed as u64,
-                    failed_kind: e.map_or("", |e| e.kind()),
-                };
-                Ok(kind)
-            }
+            _ => Ok(kind),
         }
     }
 }
 
 impl StackSource for UnwinderSource {
+    fn due(&mut self) -> bool {
+        let Some(link) = self.capture.as_ref() else {
+            return true;
+        };
+        if link.gone.is_some() {
+            return true;
+        }
+        let now = Instant::now();
+        link.called
+            .is_none_or(|t| now.duration_since(t) >= CAPTURE_IDLE_CALL)
+            || link.shared.has_records(link.pid, now)
+    }
+
     fn sample(&mut self, out: &mut Vec<SampledThread>) -> Result<SampleKind, SampleError> {
         if let Some(link) = self.capture.as_mut() {
             return Self::sample_captured(&mut self.unwinder, link, out);
@@ -454,9 +576,16 @@ impl<S: StackSource> StackSource for CountedSource<S> {
             (Ok(_), None) => self.counters.samples.fetch_add(1, Ordering::Relaxed),
             // The process exiting is how a recording ends, not a failure.
             (Err(e), _) if e.process_gone => 0,
-            (Err(_), _) => self.counters.errors.fetch_add(1, Ordering::Relaxed),
+            (Err(_), c) => self
+                .counters
+                .errors
+                .fetch_add(c.map_or(1, |c| c.failed.max(1)), Ordering::Relaxed),
         };
         r
+    }
+
+    fn due(&mut self) -> bool {
+        self.inner.due()
     }
 
     fn resolve(&self, stack: u64) -> Option<Vec<FrameInfo>> {

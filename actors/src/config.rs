@@ -124,7 +124,9 @@ impl FleetConfig {
     /// since batches go out after ticks) and record a sample duration every period, and the
     /// supervisor touches its series every `scan_interval`, so any timeout well above all
     /// three works. This is four times the longest of them (the sampling period taken at the
-    /// rate policy's floor), and at least 10 s.
+    /// rate policy's floor), and at least 30 s: the exporter drops idle series only while it
+    /// renders, which for a large fleet costs more than its sampling when done every few
+    /// seconds, and a series that lingers half a minute after its process is harmless.
     pub fn metrics_idle_timeout(&self) -> Duration {
         let slowest_sample = period_of(self.rate.min_hz()).unwrap_or_default();
         let longest = self
@@ -134,7 +136,7 @@ impl FleetConfig {
         longest
             .checked_mul(4)
             .unwrap_or(longest)
-            .max(Duration::from_secs(10))
+            .max(Duration::from_secs(30))
     }
 }
 #[cfg(test)]
@@ -165,16 +167,16 @@ mod tests {
     #[test]
     fn idle_timeout_outlasts_every_keepalive() {
         let defaults = FleetConfig::default();
-        assert_eq!(defaults.metrics_idle_timeout(), Duration::from_secs(10));
+        assert_eq!(defaults.metrics_idle_timeout(), Duration::from_secs(30));
         let slow = FleetConfig {
-            scan_interval: Duration::from_secs(5),
+            scan_interval: Duration::from_secs(10),
             ..FleetConfig::default()
         };
-        assert_eq!(slow.metrics_idle_timeout(), Duration::from_secs(20));
+        assert_eq!(slow.metrics_idle_timeout(), Duration::from_secs(40));
         let slow_rate = FleetConfig {
-            rate: RatePolicy::new(0.25, 5.0).unwrap_or_default(),
+            rate: RatePolicy::new(0.1, 5.0).unwrap_or_default(),
             ..FleetConfig::default()
         };
-        assert_eq!(slow_rate.metrics_idle_timeout(), Duration::from_secs(16));
+        assert_eq!(slow_rate.metrics_idle_timeout(), Duration::from_secs(40));
     }
 }

@@ -15,7 +15,12 @@
 //!   (the supervisor's rate policy); a new rate applies from the next tick (last deadline +
 //!   new period). With no slot the thread does not tick at all: it blocks until one arrives,
 //!   and the grid starts afresh then (the first tick is at once);
-//! - at each tick samples every slot once ([`Slot::sample`]); slots that end (process gone,
+//! - at each tick samples every slot once ([`Slot::sample`]), but a dormant slot (one whose
+//!   source was not due at its last ticks: a capturing source with nothing captured) only
+//!   every [`DORMANT_POLL`]: the thread keeps, per slot, the tick and the time it next looks at
+//!   it side by side, so a tick of a mostly idle fleet touches one small entry per slot, not
+//!   each slot's state, and when every slot is dormant the thread sleeps through the ticks
+//!   before the first one due (not counted as missed); slots that end (process gone,
 //!   too many errors, a panic in their source, or an owner gone without asking) are finished
 //!   after the tick: final batch, drop, report the end ([`Slot::finish`]);
 //! - sends each slot's batch (every `batch_interval` per slot) right after the first tick at
@@ -50,7 +55,7 @@ use tokio::sync::oneshot;
 
 use crate::aggregator::AggregatorMsg;
 use crate::panics::guard;
-use crate::slot::{Slot, SlotEnd};
+use crate::slot::{Slot, SlotEnd, DORMANT_POLL};
 use crate::source::SampledThread;
 use crate::timing::{period_of, Deadlines, Jitter};
 
@@ -103,6 +108,7 @@ impl SamplingPool {
                 ticks: Deadlines::new(Instant::now(), period),
                 jitter: Jitter::seeded(),
                 slots: Vec::new(),
+                tick_count: 0,
                 out: Vec::new(),
                 ending: Vec::new(),
             };
@@ -203,6 +209,15 @@ impl SamplingPool {
     }
 }
 
+/// A slot on its thread, with when the thread next looks at it.
+struct Placed {
+    /// The tick ([`SamplingThread::tick_count`]) at which it is next sampled.
+    next_tick: u64,
+    /// When its next batch is due ([`Slot::next_flush`]).
+    next_flush: Instant,
+    slot: Box<Slot>,
+}
+
 /// The state of one sampling thread; see the module documentation.
 struct SamplingThread {
     control: mpsc::Receiver<Control>,
@@ -211,7 +226,9 @@ struct SamplingThread {
     ticks: Deadlines,
     /// Where in its period each tick runs (see [`crate::timing`]).
     jitter: Jitter,
-    slots: Vec<Slot>,
+    slots: Vec<Placed>,
+    /// Ticks so far.
+    tick_count: u64,
     /// Reused by every sample of every slot.
     out: Vec<SampledThread>,
     /// Slots to finish, by index, ascending; empty between uses.
@@ -265,12 +282,16 @@ impl SamplingThread {
                     self.ticks = Deadlines::new(now, self.ticks.period());
                 }
                 slot.placed(now);
-                self.slots.push(*slot);
+                self.slots.push(Placed {
+                    next_tick: self.tick_count + 1,
+                    next_flush: slot.next_flush(),
+                    slot,
+                });
             }
             Control::Remove(id) => {
-                if let Some(i) = self.slots.iter().position(|s| s.id() == id) {
-                    let slot = self.slots.remove(i);
-                    self.finish(slot, SlotEnd::Removed);
+                if let Some(i) = self.slots.iter().position(|p| p.slot.id() == id) {
+                    let placed = self.slots.remove(i);
+                    self.finish(*placed.slot, SlotEnd::Removed);
                 }
             }
             Control::SetRate(hz) => {
@@ -279,8 +300,8 @@ impl SamplingThread {
                 }
             }
             Control::Stop => {
-                for slot in std::mem::take(&mut self.slots) {
-                    self.finish(slot, SlotEnd::Removed);
+                for placed in std::mem::take(&mut self.slots) {
+                    self.finish(*placed.slot, SlotEnd::Removed);
                 }
                 return false;
             }
@@ -291,33 +312,56 @@ impl SamplingThread {
     /// Samples every slot once, back to back; counts missed ticks; finishes the slots that
     /// ended; sends the batches due.
     fn tick(&mut self) {
-        for (i, slot) in self.slots.iter_mut().enumerate() {
-            if let Some(end) = slot.sample(&mut self.out) {
+        self.tick_count += 1;
+        let tick = self.tick_count;
+        let period = self.ticks.period();
+        let dormant_ticks = DORMANT_POLL.as_nanos().div_ceil(period.as_nanos().max(1));
+        let dormant_ticks = u64::try_from(dormant_ticks).unwrap_or(u64::MAX).max(1);
+        for (i, p) in self.slots.iter_mut().enumerate() {
+            if p.next_tick > tick {
+                continue;
+            }
+            if let Some(end) = p.slot.sample(&mut self.out) {
                 self.ending.push((i, end));
             }
+            let wait = if p.slot.dormant() { dormant_ticks } else { 1 };
+            p.next_tick = tick.saturating_add(wait);
         }
         let now = Instant::now();
         let missed = self.ticks.advance(now, self.jitter.next());
         if missed > 0 {
-            for slot in &self.slots {
-                slot.missed(missed);
+            for p in &self.slots {
+                p.slot.missed(missed);
             }
         }
         self.reap();
-        for (i, slot) in self.slots.iter_mut().enumerate() {
-            if let Some(end) = slot.flush_if_due(now, &self.aggregator) {
+        for (i, p) in self.slots.iter_mut().enumerate() {
+            if now < p.next_flush {
+                continue;
+            }
+            if let Some(end) = p.slot.flush_if_due(now, &self.aggregator) {
                 self.ending.push((i, end));
             }
+            p.next_flush = p.slot.next_flush();
         }
         self.reap();
+        // Every slot dormant: the ticks before the first one due would touch nothing, so the
+        // thread sleeps through them.
+        if let Some(first) = self.slots.iter().map(|p| p.next_tick).min() {
+            let idle = first.saturating_sub(self.tick_count + 1);
+            if idle > 0 {
+                self.ticks.skip(idle);
+                self.tick_count += idle;
+            }
+        }
     }
 
     /// Finishes the slots listed in `ending`.
     fn reap(&mut self) {
         // Highest index first, so the lower ones stay valid.
         while let Some((i, end)) = self.ending.pop() {
-            let slot = self.slots.remove(i);
-            self.finish(slot, end);
+            let placed = self.slots.remove(i);
+            self.finish(*placed.slot, end);
         }
     }
 
@@ -502,6 +546,84 @@ mod tests {
             slot.sample(&mut out);
         }
         assert_eq!(calls.load(Ordering::SeqCst), before + 10);
+    }
+
+    /// Holds two samples a call and is due at every fourth tick: a capturing source's shape.
+    struct Collecting {
+        ticks: u64,
+        calls: Arc<AtomicU64>,
+    }
+
+    impl StackSource for Collecting {
+        fn due(&mut self) -> bool {
+            self.ticks += 1;
+            self.ticks.is_multiple_of(4)
+        }
+        fn sample(&mut self, out: &mut Vec<SampledThread>) -> Result<SampleKind, SampleError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            for thread_id in [1, 2] {
+                out.push(SampledThread {
+                    thread_id,
+                    status: Default::default(),
+                    stack: 7,
+                });
+            }
+            Ok(SampleKind::Read)
+        }
+        fn resolve(&self, _stack: u64) -> Option<Vec<FrameInfo>> {
+            None
+        }
+        fn stats(&self) -> SourceStats {
+            SourceStats::default()
+        }
+        fn captured_in_last(&self) -> Option<crate::source::CapturedCounts> {
+            Some(crate::source::CapturedCounts {
+                taken: 2,
+                failed: 0,
+                failed_kind: "",
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_collecting_source_is_called_when_due_dormant_when_not_and_once_more_when_removed() {
+        let (aggregator, _) = Actor::spawn(None, AggregatorActor, (100, false))
+            .await
+            .unwrap();
+        let calls = Arc::new(AtomicU64::new(0));
+        let (info, settings) = slot_args(1, "collecting");
+        let source = Collecting {
+            ticks: 0,
+            calls: calls.clone(),
+        };
+        let ends = Arc::default();
+        let (mut slot, _done) = Slot::new(
+            next_life(),
+            &info,
+            &settings,
+            Box::new(source),
+            recorder(&ends),
+        );
+        let mut out = Vec::new();
+        for _ in 0..15 {
+            assert!(slot.sample(&mut out).is_none());
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+        // Not due at its last three ticks, but a moment ago: not dormant yet.
+        assert!(!slot.dormant());
+        slot.sample(&mut out);
+        std::thread::sleep(Duration::from_millis(40));
+        for _ in 0..3 {
+            slot.sample(&mut out);
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 4);
+        // Not due at its last three ticks, over 30 ms: its thread looks at it less often.
+        assert!(slot.dormant());
+        // The 20th tick would be due: removal collects what it holds.
+        slot.finish(&aggregator, SlotEnd::Removed);
+        assert_eq!(calls.load(Ordering::SeqCst), 5);
+        assert_eq!(*ends.lock().unwrap(), ["Removed"]);
+        aggregator.stop(None);
     }
 
     async fn until(cond: impl Fn() -> bool) {

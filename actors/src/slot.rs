@@ -6,7 +6,9 @@
 //! built by its owner (the supervisor) once the process's source is attached, handed to a
 //! sampling thread ([`sampling`](crate::sampling)), and from then on used only by that
 //! thread. Its contract:
-//! - every tick ([`Slot::sample`]): applies the [`Mode`] to each thread's status and tallies
+//! - every tick ([`Slot::sample`]), when its source is due ([`StackSource::due`]; a slot
+//!   not due for a few ticks in a row is [`Slot::dormant`], looked at every [`DORMANT_POLL`]
+//!   only): applies the [`Mode`] to each thread's status and tallies
 //!   `(stack id, status)` locally (no allocation once the tally has seen the stacks; the
 //!   thread's `out` buffer is reused), records `pyfleet_sample_duration_seconds`, counts
 //!   samples and errors by kind. A sample slower than [`SLOW_SAMPLE`] costs its own process
@@ -106,7 +108,20 @@ struct SlotWork {
     skip: u32,
     /// Calls of [`Slot::sample`] (see [`OWNER_CHECK_EVERY`]).
     samples_called: u32,
+    /// Ticks in a row at which the source was not due, and when it last was (see
+    /// [`Slot::dormant`]).
+    not_due: u32,
+    last_due: Instant,
 }
+
+/// A slot whose source was not due at this many ticks in a row, for at least
+/// [`DORMANT_QUIET`], is dormant: its thread asks it again only every [`DORMANT_POLL`]. (A
+/// busy process at a high rate has ticks with nothing now and then; only a quiet spell
+/// longer than that makes it dormant.)
+const DORMANT_AFTER: u32 = 3;
+const DORMANT_QUIET: Duration = Duration::from_millis(30);
+/// How often a sampling thread looks at a dormant slot.
+pub(crate) const DORMANT_POLL: Duration = Duration::from_millis(100);
 
 /// A slot asks whether its owner abandoned it once in this many ticks.
 const OWNER_CHECK_EVERY: u32 = 64;
@@ -199,6 +214,8 @@ impl Slot {
                 slow_streak: 0,
                 skip: 0,
                 samples_called: 0,
+                not_due: 0,
+                last_due: Instant::now(),
             },
             reporter,
         };
@@ -232,6 +249,11 @@ impl Slot {
             return Some(SlotEnd::Removed);
         }
         let w = &mut self.work;
+        if !w.source.due() {
+            w.not_due = w.not_due.saturating_add(1);
+            return None;
+        }
+        w.not_due = 0;
         out.clear();
         if w.skip > 0 {
             w.skip -= 1;
@@ -239,6 +261,7 @@ impl Slot {
             return None;
         }
         let began = Instant::now();
+        w.last_due = began;
         let result = guard(|| w.source.sample(out));
         let took = began.elapsed();
         w.metrics.took(took);
@@ -251,8 +274,10 @@ impl Slot {
         match result {
             Ok(Ok(kind)) => {
                 w.consecutive_errors = 0;
-                w.metrics.succeeded(kind, took);
-                if let Some(c) = w.source.captured_in_last() {
+                let captured = w.source.captured_in_last();
+                w.metrics
+                    .succeeded(kind, took, captured.map_or(1, |c| c.taken));
+                if let Some(c) = captured {
                     for _ in 0..c.failed {
                         w.metrics.error(c.failed_kind);
                         w.metrics.failed();
@@ -267,11 +292,16 @@ impl Slot {
                 None
             }
             Ok(Err(e)) => {
-                w.metrics.error(e.kind);
                 if e.process_gone {
+                    w.metrics.error(e.kind);
                     return Some(SlotEnd::ProcessGone(e.message));
                 }
-                w.metrics.failed();
+                // A capturing source's call fails when every sample it held failed.
+                let failed = w.source.captured_in_last().map_or(1, |c| c.failed.max(1));
+                for _ in 0..failed {
+                    w.metrics.error(e.kind);
+                    w.metrics.failed();
+                }
                 w.consecutive_errors = w.consecutive_errors.saturating_add(1);
                 if w.consecutive_errors >= w.max_consecutive_errors {
                     return Some(SlotEnd::Failed(format!(
@@ -283,6 +313,18 @@ impl Slot {
             }
             Err(panic) => Some(SlotEnd::Failed(format!("sample panicked: {panic}"))),
         }
+    }
+
+    /// The source was not due at the last [`DORMANT_AFTER`] ticks, for [`DORMANT_QUIET`] at
+    /// least: it holds nothing and has nothing to do, so the thread may look at it less often
+    /// (see [`StackSource::due`]).
+    pub(crate) fn dormant(&self) -> bool {
+        self.work.not_due >= DORMANT_AFTER && self.work.last_due.elapsed() >= DORMANT_QUIET
+    }
+
+    /// When the next batch is due ([`Slot::flush_if_due`] does nothing before).
+    pub(crate) fn next_flush(&self) -> Instant {
+        self.work.next_flush
     }
 
     /// Counts ticks this slot (like every slot on its thread) missed.
@@ -315,10 +357,15 @@ impl Slot {
         flushed.err().map(SlotEnd::Failed)
     }
 
-    /// Ends the slot: sends the final batch, drops the source (a panic in its `Drop` is
-    /// caught), then tells the owner how it ended and fires "done". A panic in the source
-    /// while flushing turns any end into a failure.
-    pub(crate) fn finish(self, aggregator: &ActorRef<AggregatorMsg>, end: SlotEnd) {
+    /// Ends the slot: a removed capturing source collects once more; sends the final batch,
+    /// drops the source (a panic in its `Drop` is caught), then tells the owner how it ended
+    /// and fires "done". A panic in the source while flushing turns any end into a failure.
+    pub(crate) fn finish(mut self, aggregator: &ActorRef<AggregatorMsg>, end: SlotEnd) {
+        if matches!(end, SlotEnd::Removed) && self.work.source.captured_in_last().is_some() {
+            // A capturing source holds what was taken since its last tick: collected once
+            // more, so that stopping loses none of it.
+            let _ = self.sample(&mut Vec::new());
+        }
         let Slot {
             id: _,
             mut work,
@@ -563,11 +610,12 @@ impl ProcessMetrics {
         }
     }
 
-    /// Counts one successful sample of `kind` that took `took` (exported, with the failure
-    /// ratio, at the next [`publish`](Self::publish)).
-    fn succeeded(&mut self, kind: SampleKind, took: Duration) {
-        self.succeeded += 1;
-        self.pending_samples += 1;
+    /// Counts one successful call of `kind` that took `took` and held `samples` samples (one,
+    /// or a capturing source's count), exported with the failure ratio at the next
+    /// [`publish`](Self::publish).
+    fn succeeded(&mut self, kind: SampleKind, took: Duration, samples: u64) {
+        self.succeeded += samples;
+        self.pending_samples += samples;
         let k = &mut self.pending_kinds[kind.index()];
         k.0 += 1;
         k.1 += u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);

@@ -169,6 +169,16 @@ pub trait StackSource: Send + 'static {
     /// neither this nor the caller allocates: `out` keeps its capacity from sample to sample.
     fn sample(&mut self, out: &mut Vec<SampledThread>) -> Result<SampleKind, SampleError>;
 
+    /// Whether this tick calls [`sample`](Self::sample) (by default, every tick). A source
+    /// that collects samples taken elsewhere answers no when it holds none and has no work of
+    /// its own due: such a tick costs the fleet nothing more for it (no timing, no metrics).
+    /// Called at every tick (or, once it was not due a few times, every
+    /// `DORMANT_POLL`), so it must cost next to nothing. A source must be due at least every
+    /// few seconds: its sample-duration series lives on the durations of its calls.
+    fn due(&mut self) -> bool {
+        true
+    }
+
     /// Frames of an interned stack, innermost frame first. The sampler asks once per stack id
     /// per source lifetime (and again only after it has forgotten what it sent, see the
     /// sampler's module docs); `None` means the id is unknown.
@@ -179,8 +189,9 @@ pub trait StackSource: Send + 'static {
 
     /// For a source whose calls return every sample taken since its last call (the kernel
     /// capture: as many per call as there were, each one thread at one instant), what the
-    /// last successful call held; `None` (the default) for a source that samples every thread
-    /// once per call.
+    /// last call held (a call fails when every sample it held failed: then `failed` of them,
+    /// or 0 when it failed for another reason); `None` (the default) for a source that
+    /// samples every thread once per call.
     fn captured_in_last(&self) -> Option<CapturedCounts> {
         None
     }

@@ -88,6 +88,18 @@ impl Deadlines {
         u64::try_from(missed).unwrap_or(u64::MAX)
     }
 
+    /// Passes over the next `periods` ticks without running them (nothing is due in them):
+    /// the tick after runs at the same point of its period the next one would have. Not
+    /// counted as missed.
+    pub(crate) fn skip(&mut self, periods: u64) {
+        let periods = u32::try_from(periods).unwrap_or(u32::MAX);
+        let skipped = self
+            .period
+            .checked_mul(periods)
+            .unwrap_or(Duration::from_secs(100 * 365 * 24 * 3600));
+        self.next = after(self.next, skipped);
+    }
+
     /// Changes the period; it applies from the next tick on: the next deadline becomes the
     /// last tick's deadline plus the new period (or stays as it is before the first tick).
     pub(crate) fn set_period(&mut self, period: Duration) {
@@ -209,6 +221,19 @@ mod tests {
         assert_eq!(d.next(), t0 + 69_500 * MS / 1000);
         assert_eq!(d.advance(t0 + 72 * MS, 0.5), 0);
         assert_eq!(d.next(), t0 + 76 * MS);
+    }
+
+    #[test]
+    fn skipped_periods_move_the_next_tick_and_are_not_missed() {
+        let t0 = Instant::now();
+        let mut d = Deadlines::new(t0, 10 * MS);
+        assert_eq!(d.advance(t0 + MS, 0.5), 0);
+        assert_eq!(d.next(), t0 + 15 * MS);
+        d.skip(3);
+        assert_eq!(d.next(), t0 + 45 * MS);
+        // On time for the tick after the skip: nothing missed.
+        assert_eq!(d.advance(t0 + 46 * MS, 0.0), 0);
+        assert_eq!(d.next(), t0 + 50 * MS);
     }
 
     #[test]

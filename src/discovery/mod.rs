@@ -5,7 +5,8 @@
 //! A scan reads every pid's parent, start time and command name, reads its executable's
 //! path only when those changed (an `exec` changes the command name), probes new or exec'd
 //! processes once per (pid, start time, executable), reads Python processes' command lines
-//! every scan, and lets
+//! every scan while they are young ([`YOUNG`]: servers set their titles as they start), then
+//! every [`CMDLINE_REFRESH`] or when their command name changes, and lets
 //! `policies::Family` name each Python process and give it its role; the match policy,
 //! `--subprocesses` and `--exclude-role` decide the list. It must not schedule anything (the
 //! actors decide when).
@@ -28,6 +29,15 @@ use std::time::{Duration, Instant};
 /// A process just exec'd may not have mapped libpython yet: "not Python" is only believed
 /// after this long.
 const SETTLE: Duration = Duration::from_secs(5);
+/// A process seen for less than this long has its command line read at every scan.
+const YOUNG: Duration = Duration::from_secs(10);
+/// How often an older Python process's command line is read again (a title it sets later
+/// shows within this long; at once when it renames itself, which changes its command name).
+const CMDLINE_REFRESH: Duration = Duration::from_secs(10);
+
+/// Most `/proc/PID/stat` files kept open between scans (the others are opened each scan).
+const MAX_KEPT_STAT_FILES: usize = 4096;
+
 /// A process whose probe did not return in time is probed again after this long.
 const PROBE_RETRY: Duration = Duration::from_secs(30);
 
@@ -40,6 +50,8 @@ struct Known {
     version: Option<Version>,
     /// Its labels, once found (see [`labels`]).
     labels: Option<Labels>,
+    /// Its command line, and when it was read.
+    argv: Option<(Vec<String>, Instant)>,
     /// When this process (pid, start time, executable) was first seen.
     first_seen: Instant,
     /// Its probe did not return in time: not probed again before then.
@@ -59,6 +71,9 @@ pub struct HostDiscovery {
     subprocesses: bool,
     /// Processes in these roles are not listed (`--exclude-role`).
     exclude_roles: Vec<Role>,
+    /// `/proc/PID/stat` of processes seen at the last scan, kept open (see
+    /// [`process::stat_facts_of`]).
+    stat_files: HashMap<i32, std::fs::File>,
 }
 
 impl HostDiscovery {
@@ -69,6 +84,7 @@ impl HostDiscovery {
             no_exe: HashMap::new(),
             subprocesses: false,
             exclude_roles: Vec::new(),
+            stat_files: HashMap::new(),
         }
     }
 
@@ -111,6 +127,37 @@ impl HostDiscovery {
             .clone()
     }
 
+    /// The command line of a Python process: read again when due (see the module
+    /// documentation), else as last read. `None` when it cannot be read.
+    fn argv_of(&mut self, pid: i32, start: u64) -> Option<Vec<String>> {
+        let Some(k) = self.known.get_mut(&pid).filter(|k| k.start == start) else {
+            return process::cmdline(pid).ok();
+        };
+        let young = k.first_seen.elapsed() < YOUNG;
+        match &k.argv {
+            Some((argv, at)) if !young && at.elapsed() < CMDLINE_REFRESH => Some(argv.clone()),
+            _ => {
+                let argv = process::cmdline(pid).ok()?;
+                k.argv = Some((argv.clone(), Instant::now()));
+                Some(argv)
+            }
+        }
+    }
+
+    /// The stat facts of `pid`, from its kept file when it has one and that still answers.
+    fn stat_facts(&mut self, pid: i32) -> Option<process::StatFacts> {
+        if let Some(facts) = self.stat_files.get(&pid).and_then(process::stat_facts_of) {
+            return Some(facts);
+        }
+        self.stat_files.remove(&pid);
+        let file = std::fs::File::open(format!("/proc/{pid}/stat")).ok()?;
+        let facts = process::stat_facts_of(&file)?;
+        if self.stat_files.len() < MAX_KEPT_STAT_FILES {
+            self.stat_files.insert(pid, file);
+        }
+        Some(facts)
+    }
+
     /// Remembers what a probe of this process found.
     fn learn(&mut self, pid: i32, start: u64, comm: &[u8], exe: &PathBuf, probed: probe::Probed) {
         let first_seen = self
@@ -131,6 +178,7 @@ impl HostDiscovery {
                 start,
                 comm: comm.to_vec(),
                 labels: None,
+                argv: None,
                 exe: exe.clone(),
                 version,
                 first_seen,
@@ -158,8 +206,10 @@ impl Discovery for HostDiscovery {
         let mut alive = Vec::new();
         let mut unknown = Vec::new();
         let mut parents = Vec::with_capacity(pids.len());
+        self.stat_files
+            .retain(|pid, _| pids.binary_search(pid).is_ok());
         for &pid in &pids {
-            let Some(facts) = process::stat_facts(pid) else {
+            let Some(facts) = self.stat_facts(pid) else {
                 continue;
             };
             let start = facts.start;
@@ -189,6 +239,7 @@ impl Discovery for HostDiscovery {
                         .filter(|k| k.start == start && k.exe == exe)
                     {
                         k.comm.clone_from(&facts.comm);
+                        k.argv = None;
                     }
                     exe
                 }
@@ -211,7 +262,7 @@ impl Discovery for HostDiscovery {
             let Some(Some(version)) = self.known_version(pid, start, &exe) else {
                 continue;
             };
-            let Ok(argv) = process::cmdline(pid) else {
+            let Some(argv) = self.argv_of(pid, start) else {
                 continue;
             };
             let exe_name = exe

@@ -7,11 +7,14 @@
 //! and first [`FRAME_BYTES`] bytes, following `previous`), into a ring buffer this module
 //! drains ([`KernelCapture::drain`]). The interrupted thread does not run while its frames are
 //! copied: a record is one instant's chain, never a torn one. Only threads on a CPU are
-//! captured (a cpu-mode profile), each in proportion to the CPU time it uses.
+//! captured (a cpu-mode profile), each in proportion to the CPU time it uses. A thread not
+//! watched of a watched process ([`KernelCapture::watch_process`]) gets a record without
+//! frames ([`CapturedRecord::unknown_thread`]) at each of its interrupts: a thread started
+//! since its process was last read, or one that does not run Python.
 //!
 //! Contract: bounded by the program's constants (at most [`MAX_FRAMES`] frames a record,
-//! deeper chains flagged [`CapturedRecord::truncated`]; [`MAX_WATCHED`] threads; a ring of
-//! 256 KiB a CPU, 1-16 MiB, whose overflow is counted by [`KernelCapture::lost`], never
+//! deeper chains flagged [`CapturedRecord::truncated`]; [`MAX_WATCHED`] threads; a ring sized for
+//! 200 ms of sampling at the rate, 1-16 MiB, whose overflow is counted by [`KernelCapture::lost`], never
 //! blocking anything).
 //! Nothing is written to any target. Needs root (CAP_BPF and CAP_PERFMON).
 
@@ -28,10 +31,15 @@ pub const MAX_FRAMES: usize = 256;
 pub const FRAME_BYTES: usize = 80;
 /// Most threads watched at once (`MAX_THREADS`).
 pub const MAX_WATCHED: usize = 16384;
+/// Most processes watched at once (`MAX_PROCESSES`).
+pub const MAX_WATCHED_PROCESSES: usize = 16384;
 
-/// Ring bytes per CPU: a record takes 24 bytes and 88 a frame (a 50-frame stack 4.4 KiB, the
-/// deepest 22 KiB), and the ring is drained at every tick of the sampling thread.
-const RING_BYTES_PER_CPU: u64 = 256 << 10;
+/// How long of sampling the ring holds, at the capture's rate on every CPU in 8 KiB records:
+/// a drain later than this after the last loses samples.
+const RING_HOLDS: std::time::Duration = std::time::Duration::from_millis(200);
+/// A record's room in the ring's sizing: 24 bytes a record and 88 a frame, so a 90-frame
+/// chain (the deepest 22 KiB; a 50-frame one 4.4 KiB).
+const RING_RECORD_BYTES: u64 = 8 << 10;
 const MIN_RING_BYTES: u64 = 1 << 20;
 const MAX_RING_BYTES: u64 = 16 << 20;
 
@@ -41,6 +49,7 @@ const NO_INDIRECTION: u64 = u64::MAX;
 const FLAG_POINTER_UNREADABLE: u16 = 1;
 const FLAG_FRAME_UNREADABLE: u16 = 2;
 const FLAG_TRUNCATED: u16 = 4;
+const FLAG_UNKNOWN_THREAD: u16 = 8;
 
 #[cfg(pyfleet_capture)]
 static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/capture.bpf.o"));
@@ -60,13 +69,15 @@ pub struct FramePointerPath {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 struct ThreadInfo {
+    pid: u32,
+    pad: u32,
     tstate: u64,
     first: u64,
     second: u64,
     previous: u64,
 }
 
-// SAFETY: four u64 fields, `repr(C)`, no padding: every bit pattern is a valid value, which
+// SAFETY: two u32 then four u64 fields, `repr(C)`, no padding: every bit pattern is a valid value, which
 // is what `Pod` asks of types copied to and from BPF maps.
 unsafe impl Pod for ThreadInfo {}
 
@@ -81,6 +92,8 @@ pub enum CaptureError {
     Attach { cpu: u32, why: String },
     #[error("cannot watch thread {tid}: {why}")]
     Watch { tid: u32, why: String },
+    #[error("cannot watch process {pid}: {why}")]
+    WatchProcess { pid: u32, why: String },
     #[error("the frame layout puts `previous` at {0}, past the bytes the capture copies")]
     Layout(u64),
 }
@@ -88,9 +101,11 @@ pub enum CaptureError {
 /// The loaded program, its events and maps. Dropping it detaches everything.
 pub struct KernelCapture {
     threads: BpfMap<MapData, u32, ThreadInfo>,
+    processes: BpfMap<MapData, u32, u32>,
     ring: RingBuf<MapData>,
     lost: PerCpuArray<MapData, u64>,
     watched: usize,
+    watched_processes: usize,
     /// Owns the program and its perf events (detached when dropped).
     _ebpf: Ebpf,
 }
@@ -101,7 +116,7 @@ impl KernelCapture {
     pub fn start(rate_hz: u32) -> Result<KernelCapture, CaptureError> {
         let cpus = aya::util::online_cpus()
             .map_err(|(what, e)| CaptureError::Load(format!("{what}: {e}")))?;
-        let mut ebpf = load(ring_bytes(cpus.len()))?;
+        let mut ebpf = load(ring_bytes(cpus.len(), rate_hz))?;
         let program: &mut PerfEvent = ebpf
             .program_mut("capture_python_frames")
             .ok_or_else(|| CaptureError::Load("program missing from the object".into()))?
@@ -129,23 +144,59 @@ impl KernelCapture {
         };
         let threads =
             BpfMap::try_from(map("threads")?).map_err(|e| CaptureError::Load(e.to_string()))?;
+        let processes =
+            BpfMap::try_from(map("processes")?).map_err(|e| CaptureError::Load(e.to_string()))?;
         let ring =
             RingBuf::try_from(map("records")?).map_err(|e| CaptureError::Load(e.to_string()))?;
         let lost =
             PerCpuArray::try_from(map("lost")?).map_err(|e| CaptureError::Load(e.to_string()))?;
         Ok(KernelCapture {
             threads,
+            processes,
             ring,
             lost,
             watched: 0,
+            watched_processes: 0,
             _ebpf: ebpf,
         })
     }
 
-    /// Captures thread `tid` (the host's id) from now on, its current frame found from its
-    /// thread state at `tstate` by `path`. Watching a watched thread again updates it.
+    /// Tells of every thread of process `pid` (the host's id) that runs unwatched, from now
+    /// on (records flagged [`CapturedRecord::unknown_thread`]).
+    pub fn watch_process(&mut self, pid: u32) -> Result<(), CaptureError> {
+        if self.processes.get(&pid, 0).is_ok() {
+            return Ok(());
+        }
+        if self.watched_processes >= MAX_WATCHED_PROCESSES {
+            return Err(CaptureError::WatchProcess {
+                pid,
+                why: format!("at most {MAX_WATCHED_PROCESSES} processes are watched"),
+            });
+        }
+        self.processes
+            .insert(pid, 0, 0)
+            .map_err(|e| CaptureError::WatchProcess {
+                pid,
+                why: e.to_string(),
+            })?;
+        self.watched_processes += 1;
+        Ok(())
+    }
+
+    /// Stops telling of process `pid`'s unwatched threads (its watched threads stay watched
+    /// until [`unwatch`](Self::unwatch)ed).
+    pub fn unwatch_process(&mut self, pid: u32) {
+        if self.processes.remove(&pid).is_ok() {
+            self.watched_processes = self.watched_processes.saturating_sub(1);
+        }
+    }
+
+    /// Captures thread `tid` of process `pid` (the host's ids) from now on, its current
+    /// frame found from its thread state at `tstate` by `path`. Watching a watched thread
+    /// again updates it.
     pub fn watch(
         &mut self,
+        pid: u32,
         tid: u32,
         tstate: u64,
         path: FramePointerPath,
@@ -161,6 +212,8 @@ impl KernelCapture {
             });
         }
         let info = ThreadInfo {
+            pid,
+            pad: 0,
             tstate,
             first: path.first,
             second: path.in_cframe.unwrap_or(NO_INDIRECTION),
@@ -203,10 +256,14 @@ impl KernelCapture {
     }
 }
 
-/// The ring's size for `cpus` CPUs: [`RING_BYTES_PER_CPU`] each (a power of two, as the
-/// kernel requires), within [`MIN_RING_BYTES`] and [`MAX_RING_BYTES`].
-fn ring_bytes(cpus: usize) -> u32 {
-    let want = (cpus.max(1) as u64).saturating_mul(RING_BYTES_PER_CPU);
+/// The ring's size for `cpus` CPUs sampled at `rate_hz`: [`RING_HOLDS`] of records on every
+/// CPU, as a power of two (as the kernel requires), within [`MIN_RING_BYTES`] and
+/// [`MAX_RING_BYTES`].
+fn ring_bytes(cpus: usize, rate_hz: u32) -> u32 {
+    let records_per_cpu = (u64::from(rate_hz) * RING_HOLDS.as_millis() as u64).div_ceil(1000);
+    let want = (cpus.max(1) as u64)
+        .saturating_mul(records_per_cpu)
+        .saturating_mul(RING_RECORD_BYTES);
     want.next_power_of_two()
         .clamp(MIN_RING_BYTES, MAX_RING_BYTES)
         .try_into()
@@ -263,6 +320,12 @@ impl<'a> CapturedRecord<'a> {
         })
     }
 
+    /// A thread of a watched process that is not watched itself: no frames (see the module
+    /// documentation).
+    pub fn unknown_thread(&self) -> bool {
+        self.flags & FLAG_UNKNOWN_THREAD != 0
+    }
+
     /// The chain is deeper than [`MAX_FRAMES`]: the oldest frames are missing.
     pub fn truncated(&self) -> bool {
         self.flags & FLAG_TRUNCATED != 0
@@ -314,12 +377,15 @@ mod tests {
     }
 
     #[test]
-    fn the_ring_grows_with_the_cpus_within_its_bounds() {
-        assert_eq!(ring_bytes(0), 1 << 20);
-        assert_eq!(ring_bytes(2), 1 << 20);
-        assert_eq!(ring_bytes(8), 2 << 20);
-        assert_eq!(ring_bytes(12), 4 << 20);
-        assert_eq!(ring_bytes(4096), 16 << 20);
+    fn the_ring_grows_with_the_cpus_and_the_rate_within_its_bounds() {
+        assert_eq!(ring_bytes(0, 100), 1 << 20);
+        assert_eq!(ring_bytes(2, 0), 1 << 20);
+        assert_eq!(ring_bytes(2, 100), 1 << 20);
+        // 2 CPUs x 200 records x 8 KiB: 3.2 MB.
+        assert_eq!(ring_bytes(2, 1000), 4 << 20);
+        assert_eq!(ring_bytes(4, 1000), 8 << 20);
+        assert_eq!(ring_bytes(8, 1000), 16 << 20);
+        assert_eq!(ring_bytes(4096, 100), 16 << 20);
     }
 
     #[test]
@@ -329,5 +395,18 @@ mod tests {
         assert!(CapturedRecord::parse(&bytes[..10]).is_none());
         let r = CapturedRecord::parse(&bytes).expect("parses");
         assert!(r.unreadable().is_some());
+    }
+
+    #[test]
+    fn a_record_of_a_thread_not_watched_has_no_frames_and_says_so() {
+        let bytes = record(1, 3, FLAG_UNKNOWN_THREAD, &[]);
+        let r = CapturedRecord::parse(&bytes).expect("parses");
+        assert!(r.unknown_thread());
+        assert_eq!((r.pid, r.tid, r.frames().count()), (1, 3, 0));
+        assert!(r.unreadable().is_none() && !r.truncated());
+        let chain = record(1, 2, 0, &[(0x1000, 1)]);
+        assert!(!CapturedRecord::parse(&chain)
+            .expect("parses")
+            .unknown_thread());
     }
 }

@@ -312,20 +312,6 @@ pub fn running_threads(pid: i32, max: usize, out: &mut Vec<i32>) {
     }
 }
 
-/// The thread ids of `pid` (at most `max`), sorted, into `out`; empty when it cannot be listed.
-pub fn thread_ids(pid: i32, max: usize, out: &mut Vec<i32>) {
-    out.clear();
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return;
-    };
-    out.extend(
-        dir.flatten()
-            .take(max)
-            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok()),
-    );
-    out.sort_unstable();
-}
-
 /// When the process started, in clock ticks after boot (`/proc/PID/stat` field 22): with the
 /// pid, it names one process for its whole life (a reused pid gets another start time).
 pub fn start_time(pid: i32) -> Option<u64> {
@@ -388,12 +374,17 @@ pub struct StatFacts {
 
 /// The parent, start time and command name of `pid`, from one read of `/proc/PID/stat`.
 pub fn stat_facts(pid: i32) -> Option<StatFacts> {
-    use std::io::Read;
+    stat_facts_of(&File::open(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// [`stat_facts`] from an open `/proc/PID/stat`, read again from its start: a file kept open
+/// costs a scan one read instead of an open, a read and a close. It fails once the process
+/// it was opened for has ended, even if its pid now names another.
+pub fn stat_facts_of(file: &File) -> Option<StatFacts> {
+    use std::os::unix::fs::FileExt;
     // One read: the kernel writes the whole line (a few hundred bytes) at once.
     let mut buf = [0u8; 2048];
-    let n = File::open(format!("/proc/{pid}/stat"))
-        .and_then(|mut f| f.read(&mut buf))
-        .ok()?;
+    let n = file.read_at(&mut buf, 0).ok()?;
     let stat = buf.get(..n).filter(|s| s.len() < buf.len())?;
     let open = stat.iter().position(|&b| b == b'(')?;
     let close = stat.iter().rposition(|&b| b == b')')?;

@@ -18,20 +18,6 @@ fn pausable() -> Proc {
     t
 }
 
-/// The process's CPU time so far (utime + stime, clock ticks).
-fn cpu_ticks(pid: i32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rfind(')').map_or("", |i| &stat[i + 1..]);
-    let f: Vec<&str> = after.split_whitespace().collect();
-    // Fields after the name start at 3 (state); utime is 14, stime 15.
-    let n = |i: usize| {
-        f.get(i - 3)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    n(14) + n(15)
-}
-
 fn traced_threads(pid: i32) -> Vec<String> {
     thread_states(pid)
         .into_iter()

@@ -1,8 +1,9 @@
 //! The kernel capture (`--capture kernel`) end to end, on every version: `record` and the
 //! daemon sample a spinning thread of a target in its own pid namespace (the BPF program sees
 //! host thread ids, which the capture must watch), the waiting thread never shows (it is not
-//! on a CPU), and what the capture cannot do is refused with one line. Its exactness on real
-//! code is `real_code::real_libraries_captured_by_the_kernel_match_stop_the_world`.
+//! on a CPU), threads that start after the capture did are learnt within a tick or two, and
+//! what the capture cannot do is refused with one line. Its exactness on real code is
+//! `real_code::real_libraries_captured_by_the_kernel_match_stop_the_world`.
 
 use crate::common::*;
 use crate::namespace::contained;
@@ -129,6 +130,85 @@ fn captured_samples_of_a_contained_target_from_record_and_the_daemon() {
             ));
         }
         t.unshare.kill();
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The samples and failed samples `record`'s end line reports.
+fn written_and_failed(stderr: &str) -> (u64, u64) {
+    let number_before = |needle: &str| -> u64 {
+        stderr
+            .lines()
+            .filter_map(|l| l.split(needle).next()?.rsplit(' ').next()?.parse().ok())
+            .next()
+            .unwrap_or(0)
+    };
+    (
+        number_before(" thread samples"),
+        number_before(" failed sample"),
+    )
+}
+
+#[test]
+fn threads_that_start_later_are_learnt_within_a_tick() {
+    // Alone: it compares the samples with the target's CPU time.
+    let _machine = alone();
+    if !kernel_capture_available(&pyfleet_exe()) {
+        return;
+    }
+    let mut failures = Vec::new();
+    for interp in interpreters() {
+        let l = &interp.label;
+        let mut t = Proc::python(l, &interp.path, "thread_per_task.py", &["ready"]);
+        t.wait_for_file("ready", Duration::from_secs(30));
+        let pid = t.pid();
+        let p = pid.to_string();
+        let folded = t.dir().join("tasks.folded");
+        // 4 s at 100 Hz: eight threads of 0.5 s each, each new to pyfleet when it starts.
+        let before = cpu_ticks(pid);
+        let out = pyfleet(&[
+            "record",
+            "--pid",
+            &p,
+            "--duration",
+            "4",
+            "--capture",
+            "kernel",
+            "-o",
+            folded.to_str().unwrap(),
+        ]);
+        // Clock ticks are 10 ms, a sample at 100 Hz: the target's CPU time in samples.
+        let on_cpu = cpu_ticks(pid).saturating_sub(before);
+        let text = std::fs::read_to_string(&folded).unwrap_or_default();
+        let count = |needle: &str| -> u64 {
+            text.lines()
+                .filter(|s| s.contains(needle))
+                .filter_map(|s| s.rsplit(' ').next()?.parse::<u64>().ok())
+                .sum()
+        };
+        let (tasks, waits) = (count("task_body ("), count("wait_for_task ("));
+        let (written, failed) = written_and_failed(&out.stderr);
+        // A thread is learnt at the first tick (every 100 ms) after it first runs: each
+        // thread loses about 50 ms of its 500 ms, as failed samples. Half the CPU time
+        // captured is far below that and far above what listing threads once a second got
+        // (about a quarter); captured and failed together account for all of it but what
+        // the scheduler's and the recording's edges blur (a quarter either way).
+        let whole = tasks + failed;
+        // The waiting thread runs only for the moments between two tasks.
+        if !out.success()
+            || waits * 50 > whole
+            || tasks * 2 < on_cpu
+            || whole * 4 < on_cpu * 3
+            || whole * 4 > on_cpu * 5
+            || written < tasks
+        {
+            failures.push(format!(
+                "[{l}] {tasks} samples of the task threads and {failed} failed, {waits} of the \
+                 waiting thread, {written} written, for {on_cpu} ticks of CPU time; {}\n{}",
+                out.describe(),
+                truncate(&text, 600)
+            ));
+        }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
