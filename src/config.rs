@@ -153,11 +153,11 @@ pub struct RunOptions {
     /// costs a little more while pyfleet runs (see the README).
     #[arg(long)]
     pub switch_log: bool,
-    /// How stacks are taken: reads (pyfleet reads each target's memory at each tick) or
-    /// kernel (the kernel copies a running thread's frames at its CPU's sampling interrupt:
-    /// one instant each, never stopping it; cpu mode; needs root and a pyfleet built with
-    /// clang) [default: reads].
-    #[arg(long, value_name = "reads|kernel")]
+    /// How stacks are taken: kernel (the kernel copies a running thread's frames at its
+    /// CPU's sampling interrupt: one instant each, never stopping it; cpu mode; needs root
+    /// and a pyfleet built with clang), reads (pyfleet reads each target's memory at each
+    /// tick), or auto (kernel where it can, else reads) [default: auto].
+    #[arg(long, value_name = "auto|reads|kernel")]
     pub capture: Option<String>,
     /// Push profiles to Grafana Pyroscope at this URL (http://host:port; see the README)
     /// [default: no push]. Authentication and tenant: the config file's [pyroscope] table.
@@ -224,8 +224,8 @@ pub struct RunSettings {
     pub read_only: bool,
     pub blocking: bool,
     pub switch_log: bool,
-    /// `capture = "kernel"`: samples from the kernel capture.
-    pub kernel_capture: bool,
+    /// How stacks are taken, resolved for the mode (`Auto`: the kernel capture if it starts).
+    pub capture: crate::stack_source::Capture,
     pub push: Option<PushSettings>,
 }
 
@@ -329,21 +329,13 @@ impl RunOptions {
                 .map_err(|e: pyfleet_policies::ModeError| e.to_string())?,
             None => Mode::default(),
         };
-        let kernel_capture = match o.capture.as_deref() {
-            None | Some("reads") => false,
-            Some("kernel") => true,
-            Some(other) => return Err(format!("capture must be reads or kernel (got {other:?})")),
-        };
-        if kernel_capture && mode != Mode::Cpu {
-            return Err(
-                "capture kernel samples threads on a CPU only: it goes with mode cpu".to_string(),
-            );
-        }
-        if kernel_capture && o.blocking {
-            return Err(
-                "capture kernel never stops the target: it does not go with blocking".to_string(),
-            );
-        }
+        let capture: crate::stack_source::Capture = o
+            .capture
+            .as_deref()
+            .unwrap_or("auto")
+            .parse()
+            .map_err(|e| format!("capture {e}"))?;
+        let capture = capture.resolve(mode == Mode::Cpu, o.blocking, o.switch_log, "capture")?;
         let max_bytes = match &o.max_bytes {
             Some(s) => Some(parse_size(s).map_err(|e| format!("--max-bytes: {e}"))?),
             None => None,
@@ -392,7 +384,7 @@ impl RunOptions {
             read_only: o.read_only,
             blocking: o.blocking,
             switch_log: o.switch_log,
-            kernel_capture,
+            capture,
             push,
         })
     }

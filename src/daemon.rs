@@ -97,6 +97,10 @@ pub fn run(opts: RunOptions) -> Result<()> {
                 }
             });
         }
+        let (capture, fallback) = settings
+            .capture
+            .start(settings.rate.base_hz())
+            .map_err(|e| anyhow!(e))?;
         let what = if settings.matches.is_empty() && settings.pids.is_empty() {
             "every Python process".to_string()
         } else {
@@ -109,7 +113,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
             settings.rate.base_hz(),
             settings.mode,
             if settings.read_only { ", read-only" } else { "" },
-            match (settings.blocking, settings.kernel_capture) {
+            match (settings.blocking, capture.is_some()) {
                 (true, _) => ", blocking",
                 (_, true) => ", kernel capture",
                 _ => "",
@@ -141,15 +145,9 @@ pub fn run(opts: RunOptions) -> Result<()> {
         if settings.switch_log {
             start_switch_log();
         }
-        let capture = match settings.kernel_capture {
-            true => {
-                let hz = settings.rate.base_hz().round().clamp(1.0, f64::from(u32::MAX)) as u32;
-                let c = pyfleet::memory::kernel_capture::KernelCapture::start(hz)
-                    .map_err(|e| anyhow::anyhow!("--capture kernel: {e}"))?;
-                Some(Arc::new(pyfleet::stack_source::SharedCapture::new(c)))
-            }
-            false => None,
-        };
+        if let Some(why) = fallback {
+            eprintln!("pyfleet: {why}");
+        }
         for &pid in &settings.pids {
             let probed = pyfleet::discovery::probe_within(pid, pyfleet::discovery::PROBE_DEADLINE);
             if !matches!(probed, pyfleet::discovery::Probed::Python(_)) {
@@ -182,6 +180,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
                 read_only: settings.read_only,
                 blocking: settings.blocking,
                 capture,
+                reads_if_deeper: settings.capture == pyfleet::stack_source::Capture::Auto,
             },
             writer,
         )

@@ -112,11 +112,11 @@ pub struct RecordOptions {
     /// costs a little more while pyfleet runs (see the README).
     #[arg(long)]
     pub switch_log: bool,
-    /// How stacks are taken: `reads` (pyfleet reads each target's memory at each tick) or
-    /// `kernel` (the kernel copies a running thread's frames at its CPU's sampling
-    /// interrupt: each stack one instant's, the target never stopped; cpu mode; needs root
-    /// and a pyfleet built with clang).
-    #[arg(long, value_name = "reads|kernel", default_value = "reads")]
+    /// How stacks are taken: `kernel` (the kernel copies a running thread's frames at its
+    /// CPU's sampling interrupt: each stack one instant's, the target never stopped; cpu
+    /// mode; needs root and a pyfleet built with clang), `reads` (pyfleet reads each
+    /// target's memory at each tick), or `auto` (kernel where it can, else reads).
+    #[arg(long, value_name = "auto|reads|kernel", default_value = "auto")]
     pub capture: String,
 }
 
@@ -135,8 +135,8 @@ struct Plan {
     read_only: bool,
     blocking: bool,
     switch_log: bool,
-    /// `--capture kernel`.
-    kernel_capture: bool,
+    /// `--capture`, resolved for the mode.
+    capture: pyfleet::stack_source::Capture,
     force: bool,
     wait: bool,
     exclude_roles: Vec<pyfleet_policies::Role>,
@@ -167,17 +167,11 @@ fn plan(mut o: RecordOptions) -> Result<Plan> {
             "--wait goes with --match or --match-label (it waits for a matching process to start)"
         );
     }
-    let kernel_capture = match o.capture.as_str() {
-        "reads" => false,
-        "kernel" => true,
-        other => bail!("--capture must be reads or kernel (got {other:?})"),
-    };
-    if kernel_capture && mode != Mode::Cpu {
-        bail!("--capture kernel samples threads on a CPU only: it goes with --mode cpu");
-    }
-    if kernel_capture && o.blocking {
-        bail!("--capture kernel never stops the target: it does not go with --blocking");
-    }
+    let capture: pyfleet::stack_source::Capture =
+        o.capture.parse().map_err(|e| anyhow!("--capture {e}"))?;
+    let capture = capture
+        .resolve(mode == Mode::Cpu, o.blocking, o.switch_log, "--capture")
+        .map_err(|e| anyhow!(e))?;
     let format = match (&o.format, &o.output) {
         (Some(f), _) => f.parse::<Format>().map_err(|e| anyhow!("--format: {e}"))?,
         (None, Some(out)) => Format::from_path(out).ok_or_else(|| {
@@ -209,7 +203,7 @@ fn plan(mut o: RecordOptions) -> Result<Plan> {
         read_only: o.read_only,
         blocking: o.blocking,
         switch_log: o.switch_log,
-        kernel_capture,
+        capture,
         force: o.force,
         wait: o.wait,
         exclude_roles: pyfleet::config::parse_roles(&o.exclude_role).map_err(|e| anyhow!(e))?,
@@ -288,15 +282,13 @@ pub fn run(opts: RecordOptions) -> Result<()> {
     if plan.switch_log {
         crate::daemon::start_switch_log();
     }
-    let capture = match plan.kernel_capture {
-        true => {
-            let hz = plan.rate.base_hz().round().clamp(1.0, f64::from(u32::MAX)) as u32;
-            let c = pyfleet::memory::kernel_capture::KernelCapture::start(hz)
-                .map_err(|e| anyhow!("--capture kernel: {e}"))?;
-            Some(Arc::new(pyfleet::stack_source::SharedCapture::new(c)))
-        }
-        false => None,
-    };
+    let (capture, fallback) = plan
+        .capture
+        .start(plan.rate.base_hz())
+        .map_err(|e| anyhow!(e))?;
+    if let Some(why) = fallback {
+        eprintln!("pyfleet: {why}");
+    }
     let runtime = crate::daemon::runtime()?;
     let started = Instant::now();
     let progress = std::io::stderr().is_terminal();
@@ -314,6 +306,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
                     read_only: plan.read_only,
                     blocking: plan.blocking,
                     capture: capture.clone(),
+                    reads_if_deeper: plan.capture == pyfleet::stack_source::Capture::Auto,
                 },
                 counters: counters.clone(),
             },
@@ -400,7 +393,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
     line.push_str(&failed_note(
         counters.errors(),
         counters.samples(),
-        !plan.blocking && !plan.kernel_capture,
+        !plan.blocking && capture.is_none(),
     ));
     let lost = capture.as_ref().map_or(0, |c| c.lost());
     if lost > 0 {

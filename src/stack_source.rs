@@ -2,14 +2,15 @@
 //! [`UnwinderSource`] (the unwinder of `cpython`) per process; [`Counted`] wraps a factory to
 //! count the samples taken and failed across the fleet (for `record`'s progress line).
 //!
-//! With a [`SharedCapture`] (`--capture kernel`), a source reads its process in full only to
-//! learn its threads: at its first tick, when the kernel tells of a thread of it that runs
-//! and is not yet known (a thread it found not to run Python is asked about again after
-//! [`CAPTURE_RECHECK`]), and every [`CAPTURE_FULL_REFRESH`]. Samples of a thread before it
-//! is learnt are counted failures. Its samples are the chains
-//! the kernel copied at interrupts of those threads since the last tick, as many per tick as
-//! there were (each one thread on a CPU at one instant); a process that ended hands out what
-//! was captured before, then reports its end. A source is due ([`StackSource::due`]) only
+//! [`Capture`] is `--capture`: which way, resolved for the mode, and starting the kernel
+//! capture (or, for `auto`, falling back to reads). With a [`SharedCapture`] (the kernel
+//! capture), a source reads its process in full only to learn its threads: at its first tick,
+//! when the kernel tells of a thread of it that runs and is not yet known (a thread it found
+//! not to run Python is asked about again after [`CAPTURE_RECHECK`]), and every
+//! [`CAPTURE_FULL_REFRESH`]. Samples of a thread before it is learnt are counted failures.
+//! Its samples are the chains the kernel copied at interrupts of those threads since the
+//! last tick, as many per tick as there were (each one thread on a CPU at one instant); a
+//! process that ended hands out what was captured before, then reports its end. A source is due ([`StackSource::due`]) only
 //! when records wait for it, or once per [`CAPTURE_IDLE_CALL`]: an idle process costs a tick
 //! a look at the ring and its queue. Records are decoded at the first tick after they were
 //! taken, no later: a code object first seen in a record is read then, and the longer it
@@ -51,6 +52,90 @@ const MAX_NOT_PYTHON: usize = 8192;
 /// 1 kHz); past it the oldest are dropped and counted.
 pub const MAX_PENDING: usize = 4096;
 
+/// How stacks are taken (`--capture`, `capture =`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capture {
+    /// pyfleet reads each target at each tick.
+    Reads,
+    /// The kernel capture; failing to start it is an error.
+    Kernel,
+    /// The kernel capture where it can be used (cpu mode, neither `--blocking` nor
+    /// `--switch-log`, and it starts: root, BPF, a build with it), else reads.
+    Auto,
+}
+
+impl std::str::FromStr for Capture {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Capture, String> {
+        match s {
+            "reads" => Ok(Capture::Reads),
+            "kernel" => Ok(Capture::Kernel),
+            "auto" => Ok(Capture::Auto),
+            other => Err(format!("must be auto, reads or kernel (got {other:?})")),
+        }
+    }
+}
+
+impl Capture {
+    /// What `self` comes to for a profile in `cpu_mode` (or not), with or without pausing
+    /// targets or the context-switch log: `Auto` is reads where the capture does not apply.
+    /// An explicit `Kernel` where it does not apply is an error, in words for `flag` (the
+    /// command line's `--capture` or the config file's `capture`).
+    pub fn resolve(
+        self,
+        cpu_mode: bool,
+        blocking: bool,
+        switch_log: bool,
+        flag: &str,
+    ) -> Result<Capture, String> {
+        match self {
+            Capture::Kernel if !cpu_mode => Err(format!(
+                "{flag} kernel samples threads on a CPU only: it goes with {} cpu",
+                if flag.starts_with("--") {
+                    "--mode"
+                } else {
+                    "mode"
+                }
+            )),
+            Capture::Kernel if blocking => Err(format!(
+                "{flag} kernel never stops the target: it does not go with {}",
+                if flag.starts_with("--") {
+                    "--blocking"
+                } else {
+                    "blocking"
+                }
+            )),
+            Capture::Auto if !cpu_mode || blocking || switch_log => Ok(Capture::Reads),
+            other => Ok(other),
+        }
+    }
+
+    /// Starts the kernel capture at `rate_hz` when `self` (resolved) asks for it. `Kernel`
+    /// fails with the reason; `Auto` falls back to reads and says why in the second value
+    /// (nothing when this build has no capture at all).
+    pub fn start(
+        self,
+        rate_hz: f64,
+    ) -> Result<(Option<Arc<SharedCapture>>, Option<String>), String> {
+        if self == Capture::Reads {
+            return Ok((None, None));
+        }
+        let hz = rate_hz.round().clamp(1.0, f64::from(u32::MAX)) as u32;
+        match KernelCapture::start(hz) {
+            Ok(c) => Ok((Some(Arc::new(SharedCapture::new(c))), None)),
+            Err(e) if self == Capture::Kernel => Err(format!("--capture kernel: {e}")),
+            Err(crate::memory::kernel_capture::CaptureError::NotBuilt) => Ok((None, None)),
+            Err(e) => Ok((
+                None,
+                Some(format!(
+                    "reading targets from outside: the kernel capture cannot start ({e})"
+                )),
+            )),
+        }
+    }
+}
+
 /// Attaches the unwinder to each process.
 #[derive(Clone, Default)]
 pub struct UnwinderFactory {
@@ -59,6 +144,9 @@ pub struct UnwinderFactory {
     pub blocking: bool,
     /// Sample through the kernel capture instead (`--capture kernel`).
     pub capture: Option<Arc<SharedCapture>>,
+    /// With the capture, a process whose stacks are deeper than it copies is read from
+    /// outside instead from then on (`--capture auto`); else those samples fail.
+    pub reads_if_deeper: bool,
 }
 
 /// One captured chain, copied out of the ring for its process's source.
@@ -68,6 +156,8 @@ struct PendingRecord {
     unknown_thread: bool,
     /// Why the chain is not whole, if it is not.
     incomplete: Option<&'static str>,
+    /// It is not whole because it is deeper than the capture copies.
+    truncated: bool,
     frames: Vec<(u64, [u8; FRAME_BYTES])>,
 }
 
@@ -228,6 +318,7 @@ impl CaptureState {
             queue.push(PendingRecord {
                 tid: r.tid,
                 unknown_thread: r.unknown_thread(),
+                truncated: r.truncated(),
                 incomplete: r.unreadable().or(r
                     .truncated()
                     .then_some("a chain deeper than the capture copies")),
@@ -250,8 +341,9 @@ impl SourceFactory for UnwinderFactory {
 
     fn attach(&self, p: &ProcessInfo, needs_cpu_status: bool) -> Result<UnwinderSource, String> {
         let opts = UnwinderOptions {
-            // A capturing source reads its process only to learn its threads: no marker.
-            frame_cache: self.capture.is_none(),
+            // A capturing source reads its process only to learn its threads: no marker
+            // (unless it may turn to reads).
+            frame_cache: self.capture.is_none() || self.reads_if_deeper,
             read_only: self.read_only,
             cpu_status: needs_cpu_status,
             blocking: self.blocking,
@@ -260,6 +352,8 @@ impl SourceFactory for UnwinderFactory {
         let unwinder = cpython::attach(p.pid, opts).map_err(|e| e.to_string())?;
         Ok(UnwinderSource {
             unwinder,
+            reads_if_deeper: self.reads_if_deeper,
+            switched_last: None,
             capture: self.capture.clone().map(|shared| CaptureLink {
                 shared,
                 pid: p.pid as u32,
@@ -270,6 +364,7 @@ impl SourceFactory for UnwinderFactory {
                 records: Vec::new(),
                 last: CapturedCounts::default(),
                 gone: None,
+                deeper: false,
             }),
         })
     }
@@ -289,6 +384,8 @@ struct CaptureLink {
     records: Vec<PendingRecord>,
     /// What the last call held.
     last: CapturedCounts,
+    /// A chain deeper than the capture copies was seen.
+    deeper: bool,
     /// The process ended: reported at the call after the one that handed out what was
     /// captured before.
     gone: Option<SampleError>,
@@ -304,6 +401,10 @@ impl Drop for CaptureLink {
 pub struct UnwinderSource {
     unwinder: Unwinder<ProcessMemory>,
     capture: Option<CaptureLink>,
+    /// See [`UnwinderFactory::reads_if_deeper`].
+    reads_if_deeper: bool,
+    /// What the call that turned it to reads held (for that call only).
+    switched_last: Option<CapturedCounts>,
 }
 
 fn sample_error(e: &cpython::UnwindError) -> SampleError {
@@ -390,6 +491,7 @@ impl UnwinderSource {
         let mut first_error = None;
         let (mut taken, mut failed) = (0usize, 0usize);
         for r in records.drain(..) {
+            link.deeper |= r.truncated;
             let thread = known(&link.threads, r.tid);
             let sampled = match (r.unknown_thread, r.incomplete, thread) {
                 // A Python thread that ran before this source learnt it.
@@ -462,8 +564,20 @@ impl StackSource for UnwinderSource {
 
     fn sample(&mut self, out: &mut Vec<SampledThread>) -> Result<SampleKind, SampleError> {
         if let Some(link) = self.capture.as_mut() {
-            return Self::sample_captured(&mut self.unwinder, link, out);
+            let result = Self::sample_captured(&mut self.unwinder, link, out);
+            if link.deeper && self.reads_if_deeper {
+                tracing::info!(
+                    pid = link.pid,
+                    "stacks deeper than the kernel capture copies: reading this process instead"
+                );
+                // Dropping the link stops capturing it; its last counts stay this call's.
+                let last = link.last;
+                self.capture = None;
+                self.switched_last = Some(last);
+            }
+            return result;
         }
+        self.switched_last = None;
         // A target that changed its stack under the read (a torn frame chain, a frame freed
         // mid-read) usually reads fine a moment later: one immediate retry, so the profile
         // loses fewer samples. Both attempts count in the unwinder's own error stats.
@@ -504,7 +618,7 @@ impl StackSource for UnwinderSource {
     }
 
     fn captured_in_last(&self) -> Option<CapturedCounts> {
-        self.capture.as_ref().map(|l| l.last)
+        self.capture.as_ref().map(|l| l.last).or(self.switched_last)
     }
 
     fn stats(&self) -> SourceStats {
@@ -598,5 +712,36 @@ impl<S: StackSource> StackSource for CountedSource<S> {
 
     fn captured_in_last(&self) -> Option<CapturedCounts> {
         self.inner.captured_in_last()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Capture;
+
+    #[test]
+    fn auto_is_the_kernel_capture_only_where_it_applies() {
+        let auto: Capture = "auto".parse().expect("parses");
+        // cpu mode, neither blocking nor the switch log.
+        assert_eq!(
+            auto.resolve(true, false, false, "--capture"),
+            Ok(Capture::Auto)
+        );
+        for (cpu, blocking, switch_log) in [
+            (false, false, false),
+            (true, true, false),
+            (true, false, true),
+        ] {
+            assert_eq!(
+                auto.resolve(cpu, blocking, switch_log, "--capture"),
+                Ok(Capture::Reads)
+            );
+        }
+        let kernel: Capture = "kernel".parse().expect("parses");
+        let wall = kernel.resolve(false, false, false, "--capture");
+        assert!(wall.is_err_and(|e| e.contains("goes with --mode cpu")));
+        let paused = kernel.resolve(true, true, false, "capture");
+        assert!(paused.is_err_and(|e| e.contains("does not go with blocking")));
+        assert!("bpf".parse::<Capture>().is_err());
     }
 }

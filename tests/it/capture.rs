@@ -238,7 +238,7 @@ fn what_the_capture_cannot_do_is_one_line() {
         ),
         (
             &["record", "--pid", "1", "--capture", "bpf"],
-            "--capture must be reads or kernel",
+            "--capture must be auto, reads or kernel",
         ),
         (
             &["run", "--pid", "1", "--capture", "kernel", "--mode", "gil"],
@@ -246,7 +246,7 @@ fn what_the_capture_cannot_do_is_one_line() {
         ),
         (
             &["run", "--pid", "1", "--capture", "everything"],
-            "capture must be reads or kernel",
+            "capture must be auto, reads or kernel",
         ),
     ];
     for (args, says) in cases {

@@ -335,7 +335,7 @@ enum Sampler {
 impl Sampler {
     fn flags(self) -> &'static [&'static str] {
         match self {
-            Sampler::Reads => &[],
+            Sampler::Reads => &["--capture", "reads"],
             Sampler::Kernel => &["--capture", "kernel"],
         }
     }
