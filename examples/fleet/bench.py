@@ -150,8 +150,9 @@ def run(args, pythons):
         cmd += ["--match", token]
         if args.switch_log:
             cmd += ["--switch-log"]
-        if args.capture_kernel:
-            cmd += ["--capture", "kernel"]
+        capture = "kernel" if args.capture_kernel else args.capture
+        cmd += ["--capture", capture]
+        if capture != "reads" and os.access(BPF_STATS, os.W_OK):
             # The capture's program runs in the targets' interrupts: its time is counted too
             # (the statistics are switched back off at the end).
             with open(BPF_STATS) as f:
@@ -246,10 +247,12 @@ def main():
     ap.add_argument("--switch-log", action="store_true",
                     help="run pyfleet with --switch-log (idle threads told by the kernel's "
                          "context-switch log; needs CAP_PERFMON)")
+    ap.add_argument("--capture", choices=["auto", "reads", "kernel"], default="auto",
+                    help="pyfleet's --capture (default auto, pyfleet's own default: the kernel "
+                         "capture as root, cpu mode); with the capture, the program's run time "
+                         "in the targets is reported beside pyfleet's CPU")
     ap.add_argument("--capture-kernel", action="store_true",
-                    help="run pyfleet with --capture kernel (samples taken in the kernel; cpu "
-                         "mode); the program's run time in the targets is reported beside "
-                         "pyfleet's CPU")
+                    help="the same as --capture kernel")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if not os.path.exists(args.pyfleet):
