@@ -5,7 +5,10 @@
 // CPU), if the interrupted thread is one pyfleet watches (its id is in `threads`, under its
 // process's id), copy its Python frame chain as it is at that instant into the `records`
 // ring: the address and the first FRAME_BYTES bytes of each frame, newest first, following
-// `previous`. A thread not watched of a watched process (its id in `processes`) gets a
+// `previous`, and a fingerprint of the code object each frame names (a hash of the object's
+// bytes userspace names: the same FNV-1a over 64-bit words as `cpython::objects::fingerprint`),
+// so that userspace can tell its cached code object is still the one that ran without reading
+// the target. A thread not watched of a watched process (its id in `processes`) gets a
 // record with no frames, flagged UNKNOWN_THREAD: it tells userspace that a thread it has not
 // learnt yet runs (a new one, or one that is not Python). Nothing else is
 // interpreted here: userspace decodes the frames with the version's layout, exactly as it
@@ -15,7 +18,7 @@
 // Bounded: at most MAX_FRAMES frames (deeper chains are flagged truncated and counted as
 // failed samples by userspace), a record built in a per-CPU scratch value and sent with only
 // the frames it holds (a full ring counts the sample as lost in `lost`), reads that would
-// fault fail instead (flagged).
+// fault fail instead (flagged; a code object that could not be read has fingerprint 0).
 //
 // Self-contained on purpose (no libbpf or kernel headers): the helper numbers and map types
 // below are the kernel's stable UAPI values; only clang is needed to build it.
@@ -44,6 +47,7 @@ static long (*bpf_ringbuf_output)(void *ringbuf, void *data, __u64 size, __u64 f
 // Keep in step with src/memory/kernel_capture.rs.
 #define MAX_FRAMES 256
 #define FRAME_BYTES 80
+#define MAX_FINGERPRINT_BYTES 64
 #define MAX_THREADS 16384
 #define MAX_PROCESSES 16384
 // Userspace sizes the ring by the number of CPUs (map_max_entries); this is the default.
@@ -67,10 +71,20 @@ struct thread_info {
     __u64 second;
     // Offset of `previous` in a frame (below FRAME_BYTES - 8).
     __u64 previous;
+    // Offset of the code object's pointer in a frame (below FRAME_BYTES - 8), and the tag
+    // bits to clear from it.
+    __u64 code;
+    __u64 code_tag_mask;
+    // The fingerprint's bytes: `fingerprint_bytes` (a multiple of 8, at most
+    // MAX_FINGERPRINT_BYTES) at `fingerprint_at` in the code object.
+    __u64 fingerprint_at;
+    __u64 fingerprint_bytes;
 };
 
 struct frame_copy {
     __u64 addr;
+    // Of the code object the frame names; 0 when there is none or it could not be read.
+    __u64 code_fingerprint;
     __u8 bytes[FRAME_BYTES];
 };
 
@@ -118,6 +132,25 @@ struct {
     __type(key, __u32);
     __type(value, struct record);
 } scratch SEC(".maps");
+
+// FNV-1a over the code object's fingerprint bytes, 64-bit words (0 if they cannot be read).
+static __u64 code_fingerprint(struct thread_info *info, __u64 code)
+{
+    __u64 words[MAX_FINGERPRINT_BYTES / 8];
+    __u64 size = info->fingerprint_bytes;
+    if (code == 0 || size < 8 || size > MAX_FINGERPRINT_BYTES)
+        return 0;
+    if (bpf_probe_read_user(words, size, (void *)(code + info->fingerprint_at)) < 0)
+        return 0;
+    __u64 n = size / 8;
+    __u64 h = 0xcbf29ce484222325ULL;
+    for (__u32 w = 0; w < MAX_FINGERPRINT_BYTES / 8; w++) {
+        if (w >= n)
+            break;
+        h = (h ^ words[w]) * 0x100000001b3ULL;
+    }
+    return h;
+}
 
 static void count_lost(void)
 {
@@ -167,6 +200,9 @@ int capture_python_frames(void *ctx)
     __u64 previous = info->previous;
     if (previous > FRAME_BYTES - 8)
         previous = 0;
+    __u64 code_at = info->code;
+    if (code_at > FRAME_BYTES - 8)
+        code_at = 0;
     __u64 at = info->tstate + info->first;
     __u64 frame = 0;
     if (info->second != NO_INDIRECTION) {
@@ -193,6 +229,9 @@ int capture_python_frames(void *ctx)
             r->flags = FLAG_FRAME_UNREADABLE;
             break;
         }
+        __u64 code = 0;
+        __builtin_memcpy(&code, f->bytes + code_at, 8);
+        f->code_fingerprint = code_fingerprint(info, code & ~info->code_tag_mask);
         __u64 next = 0;
         __builtin_memcpy(&next, f->bytes + previous, 8);
         frame = next;

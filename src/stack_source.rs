@@ -21,8 +21,8 @@
 //! Must not schedule anything (the actors decide when) nor format output (`output/` does).
 
 use crate::cpython::{self, Unwinder, UnwinderOptions};
-use crate::memory::kernel_capture::{KernelCapture, FRAME_BYTES};
-use crate::memory::ProcessMemory;
+use crate::memory::kernel_capture::{frames_in, KernelCapture};
+use crate::memory::{ProcessMemory, RemoteMemory};
 use pyfleet_actors::{
     CapturedCounts, FrameInfo, ProcessInfo, SampleError, SampleKind, SampledThread, SourceFactory,
     SourceStats, StackSource, ThreadStatus,
@@ -158,7 +158,8 @@ struct PendingRecord {
     incomplete: Option<&'static str>,
     /// It is not whole because it is deeper than the capture copies.
     truncated: bool,
-    frames: Vec<(u64, [u8; FRAME_BYTES])>,
+    /// The frames as the ring held them (`kernel_capture::frames_in`).
+    frames: Vec<u8>,
 }
 
 struct CaptureState {
@@ -219,7 +220,7 @@ impl SharedCapture {
         &self,
         pid: u32,
         threads: &[cpython::CapturedThread],
-        path: crate::memory::kernel_capture::FramePointerPath,
+        layout: crate::memory::kernel_capture::CaptureLayout,
     ) -> Result<(), String> {
         let mut s = self.lock();
         s.capture.watch_process(pid).map_err(|e| e.to_string())?;
@@ -233,7 +234,7 @@ impl SharedCapture {
         for t in threads {
             let tid = t.tid as u32;
             s.capture
-                .watch(pid, tid, t.tstate, path)
+                .watch(pid, tid, t.tstate, layout)
                 .map_err(|e| e.to_string())?;
             now.push(tid);
         }
@@ -322,15 +323,7 @@ impl CaptureState {
                 incomplete: r.unreadable().or(r
                     .truncated()
                     .then_some("a chain deeper than the capture copies")),
-                frames: r
-                    .frames()
-                    .map(|(a, b)| {
-                        let mut bytes = [0u8; FRAME_BYTES];
-                        let n = b.len().min(FRAME_BYTES);
-                        bytes[..n].copy_from_slice(&b[..n]);
-                        (a, bytes)
-                    })
-                    .collect(),
+                frames: r.frame_bytes().to_vec(),
             });
         });
     }
@@ -466,9 +459,9 @@ impl UnwinderSource {
                     let threads = unwinder.captured_threads();
                     if first || threads != link.threads {
                         link.threads = threads;
-                        let path = unwinder.frame_pointer_path();
+                        let layout = unwinder.capture_layout();
                         link.shared
-                            .watch(link.pid, &link.threads, path)
+                            .watch(link.pid, &link.threads, layout)
                             .map_err(|message| SampleError {
                                 kind: "capture",
                                 process_gone: false,
@@ -482,12 +475,7 @@ impl UnwinderSource {
                 Err(_) => {}
             }
         }
-        if !records.is_empty() {
-            unwinder.begin_captured_batch();
-            if kind == SampleKind::Kept {
-                kind = SampleKind::Read;
-            }
-        }
+        let reads_before = unwinder.memory().stats().reads();
         let mut first_error = None;
         let (mut taken, mut failed) = (0usize, 0usize);
         for r in records.drain(..) {
@@ -508,9 +496,7 @@ impl UnwinderSource {
                 (false, Some(why), _) => unwinder.captured_failure(why),
                 // Captured before this source stopped watching it: a thread that ended.
                 (false, None, None) => continue,
-                (false, None, Some(t)) => {
-                    unwinder.sample_captured(t, r.frames.iter().map(|(a, b)| (*a, &b[..])), false)
-                }
+                (false, None, Some(t)) => unwinder.sample_captured(t, frames_in(&r.frames), false),
             };
             match sampled {
                 Ok(t) => {
@@ -531,6 +517,14 @@ impl UnwinderSource {
             }
         }
         link.records = records;
+        // Chains decoded from what the kernel copied alone are `checked`; a call that read
+        // the process (to learn its threads, or code objects not cached) is `read`.
+        if kind == SampleKind::Kept && taken + failed > 0 {
+            kind = match unwinder.memory().stats().reads() == reads_before {
+                true => SampleKind::Checked,
+                false => SampleKind::Read,
+            };
+        }
         if taken == 0 && first_error.is_none() {
             if let Some(gone) = link.gone.take() {
                 return Err(gone);

@@ -4,8 +4,9 @@
 //! event on each online CPU. When the interrupted thread is one this capture watches
 //! ([`KernelCapture::watch`]: its thread state and where its current-frame pointer lies), it
 //! copies the thread's frames as they are at that instant, newest first (each frame's address
-//! and first [`FRAME_BYTES`] bytes, following `previous`), into a ring buffer this module
-//! drains ([`KernelCapture::drain`]). The interrupted thread does not run while its frames are
+//! and first [`FRAME_BYTES`] bytes, following `previous`, with a fingerprint of the code object
+//! the frame names, read at the same instant), into a ring buffer this module drains
+//! ([`KernelCapture::drain`]). The interrupted thread does not run while its frames are
 //! copied: a record is one instant's chain, never a torn one. Only threads on a CPU are
 //! captured (a cpu-mode profile), each in proportion to the CPU time it uses. A thread not
 //! watched of a watched process ([`KernelCapture::watch_process`]) gets a record without
@@ -37,14 +38,14 @@ pub const MAX_WATCHED_PROCESSES: usize = 16384;
 /// How long of sampling the ring holds, at the capture's rate on every CPU in 8 KiB records:
 /// a drain later than this after the last loses samples.
 const RING_HOLDS: std::time::Duration = std::time::Duration::from_millis(200);
-/// A record's room in the ring's sizing: 24 bytes a record and 88 a frame, so a 90-frame
-/// chain (the deepest 22 KiB; a 50-frame one 4.4 KiB).
+/// A record's room in the ring's sizing: 24 bytes a record and 96 a frame, so an 85-frame
+/// chain (the deepest 24 KiB; a 50-frame one 4.8 KiB).
 const RING_RECORD_BYTES: u64 = 8 << 10;
 const MIN_RING_BYTES: u64 = 1 << 20;
 const MAX_RING_BYTES: u64 = 16 << 20;
 
 const HEAD_BYTES: usize = 24;
-const FRAME_COPY_BYTES: usize = 8 + FRAME_BYTES;
+const FRAME_COPY_BYTES: usize = 16 + FRAME_BYTES;
 const NO_INDIRECTION: u64 = u64::MAX;
 const FLAG_POINTER_UNREADABLE: u16 = 1;
 const FLAG_FRAME_UNREADABLE: u16 = 2;
@@ -54,16 +55,29 @@ const FLAG_UNKNOWN_THREAD: u16 = 8;
 #[cfg(pyfleet_capture)]
 static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/capture.bpf.o"));
 
-/// Where a thread's current-frame pointer lies, from its thread state (the layout's
-/// `CurrentFrame`), and where a frame names its caller.
+/// Most bytes of a code object its fingerprint covers (`MAX_FINGERPRINT_BYTES`).
+pub const MAX_FINGERPRINT_BYTES: u64 = 64;
+
+/// What the program needs of a version's layout to copy a chain: where a thread's
+/// current-frame pointer lies, from its thread state (the layout's `CurrentFrame`), where a
+/// frame names its caller and its code object, and which bytes of a code object its
+/// fingerprint covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FramePointerPath {
+pub struct CaptureLayout {
     /// Offset in the thread state of the current frame's address (3.13+), or of a pointer
     /// to the C frame holding it (3.11, 3.12: then `in_cframe` is that offset in it).
     pub first: u64,
     pub in_cframe: Option<u64>,
     /// Offset of `previous` in a frame (below [`FRAME_BYTES`] - 8).
     pub previous: u64,
+    /// Offset of the code object's pointer in a frame (below [`FRAME_BYTES`] - 8), and the
+    /// tag bits to clear from it.
+    pub code: u64,
+    pub code_tag_mask: u64,
+    /// The fingerprint's bytes in a code object: `fingerprint_bytes` (a multiple of 8, at
+    /// most [`MAX_FINGERPRINT_BYTES`]) at `fingerprint_at`.
+    pub fingerprint_at: u64,
+    pub fingerprint_bytes: u64,
 }
 
 #[repr(C)]
@@ -75,9 +89,13 @@ struct ThreadInfo {
     first: u64,
     second: u64,
     previous: u64,
+    code: u64,
+    code_tag_mask: u64,
+    fingerprint_at: u64,
+    fingerprint_bytes: u64,
 }
 
-// SAFETY: two u32 then four u64 fields, `repr(C)`, no padding: every bit pattern is a valid value, which
+// SAFETY: two u32 then eight u64 fields, `repr(C)`, no padding: every bit pattern is a valid value, which
 // is what `Pod` asks of types copied to and from BPF maps.
 unsafe impl Pod for ThreadInfo {}
 
@@ -94,8 +112,8 @@ pub enum CaptureError {
     Watch { tid: u32, why: String },
     #[error("cannot watch process {pid}: {why}")]
     WatchProcess { pid: u32, why: String },
-    #[error("the frame layout puts `previous` at {0}, past the bytes the capture copies")]
-    Layout(u64),
+    #[error("the frame layout does not fit the capture: {0}")]
+    Layout(String),
 }
 
 /// The loaded program, its events and maps. Dropping it detaches everything.
@@ -191,19 +209,17 @@ impl KernelCapture {
         }
     }
 
-    /// Captures thread `tid` of process `pid` (the host's ids) from now on, its current
-    /// frame found from its thread state at `tstate` by `path`. Watching a watched thread
-    /// again updates it.
+    /// Captures thread `tid` of process `pid` (the host's ids) from now on, its chain copied
+    /// from its thread state at `tstate` as `layout` says. Watching a watched thread again
+    /// updates it.
     pub fn watch(
         &mut self,
         pid: u32,
         tid: u32,
         tstate: u64,
-        path: FramePointerPath,
+        layout: CaptureLayout,
     ) -> Result<(), CaptureError> {
-        if path.previous > (FRAME_BYTES - 8) as u64 {
-            return Err(CaptureError::Layout(path.previous));
-        }
+        layout.check()?;
         let known = self.threads.get(&tid, 0).is_ok();
         if !known && self.watched >= MAX_WATCHED {
             return Err(CaptureError::Watch {
@@ -215,9 +231,13 @@ impl KernelCapture {
             pid,
             pad: 0,
             tstate,
-            first: path.first,
-            second: path.in_cframe.unwrap_or(NO_INDIRECTION),
-            previous: path.previous,
+            first: layout.first,
+            second: layout.in_cframe.unwrap_or(NO_INDIRECTION),
+            previous: layout.previous,
+            code: layout.code,
+            code_tag_mask: layout.code_tag_mask,
+            fingerprint_at: layout.fingerprint_at,
+            fingerprint_bytes: layout.fingerprint_bytes,
         };
         self.threads
             .insert(tid, info, 0)
@@ -256,6 +276,32 @@ impl KernelCapture {
     }
 }
 
+impl CaptureLayout {
+    /// That the program can follow this layout (it checks again, and reads nothing where a
+    /// value is out of its bounds).
+    fn check(&self) -> Result<(), CaptureError> {
+        let in_frame = (FRAME_BYTES - 8) as u64;
+        if self.previous > in_frame || self.code > in_frame {
+            return Err(CaptureError::Layout(format!(
+                "`previous` at {} and the code object at {}, past the {FRAME_BYTES} bytes \
+                 copied of a frame",
+                self.previous, self.code
+            )));
+        }
+        if self.fingerprint_bytes == 0
+            || self.fingerprint_bytes % 8 != 0
+            || self.fingerprint_bytes > MAX_FINGERPRINT_BYTES
+        {
+            return Err(CaptureError::Layout(format!(
+                "a code object's fingerprint of {} bytes (whole words, at most \
+                 {MAX_FINGERPRINT_BYTES})",
+                self.fingerprint_bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// The ring's size for `cpus` CPUs sampled at `rate_hz`: [`RING_HOLDS`] of records on every
 /// CPU, as a power of two (as the kernel requires), within [`MIN_RING_BYTES`] and
 /// [`MAX_RING_BYTES`].
@@ -281,6 +327,34 @@ fn load(ring: u32) -> Result<Ebpf, CaptureError> {
 #[cfg(not(pyfleet_capture))]
 fn load(_ring: u32) -> Result<Ebpf, CaptureError> {
     Err(CaptureError::NotBuilt)
+}
+
+/// The frames of a record's [`CapturedRecord::frame_bytes`], newest first.
+pub fn frames_in(bytes: &[u8]) -> impl Iterator<Item = CapturedFrame<'_>> + '_ {
+    bytes.chunks_exact(FRAME_COPY_BYTES).map(|c| {
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&c[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(w)
+        };
+        CapturedFrame {
+            addr: word(0),
+            code_fingerprint: word(1),
+            bytes: &c[16..],
+        }
+    })
+}
+
+/// One frame of a record.
+#[derive(Debug, Clone, Copy)]
+pub struct CapturedFrame<'a> {
+    pub addr: u64,
+    /// The fingerprint of the code object the frame named at the interrupt (over
+    /// [`CaptureLayout`]'s bytes, as `cpython::objects::fingerprint` computes it); 0 when the
+    /// frame names none or its bytes could not be read without a page fault.
+    pub code_fingerprint: u64,
+    /// Its first [`FRAME_BYTES`] bytes.
+    pub bytes: &'a [u8],
 }
 
 /// One record of the ring: a thread's frame chain at one interrupt.
@@ -310,14 +384,14 @@ impl<'a> CapturedRecord<'a> {
         })
     }
 
-    /// The frames, newest first: each one's address and first [`FRAME_BYTES`] bytes.
-    pub fn frames(&self) -> impl Iterator<Item = (u64, &'a [u8])> + 'a {
-        self.frames.chunks_exact(FRAME_COPY_BYTES).map(|c| {
-            let (addr, bytes) = c.split_at(8);
-            let mut a = [0u8; 8];
-            a.copy_from_slice(addr);
-            (u64::from_le_bytes(a), bytes)
-        })
+    /// The frames, newest first.
+    pub fn frames(&self) -> impl Iterator<Item = CapturedFrame<'a>> + 'a {
+        frames_in(self.frames)
+    }
+
+    /// The frames as the ring holds them (for [`frames_in`] once copied out).
+    pub fn frame_bytes(&self) -> &'a [u8] {
+        self.frames
     }
 
     /// A thread of a watched process that is not watched itself: no frames (see the module
@@ -358,6 +432,7 @@ mod tests {
         v.extend(0u32.to_le_bytes());
         for &(addr, fill) in frames {
             v.extend(addr.to_le_bytes());
+            v.extend((addr + 1).to_le_bytes());
             v.extend([fill; FRAME_BYTES]);
         }
         v
@@ -372,8 +447,52 @@ mod tests {
         assert_eq!(r.unreadable(), None);
         let frames: Vec<_> = r.frames().collect();
         assert_eq!(frames.len(), 2);
-        assert_eq!(frames[1].0, 0x2000);
-        assert!(frames[1].1.iter().all(|&b| b == 2));
+        assert_eq!(frames[1].addr, 0x2000);
+        assert_eq!(frames[1].code_fingerprint, 0x2001);
+        assert_eq!(frames[1].bytes.len(), FRAME_BYTES);
+        assert!(frames[1].bytes.iter().all(|&b| b == 2));
+    }
+
+    #[test]
+    fn a_layout_past_what_the_program_copies_is_refused() {
+        let fits = CaptureLayout {
+            first: 16,
+            in_cframe: None,
+            previous: 0,
+            code: FRAME_BYTES as u64 - 8,
+            code_tag_mask: 1,
+            fingerprint_at: 96,
+            fingerprint_bytes: 32,
+        };
+        assert!(fits.check().is_ok());
+        let refused = [
+            CaptureLayout {
+                previous: FRAME_BYTES as u64 - 7,
+                ..fits
+            },
+            CaptureLayout {
+                code: FRAME_BYTES as u64,
+                ..fits
+            },
+            CaptureLayout {
+                fingerprint_bytes: 0,
+                ..fits
+            },
+            CaptureLayout {
+                fingerprint_bytes: 20,
+                ..fits
+            },
+            CaptureLayout {
+                fingerprint_bytes: MAX_FINGERPRINT_BYTES + 8,
+                ..fits
+            },
+        ];
+        for layout in refused {
+            assert!(
+                matches!(layout.check(), Err(CaptureError::Layout(_))),
+                "{layout:?}"
+            );
+        }
     }
 
     #[test]

@@ -266,9 +266,21 @@ impl SnapshotWriter for SnapshotDir {
     }
 }
 
-/// Writes `data` to `path` (see [`write_atomically`](super::write_atomically)).
+/// Writes `data` to the new file `path` of a partial snapshot and fsyncs it. No temporary
+/// name: the partial directory is pyfleet's own and hidden until it is renamed into place
+/// (after its own fsync), so a file there needs neither a rename nor a directory fsync of
+/// its own.
 fn write_synced(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    super::write_atomically(path, data)
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .mode(0o644)
+        .open(path)?;
+    f.write_all(data)?;
+    f.sync_all()
 }
 
 /// Creates the directory `path` afresh: whatever is there (a stale partial snapshot, or a

@@ -7,11 +7,14 @@
 //! ([`Unwinder::captured_threads`], kept by the caller until the next full sample that
 //! succeeds); a captured chain must start at the thread's current frame
 //! and end at its outermost (a truncated or unreadable one is a failed sample, never a
-//! shortened stack); code objects are validated by fingerprint once per batch
-//! ([`Unwinder::begin_captured_batch`]), whatever the version.
+//! shortened stack). A frame's code object is the one the kernel saw when the cached entry's
+//! fingerprint is the one captured with the frame (no read); else it is loaded, and the
+//! sample fails unless what is loaded has the captured fingerprint (the object changed
+//! since the interrupt), whatever the version.
 
 use super::*;
-use crate::memory::kernel_capture::{FramePointerPath, FRAME_BYTES};
+use crate::cpython::objects::fingerprint_span;
+use crate::memory::kernel_capture::{CaptureLayout, CapturedFrame, FRAME_BYTES};
 
 /// A thread the capture may watch: the host's id and its thread state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,9 +24,9 @@ pub struct CapturedThread {
 }
 
 impl<M: RemoteMemory> Unwinder<M> {
-    /// Where the kernel finds a thread's current frame from its thread state, and where a
-    /// frame names its caller.
-    pub fn frame_pointer_path(&self) -> FramePointerPath {
+    /// What the kernel needs of this version's layout to copy a chain (see
+    /// [`CaptureLayout`]).
+    pub fn capture_layout(&self) -> CaptureLayout {
         let (first, in_cframe) = match self.layout.tstate.current_frame {
             CurrentFrame::Direct(off) => (off, None),
             CurrentFrame::ViaCFrame {
@@ -31,10 +34,15 @@ impl<M: RemoteMemory> Unwinder<M> {
                 current_frame,
             } => (cframe, Some(current_frame)),
         };
-        FramePointerPath {
+        let (fingerprint_at, fingerprint_bytes) = fingerprint_span(&self.layout);
+        CaptureLayout {
             first,
             in_cframe,
             previous: self.layout.frame.previous,
+            code: self.layout.frame.code,
+            code_tag_mask: self.layout.frame.code_tag_mask,
+            fingerprint_at,
+            fingerprint_bytes: fingerprint_bytes as u64,
         }
     }
 
@@ -54,19 +62,13 @@ impl<M: RemoteMemory> Unwinder<M> {
         v
     }
 
-    /// Starts a batch of captured samples (one drain of the capture): the code objects they
-    /// name are validated again once for the batch.
-    pub fn begin_captured_batch(&mut self) {
-        self.epoch += 1;
-    }
-
     /// One thread's sample from a chain captured of `thread` (as [`Unwinder::captured_threads`]
     /// listed it; `frames` newest first, as copied). `truncated`: the chain went on past what
     /// was copied.
     pub fn sample_captured<'a>(
         &mut self,
         thread: CapturedThread,
-        frames: impl Iterator<Item = (u64, &'a [u8])>,
+        frames: impl Iterator<Item = CapturedFrame<'a>>,
         truncated: bool,
     ) -> Result<ThreadSample, UnwindError> {
         let r = self.captured(thread, frames, truncated);
@@ -86,7 +88,7 @@ impl<M: RemoteMemory> Unwinder<M> {
     fn captured<'a>(
         &mut self,
         thread: CapturedThread,
-        frames: impl Iterator<Item = (u64, &'a [u8])>,
+        frames: impl Iterator<Item = CapturedFrame<'a>>,
         truncated: bool,
     ) -> Result<ThreadSample, UnwindError> {
         if truncated {
@@ -106,8 +108,15 @@ impl<M: RemoteMemory> Unwinder<M> {
         let f = self.layout.frame.clone();
         let fsize = (f.size as usize).min(FRAME_BYTES);
         self.raws.clear();
+        let mut fingerprints = std::mem::take(&mut self.spare.captured_fingerprints);
+        fingerprints.clear();
         let mut expected: Option<u64> = None;
-        for (addr, bytes) in frames {
+        for CapturedFrame {
+            addr,
+            code_fingerprint,
+            bytes,
+        } in frames
+        {
             if self.raws.len() >= MAX_DEPTH {
                 return Err(UnwindError::TooLong("frame chain", MAX_DEPTH));
             }
@@ -137,6 +146,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                 });
             }
             self.raws.push(raw);
+            fingerprints.push(code_fingerprint);
             expected = Some(h.previous);
         }
         if expected.is_some_and(|e| e != 0) {
@@ -144,7 +154,9 @@ impl<M: RemoteMemory> Unwinder<M> {
                 "a chain that stops before its outermost frame",
             ));
         }
-        self.resolve_codes(&ReadPlan::default(), None)?;
+        let resolved = self.resolve_captured_codes(&fingerprints);
+        self.spare.captured_fingerprints = fingerprints;
+        resolved?;
         let ts = Tstate {
             addr: tstate,
             order: 0,
@@ -178,5 +190,79 @@ impl<M: RemoteMemory> Unwinder<M> {
             on_cpu: Some(true),
             stack,
         })
+    }
+}
+
+impl<M: RemoteMemory> Unwinder<M> {
+    /// Makes sure every code object of the chain in `raws` is cached and is the one the
+    /// kernel saw (`fingerprints`: captured with each frame): entries with the captured
+    /// fingerprint are used as they are; the others are loaded in one batch, and must then
+    /// have it.
+    fn resolve_captured_codes(&mut self, fingerprints: &[u64]) -> Result<(), UnwindError> {
+        self.codes_changed = false;
+        let mut wanted = std::mem::take(&mut self.spare.captured_codes);
+        wanted.clear();
+        for (r, &fp) in self.raws.iter().zip(fingerprints) {
+            if r.shim || r.code == 0 {
+                continue;
+            }
+            if fp == 0 {
+                return Err(UnwindError::Capture(
+                    "a code object not resident at the interrupt",
+                ));
+            }
+            wanted.push((r.code, fp));
+        }
+        wanted.sort_unstable();
+        wanted.dedup();
+        let mut load = std::mem::take(&mut self.spare.load);
+        load.clear();
+        let mut result = Ok(());
+        for (i, &(addr, fp)) in wanted.iter().enumerate() {
+            if i > 0 && wanted[i - 1].0 == addr {
+                result = Err(UnwindError::Capture(
+                    "a code object that changed while its chain was copied",
+                ));
+                break;
+            }
+            match self.codes.peek(&addr).map(|e| e.fingerprint) {
+                Some(cached) if cached == fp => self.stats.code_cache_hits += 1,
+                Some(_) => {
+                    self.stats.stale_invalidations += 1;
+                    self.codes_changed = true;
+                    if let Some(e) = self.codes.pop(&addr) {
+                        self.code_bytes = self.code_bytes.saturating_sub(entry_bytes(&e));
+                    }
+                    load.push(addr);
+                }
+                None => load.push(addr),
+            }
+        }
+        if result.is_ok() && !load.is_empty() {
+            self.stats.code_cache_misses += load.len() as u64;
+            result = self.check_budget().and_then(|()| {
+                // Stamped 0: a sample that reads the process validates them again.
+                let entries = self.read_code_entries(&load, 0)?;
+                let mut changed = false;
+                for (&addr, entry) in load.iter().zip(entries) {
+                    let entry = entry?;
+                    let captured = wanted
+                        .binary_search_by_key(&addr, |&(a, _)| a)
+                        .ok()
+                        .map(|i| wanted[i].1);
+                    changed |= captured != Some(entry.fingerprint);
+                    self.cache_code(addr, entry);
+                }
+                match changed {
+                    true => Err(UnwindError::Capture(
+                        "a code object that changed since the interrupt",
+                    )),
+                    false => Ok(()),
+                }
+            });
+        }
+        self.spare.captured_codes = wanted;
+        self.spare.load = load;
+        result
     }
 }

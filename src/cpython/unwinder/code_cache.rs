@@ -36,15 +36,16 @@ pub(super) struct CodeEntry {
 impl<M: RemoteMemory> Unwinder<M> {
     /// Makes sure every code object walked this sample is cached and valid: one batch of
     /// validations, one batch of loads.
-    /// `generation`: the interpreter's `code_object_generation` read with the sample (3.14+);
-    /// `None` validates by fingerprint, once per epoch, on every version (captured samples).
+    /// `generation`: the interpreter's `code_object_generation` read with the sample (used on
+    /// 3.14+; older versions compare fingerprints, once per sample).
     pub(super) fn resolve_codes(
         &mut self,
         b: &ReadPlan,
-        generation: Option<u64>,
+        generation: u64,
     ) -> Result<(), UnwindError> {
         self.codes_changed = false;
-        let generation = generation.filter(|_| self.layout.interp.code_object_generation.is_some());
+        let generation =
+            Some(generation).filter(|_| self.layout.interp.code_object_generation.is_some());
         // Epoch stamps live apart from generations (top bit set), so that one never passes
         // for the other when both kinds of sample run on one unwinder.
         let stamp = generation.unwrap_or(self.epoch | EPOCH_STAMP);

@@ -275,6 +275,10 @@ struct Spare {
     check: Vec<u64>,
     load: Vec<u64>,
     fingerprints: Vec<u8>,
+    /// A captured chain's code-object fingerprints, one per frame, and its distinct
+    /// (code object, fingerprint) pairs.
+    captured_fingerprints: Vec<u64>,
+    captured_codes: Vec<(u64, u64)>,
     outside: Vec<u64>,
     /// The batch of a thread read again (see `walk_consistent`).
     reread: ReadPlan,
@@ -552,7 +556,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         let mut work = std::mem::take(&mut self.work);
         work.clear();
         let r = self.collect(b, &mut work).and_then(|gen| {
-            self.resolve_codes(b, Some(gen))?;
+            self.resolve_codes(b, gen)?;
             self.finish(&mut work)
         });
         self.work = work;
