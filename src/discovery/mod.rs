@@ -2,7 +2,9 @@
 //! `record` and the daemon use it, with the same names, roles and rules), and [`probe`],
 //! which tells whether one process is Python and which version, under a deadline.
 //!
-//! A scan reads every pid's parent, start time and command name, reads its executable's
+//! A scan reads every pid's parent, start time and command name (the command name alone,
+//! from its kept `/proc/PID/comm`, while it stays and for [`STAT_REFRESH`]: a parent that
+//! changes, when a process is reparented, shows within that long), reads its executable's
 //! path only when those changed (an `exec` changes the command name), probes new or exec'd
 //! processes once per (pid, start time, executable), reads Python processes' command lines
 //! every scan while they are young ([`YOUNG`]: servers set their titles as they start), then
@@ -35,8 +37,11 @@ const YOUNG: Duration = Duration::from_secs(10);
 /// shows within this long; at once when it renames itself, which changes its command name).
 const CMDLINE_REFRESH: Duration = Duration::from_secs(10);
 
-/// Most `/proc/PID/stat` files kept open between scans (the others are opened each scan).
-const MAX_KEPT_STAT_FILES: usize = 4096;
+/// Most processes whose `/proc/PID/comm` is kept open between scans (the others' `stat` is
+/// read each scan).
+const MAX_KEPT: usize = 4096;
+/// How long a process's `stat` facts are believed while its command name stays.
+const STAT_REFRESH: Duration = Duration::from_secs(10);
 
 /// A process whose probe did not return in time is probed again after this long.
 const PROBE_RETRY: Duration = Duration::from_secs(30);
@@ -71,9 +76,18 @@ pub struct HostDiscovery {
     subprocesses: bool,
     /// Processes in these roles are not listed (`--exclude-role`).
     exclude_roles: Vec<Role>,
-    /// `/proc/PID/stat` of processes seen at the last scan, kept open (see
-    /// [`process::stat_facts_of`]).
-    stat_files: HashMap<i32, std::fs::File>,
+    /// Processes seen at the last scan: what their `stat` said, and their command name's
+    /// file kept open.
+    kept: HashMap<i32, Kept>,
+}
+
+/// A process's `stat` facts, when they were read, and its `/proc/PID/comm` open: a read of it
+/// that fails says the process ended, even if its pid now names another
+/// ([`process::comm_of`]).
+struct Kept {
+    facts: process::StatFacts,
+    read_at: Instant,
+    comm: std::fs::File,
 }
 
 impl HostDiscovery {
@@ -84,7 +98,7 @@ impl HostDiscovery {
             no_exe: HashMap::new(),
             subprocesses: false,
             exclude_roles: Vec::new(),
-            stat_files: HashMap::new(),
+            kept: HashMap::new(),
         }
     }
 
@@ -144,16 +158,42 @@ impl HostDiscovery {
         }
     }
 
-    /// The stat facts of `pid`, from its kept file when it has one and that still answers.
+    /// The stat facts of `pid`: as last read while its kept command-name file still answers
+    /// with the same name (for [`STAT_REFRESH`]), else read afresh.
     fn stat_facts(&mut self, pid: i32) -> Option<process::StatFacts> {
-        if let Some(facts) = self.stat_files.get(&pid).and_then(process::stat_facts_of) {
-            return Some(facts);
+        let mut buf = [0u8; 80];
+        if let Some(k) = self.kept.get_mut(&pid) {
+            match process::comm_of(&k.comm, &mut buf) {
+                Some(comm) if comm == k.facts.comm && k.read_at.elapsed() < STAT_REFRESH => {
+                    return Some(k.facts.clone());
+                }
+                // The same process (its file still answers): its facts read again.
+                Some(_) => {
+                    if let Some(facts) =
+                        process::stat_facts(pid).filter(|f| f.start == k.facts.start)
+                    {
+                        k.facts = facts.clone();
+                        k.read_at = Instant::now();
+                        return Some(facts);
+                    }
+                }
+                None => {}
+            }
+            self.kept.remove(&pid);
         }
-        self.stat_files.remove(&pid);
-        let file = std::fs::File::open(format!("/proc/{pid}/stat")).ok()?;
-        let facts = process::stat_facts_of(&file)?;
-        if self.stat_files.len() < MAX_KEPT_STAT_FILES {
-            self.stat_files.insert(pid, file);
+        // Opened before `stat` is read: if the pid is reused in between, the file is the
+        // older process's and fails at the next scan.
+        let comm = std::fs::File::open(format!("/proc/{pid}/comm")).ok();
+        let facts = process::stat_facts(pid)?;
+        if let Some(comm) = comm.filter(|_| self.kept.len() < MAX_KEPT) {
+            self.kept.insert(
+                pid,
+                Kept {
+                    facts: facts.clone(),
+                    read_at: Instant::now(),
+                    comm,
+                },
+            );
         }
         Some(facts)
     }
@@ -206,8 +246,7 @@ impl Discovery for HostDiscovery {
         let mut alive = Vec::new();
         let mut unknown = Vec::new();
         let mut parents = Vec::with_capacity(pids.len());
-        self.stat_files
-            .retain(|pid, _| pids.binary_search(pid).is_ok());
+        self.kept.retain(|pid, _| pids.binary_search(pid).is_ok());
         for &pid in &pids {
             let Some(facts) = self.stat_facts(pid) else {
                 continue;

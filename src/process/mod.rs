@@ -374,17 +374,11 @@ pub struct StatFacts {
 
 /// The parent, start time and command name of `pid`, from one read of `/proc/PID/stat`.
 pub fn stat_facts(pid: i32) -> Option<StatFacts> {
-    stat_facts_of(&File::open(format!("/proc/{pid}/stat")).ok()?)
-}
-
-/// [`stat_facts`] from an open `/proc/PID/stat`, read again from its start: a file kept open
-/// costs a scan one read instead of an open, a read and a close. It fails once the process
-/// it was opened for has ended, even if its pid now names another.
-pub fn stat_facts_of(file: &File) -> Option<StatFacts> {
-    use std::os::unix::fs::FileExt;
+    use std::io::Read;
+    let mut file = File::open(format!("/proc/{pid}/stat")).ok()?;
     // One read: the kernel writes the whole line (a few hundred bytes) at once.
     let mut buf = [0u8; 2048];
-    let n = file.read_at(&mut buf, 0).ok()?;
+    let n = file.read(&mut buf).ok()?;
     let stat = buf.get(..n).filter(|s| s.len() < buf.len())?;
     let open = stat.iter().position(|&b| b == b'(')?;
     let close = stat.iter().rposition(|&b| b == b')')?;
@@ -396,6 +390,16 @@ pub fn stat_facts_of(file: &File) -> Option<StatFacts> {
     let ppid = fields.nth(4 - 3)?.parse().ok()?;
     let start = fields.nth(22 - 4 - 1)?.parse().ok()?;
     Some(StatFacts { ppid, start, comm })
+}
+
+/// The command name in an open `/proc/PID/comm`, read again from its start (into `buf`): what
+/// [`StatFacts::comm`] holds, for a fraction of a `stat` read's cost. `None` once the process
+/// it was opened for has ended (and been reaped), even if its pid now names another.
+pub fn comm_of<'b>(file: &File, buf: &'b mut [u8; 80]) -> Option<&'b [u8]> {
+    use std::os::unix::fs::FileExt;
+    let n = file.read_at(buf, 0).ok()?;
+    let comm = buf.get(..n).filter(|c| c.len() < 80)?;
+    Some(comm.strip_suffix(b"\n").unwrap_or(comm))
 }
 
 /// `/proc/PID/stat` from field 3 (the state) on: the command name before it is in parentheses

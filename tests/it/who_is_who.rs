@@ -225,3 +225,59 @@ fn multiprocessing_workers_of_every_start_method() {
         }
     }
 }
+
+#[test]
+fn python_a_wrapper_execs_after_it_settled_is_found() {
+    // An entry script that sets things up, then execs the server (as containers start): the
+    // scan has long settled that the wrapper is no Python process (5 s) when the same pid
+    // becomes one; its new command name tells the scan to look at it again.
+    let _machine = shared();
+    let Some(interp) = interpreters().into_iter().next() else {
+        return;
+    };
+    let token = format!("exec-later-{}", std::process::id());
+    let wrapper = format!(
+        "sleep 6; exec {} -c 'while True: sum(range(1000))' {token}",
+        interp.path.display()
+    );
+    let child = std::process::Command::new("/bin/sh")
+        .args(["-c", &wrapper])
+        .spawn()
+        .expect("sh starts");
+    let pid = child.id() as i32;
+    let _kill = KillOnDrop(vec![pid]);
+    let dir = tempdir("pyfleet-exec-");
+    let out = pyfleet(&[
+        "run",
+        "--match",
+        &token,
+        "--duration",
+        "10",
+        "--metrics-addr",
+        "off",
+        "--snapshot-format",
+        "folded",
+        "--out",
+        dir.path().to_str().unwrap(),
+    ]);
+    let folded: String = snapshot_dirs(dir.path())
+        .iter()
+        .flat_map(|d| fs::read_dir(d).into_iter().flatten().flatten())
+        .filter(|e| e.file_name() == "all.folded")
+        .map(|e| fs::read_to_string(e.path()).unwrap_or_default())
+        .collect();
+    let samples: u64 = folded
+        .lines()
+        .filter(|l| roots(l).contains_key(&pid))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    // About 3 s of the busy loop at 100 Hz after the exec (300 samples); 50 leaves room for
+    // a loaded machine and a slow first probe.
+    assert!(
+        out.success() && samples >= 50,
+        "{samples} samples of the exec'd process {pid} [{}]; {}\n{}",
+        interp.label,
+        out.describe(),
+        truncate(&folded, 600)
+    );
+}
