@@ -26,6 +26,16 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// A child killed and waited for when dropped.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Requests `path` on `port` in a loop until `stop`.
 fn load(port: u16, path: &'static str, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
     std::thread::spawn(move || {
@@ -240,12 +250,13 @@ fn python_a_wrapper_execs_after_it_settled_is_found() {
         "sleep 6; exec {} -c 'while True: sum(range(1000))' {token}",
         interp.path.display()
     );
-    let child = std::process::Command::new("/bin/sh")
-        .args(["-c", &wrapper])
-        .spawn()
-        .expect("sh starts");
-    let pid = child.id() as i32;
-    let _kill = KillOnDrop(vec![pid]);
+    let child = Reaped(
+        std::process::Command::new("/bin/sh")
+            .args(["-c", &wrapper])
+            .spawn()
+            .expect("sh starts"),
+    );
+    let pid = child.0.id() as i32;
     let dir = tempdir("pyfleet-exec-");
     let out = pyfleet(&[
         "run",
@@ -260,6 +271,7 @@ fn python_a_wrapper_execs_after_it_settled_is_found() {
         "--out",
         dir.path().to_str().unwrap(),
     ]);
+    drop(child);
     let folded: String = snapshot_dirs(dir.path())
         .iter()
         .flat_map(|d| fs::read_dir(d).into_iter().flatten().flatten())
