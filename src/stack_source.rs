@@ -11,7 +11,8 @@
 //! Its samples are the chains the kernel copied at interrupts of those threads since the
 //! last tick, as many per tick as there were (each one thread on a CPU at one instant); a
 //! process that ended hands out what was captured before, then reports its end. A source is due ([`StackSource::due`]) only
-//! when records wait for it, or once per [`CAPTURE_IDLE_CALL`]: an idle process costs a tick
+//! when records wait for it, or when its full read is due (while full reads fail, every
+//! [`CAPTURE_RETRY`]): an idle process costs a tick
 //! a look at the ring and its queue. Records are decoded at the first tick after they were
 //! taken, no later: a code object first seen in a record is read then, and the longer it
 //! waited the likelier it is gone (a failed sample). The capture is one for the whole
@@ -41,9 +42,9 @@ pub const CAPTURE_RECHECK: Duration = Duration::from_secs(1);
 /// known thread.
 pub const CAPTURE_FULL_REFRESH: Duration = Duration::from_secs(10);
 
-/// How often a capturing source with no records is called all the same: to read its process
-/// in full when [`CAPTURE_FULL_REFRESH`] is due.
-pub const CAPTURE_IDLE_CALL: Duration = Duration::from_secs(1);
+/// How often a capturing source whose full read failed (not because its process ended) tries
+/// again, records or not.
+pub const CAPTURE_RETRY: Duration = Duration::from_secs(1);
 
 /// Most threads a capturing source remembers as not running Python.
 const MAX_NOT_PYTHON: usize = 8192;
@@ -350,7 +351,7 @@ impl SourceFactory for UnwinderFactory {
             capture: self.capture.clone().map(|shared| CaptureLink {
                 shared,
                 pid: p.pid as u32,
-                called: None,
+                next_call: None,
                 refreshed: None,
                 not_python: FxHashMap::default(),
                 threads: Vec::new(),
@@ -367,8 +368,9 @@ impl SourceFactory for UnwinderFactory {
 struct CaptureLink {
     shared: Arc<SharedCapture>,
     pid: u32,
-    /// When the source was last called, and the process last read in full.
-    called: Option<Instant>,
+    /// When the source is next called though no record waits (its next full read, or a
+    /// retry of one that failed), and when the process was last read in full.
+    next_call: Option<Instant>,
     refreshed: Option<Instant>,
     /// Threads the kernel told of that a read then found not running Python, and when.
     not_python: FxHashMap<u32, Instant>,
@@ -423,7 +425,6 @@ impl UnwinderSource {
         let mut records = std::mem::take(&mut link.records);
         link.shared.take(link.pid, &mut records);
         let now = Instant::now();
-        link.called = Some(now);
         if !link.not_python.is_empty() {
             link.not_python
                 .retain(|_, at| now.duration_since(*at) < CAPTURE_RECHECK);
@@ -436,8 +437,9 @@ impl UnwinderSource {
                 && known(&link.threads, r.tid).is_none()
                 && !link.not_python.contains_key(&r.tid)
         });
-        // What this call cost: a full read to learn the threads, else whether it had chains
-        // to decode (their code objects are validated with one read), else nothing.
+        // What this call cost: a read (to learn the threads, or code objects not cached),
+        // else whether it had chains to decode (from what the kernel copied alone), else
+        // nothing.
         let mut kind = SampleKind::Kept;
         // Spread by pid, so that processes attached together are not all read at one tick.
         let refresh_every =
@@ -446,6 +448,7 @@ impl UnwinderSource {
             .refreshed
             .is_none_or(|t| now.duration_since(t) >= refresh_every);
         let mut learnt = false;
+        link.next_call = Some(now + CAPTURE_RETRY);
         if refresh_due || new_thread_ran {
             match unwinder.sample() {
                 Ok(_) => {
@@ -474,6 +477,15 @@ impl UnwinderSource {
                 // Its threads are learnt at a later tick; the capture goes on meanwhile.
                 Err(_) => {}
             }
+        }
+        // Called again without records at the next full read; set before it, so that a
+        // call that fails on the way retries after CAPTURE_RETRY.
+        if let Some(at) = link
+            .refreshed
+            .map(|t| t + refresh_every)
+            .filter(|&at| at > now)
+        {
+            link.next_call = Some(at);
         }
         let reads_before = unwinder.memory().stats().reads();
         let mut first_error = None;
@@ -551,9 +563,7 @@ impl StackSource for UnwinderSource {
             return true;
         }
         let now = Instant::now();
-        link.called
-            .is_none_or(|t| now.duration_since(t) >= CAPTURE_IDLE_CALL)
-            || link.shared.has_records(link.pid, now)
+        link.next_call.is_none_or(|t| now >= t) || link.shared.has_records(link.pid, now)
     }
 
     fn sample(&mut self, out: &mut Vec<SampledThread>) -> Result<SampleKind, SampleError> {
