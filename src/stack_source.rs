@@ -273,10 +273,9 @@ impl SharedCapture {
     /// Whether records wait for `pid`, the ring drained first unless no record waited at the
     /// last drain, less than [`DRAIN_EVERY`] before `now`.
     fn has_records(&self, pid: u32, now: Instant) -> bool {
-        let us = |t: Instant| {
-            u64::try_from(t.duration_since(self.since).as_micros()).unwrap_or(u64::MAX)
-        };
-        let recent = us(now).saturating_sub(self.drained_us.load(Ordering::Relaxed))
+        let recent = self
+            .micros(now)
+            .saturating_sub(self.drained_us.load(Ordering::Relaxed))
             < DRAIN_EVERY.as_micros() as u64;
         if recent && self.waiting.load(Ordering::Relaxed) == 0 {
             return false;
@@ -285,12 +284,16 @@ impl SharedCapture {
         s.pending.get(&pid).is_some_and(|q| !q.is_empty())
     }
 
+    /// Microseconds from `since` to `now` (what `drained_us` holds).
+    fn micros(&self, now: Instant) -> u64 {
+        u64::try_from(now.duration_since(self.since).as_micros()).unwrap_or(u64::MAX)
+    }
+
     /// The state, locked, with the ring drained into it at `now`.
     fn drained(&self, now: Instant) -> MutexGuard<'_, CaptureState> {
         let mut s = self.lock();
         s.drain();
-        let us = u64::try_from(now.duration_since(self.since).as_micros()).unwrap_or(u64::MAX);
-        self.drained_us.store(us, Ordering::Relaxed);
+        self.drained_us.store(self.micros(now), Ordering::Relaxed);
         self.waiting.store(s.waiting, Ordering::Relaxed);
         s
     }
