@@ -451,6 +451,9 @@ impl UnwinderSource {
             .refreshed
             .is_none_or(|t| now.duration_since(t) >= refresh_every);
         let mut learnt = false;
+        // Called again without records after CAPTURE_RETRY, unless the process has been
+        // read in full since (then at its next full read, below): a call that fails on the
+        // way retries.
         link.next_call = Some(now + CAPTURE_RETRY);
         if refresh_due || new_thread_ran {
             match unwinder.sample() {
@@ -481,8 +484,6 @@ impl UnwinderSource {
                 Err(_) => {}
             }
         }
-        // Called again without records at the next full read; set before it, so that a
-        // call that fails on the way retries after CAPTURE_RETRY.
         if let Some(at) = link
             .refreshed
             .map(|t| t + refresh_every)

@@ -191,9 +191,7 @@ impl<M: RemoteMemory> Unwinder<M> {
             stack,
         })
     }
-}
 
-impl<M: RemoteMemory> Unwinder<M> {
     /// Makes sure every code object of the chain in `raws` is cached and is the one the
     /// kernel saw (`fingerprints`: captured with each frame): entries with the captured
     /// fingerprint are used as they are; the others are loaded in one batch, and must then
