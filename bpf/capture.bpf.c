@@ -43,6 +43,18 @@ static __u64 (*bpf_ktime_get_ns)(void) = (void *)5;
 static __u64 (*bpf_get_current_pid_tgid)(void) = (void *)14;
 static long (*bpf_probe_read_user)(void *dst, __u32 size, const void *src) = (void *)112;
 static long (*bpf_ringbuf_output)(void *ringbuf, void *data, __u64 size, __u64 flags) = (void *)130;
+struct bpf_pidns_info {
+    __u32 pid;
+    __u32 tgid;
+};
+static long (*bpf_get_ns_current_pid_tgid)(__u64 dev, __u64 ino, struct bpf_pidns_info *nsdata,
+                                           __u32 size) = (void *)120;
+
+// The pid namespace whose ids pyfleet knows threads and processes by, set by userspace before
+// loading (0, 0: the host's, whose ids bpf_get_current_pid_tgid gives). In another namespace
+// the ids are that namespace's, and a thread outside it is never captured.
+const volatile __u64 pidns_dev = 0;
+const volatile __u64 pidns_ino = 0;
 
 // Keep in step with src/memory/kernel_capture.rs.
 #define MAX_FRAMES 256
@@ -174,9 +186,18 @@ static void send(struct record *r, __u32 frames)
 SEC("perf_event")
 int capture_python_frames(void *ctx)
 {
-    __u64 id = bpf_get_current_pid_tgid();
-    __u32 tid = (__u32)id;
-    __u32 pid = (__u32)(id >> 32);
+    __u32 tid, pid;
+    if (pidns_ino == 0) {
+        __u64 id = bpf_get_current_pid_tgid();
+        tid = (__u32)id;
+        pid = (__u32)(id >> 32);
+    } else {
+        struct bpf_pidns_info ns = {};
+        if (bpf_get_ns_current_pid_tgid(pidns_dev, pidns_ino, &ns, sizeof(ns)) < 0)
+            return 0;
+        tid = ns.pid;
+        pid = ns.tgid;
+    }
     struct thread_info *info = bpf_map_lookup_elem(&threads, &tid);
     if (info && info->pid != pid)
         info = 0;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# What building pyfleet needs beyond cargo: clang, which build.rs uses to build the kernel
-# capture (bpf/capture.bpf.c, `record --capture kernel`). Without it pyfleet builds, without
-# the capture; the tests require it (tests/it/real_code.rs). Idempotent. Needs root for apt-get.
+# What checking pyfleet's build needs beyond cargo: clang, to rebuild the kernel capture's
+# program (bpf/capture.bpf.c) and compare it with the one kept built beside it
+# (scripts/build-bpf.sh --check), and to rebuild it after editing the source. Building pyfleet
+# itself needs no clang. Idempotent. Needs root for apt-get.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -7,7 +7,8 @@
 #   - prometheus/promtool (Debian), kubernetes-validate (PyPI venv) for the deploy/ test;
 #   - chromium, go tool pprof (Debian), speedscope's schema (npm), jsonschema (PyPI venv) for
 #     the output formats' test;
-#   - clang (Debian) for build.rs to build the kernel capture's BPF program;
+#   - clang (Debian) to check that bpf/capture.bpf.o is what bpf/capture.bpf.c builds (pyfleet
+#     itself builds without clang: the release build below runs with clang hidden);
 #   - Rust dependencies (cargo fetches them);
 #   - formatting, clippy, unit and integration tests against real interpreters 3.11-3.15
 #     (the real-code exactness test measures the release build);
@@ -19,8 +20,11 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n== %s\n' "$*"; }
 
-step "build tools (clang: the kernel capture's BPF program)"
+step "build tools (clang: to check the kernel capture's kept program)"
 scripts/setup-build-tools.sh
+
+step "the kernel capture's program: bpf/capture.bpf.o is bpf/capture.bpf.c built"
+scripts/build-bpf.sh --check
 
 step "interpreters"
 scripts/setup-pythons.sh
@@ -43,8 +47,8 @@ cargo fmt --all -- --check
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-step "release build (the binary tests/it/real_code.rs measures: the one users run)"
-cargo build --release --locked --bin pyfleet
+step "release build with clang hidden (the binary tests/it/real_code.rs measures: the one users run)"
+scripts/without-clang.sh cargo build --release --locked --bin pyfleet
 export PYFLEET_EXACTNESS_BIN="$PWD/target/release/pyfleet"
 
 step "cargo test"

@@ -17,6 +17,31 @@ use std::time::Duration;
 /// pyfleet's own resident memory, for dashboards and alerts.
 pub const RESIDENT_MEMORY: &str = "pyfleet_resident_memory_bytes";
 
+/// How the daemon takes stacks: 1, labelled `stacks` (kernel, reads, paused) and `why` (why
+/// not the kernel capture: asked, mode, blocking, switch_log, no_privilege, kernel_too_old,
+/// verifier_refused, load_failed; empty with the capture).
+pub const CAPTURE_INFO: &str = "pyfleet_capture_info";
+/// The kernel capture's samples lost: no room in the kernel's ring (`reason="ring_full"`),
+/// too many waiting for one process (`"queue_full"`), or a record that did not parse
+/// (`"unparsable"`).
+pub const CAPTURE_LOST: &str = "pyfleet_capture_lost_samples_total";
+
+/// Exports the kernel capture's losses every second.
+async fn export_capture_losses(shared: Arc<pyfleet::stack_source::SharedCapture>) {
+    let mut every = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        every.tick().await;
+        let lost = shared.losses();
+        for (reason, n) in [
+            ("ring_full", lost.ring_full),
+            ("queue_full", lost.queue_full),
+            ("unparsable", lost.unparsable),
+        ] {
+            metrics::counter!(CAPTURE_LOST, "reason" => reason).absolute(n);
+        }
+    }
+}
+
 /// Opens the kernel's log of context switches (`--switch-log`), or says why it stays off.
 pub fn start_switch_log() {
     if !pyfleet::process::switches::start() {
@@ -83,6 +108,14 @@ pub fn run(opts: RunOptions) -> Result<()> {
             tokio::spawn(exporter.keep_tidy(config.metrics_idle_timeout() / 2));
             pyfleet_actors::metric_names::describe();
             metrics::describe_gauge!(
+                CAPTURE_INFO,
+                "How stacks are taken (stacks: kernel, reads, paused) and why not by the kernel capture (why)"
+            );
+            metrics::describe_counter!(
+                CAPTURE_LOST,
+                "Kernel-capture samples lost (reason: ring_full, queue_full, unparsable)"
+            );
+            metrics::describe_gauge!(
                 RESIDENT_MEMORY,
                 metrics::Unit::Bytes,
                 "pyfleet's own resident memory"
@@ -97,7 +130,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
                 }
             });
         }
-        let (capture, fallback) = settings
+        let (capture, how) = settings
             .capture
             .start(settings.rate.base_hz())
             .map_err(|e| anyhow!(e))?;
@@ -109,15 +142,10 @@ pub fn run(opts: RunOptions) -> Result<()> {
             parts.join(", ")
         };
         eprintln!(
-            "pyfleet: profiling {what} at {} Hz ({} mode{}{}); snapshots ({}) every {} s in {}; metrics {}{}",
+            "pyfleet: profiling {what} at {} Hz ({} mode{}); {how}; snapshots ({}) every {} s in {}; metrics {}{}",
             settings.rate.base_hz(),
             settings.mode,
             if settings.read_only { ", read-only" } else { "" },
-            match (settings.blocking, capture.is_some()) {
-                (true, _) => ", blocking",
-                (_, true) => ", kernel capture",
-                _ => "",
-            },
             settings
                 .snapshot_formats
                 .iter()
@@ -145,8 +173,10 @@ pub fn run(opts: RunOptions) -> Result<()> {
         if settings.switch_log {
             start_switch_log();
         }
-        if let Some(why) = fallback {
-            eprintln!("pyfleet: {why}");
+        let (stacks, why_not_kernel) = how.codes();
+        metrics::gauge!(CAPTURE_INFO, "stacks" => stacks, "why" => why_not_kernel).set(1.0);
+        if let Some(shared) = &capture {
+            tokio::spawn(export_capture_losses(shared.clone()));
         }
         for &pid in &settings.pids {
             let probed = pyfleet::discovery::probe_within(pid, pyfleet::discovery::PROBE_DEADLINE);

@@ -261,9 +261,9 @@ pub fn run(opts: RecordOptions) -> Result<()> {
             .ok_or_else(|| anyhow!("cannot record process {pid}: it exited"))?;
         targets.push(Target { pid, start });
     }
-    if plan.by_rule() {
-        await_match(&plan)?;
-    }
+    // No match without --wait is an error before anything starts; with --wait, the first line
+    // is said before waiting.
+    let matched_now = !plan.by_rule() || matches_now(&plan)?;
 
     let config = FleetConfig {
         snapshot_interval: plan
@@ -276,18 +276,24 @@ pub fn run(opts: RecordOptions) -> Result<()> {
         ..FleetConfig::default()
     };
     config.validate().map_err(|e| anyhow!("{e}"))?;
+    let (capture, how) = plan
+        .capture
+        .start(plan.rate.base_hz())
+        .map_err(|e| anyhow!(e))?;
+    eprintln!(
+        "pyfleet: recording {what} at {} Hz ({} mode{}); {how}",
+        plan.rate.base_hz(),
+        plan.mode.as_str(),
+        if plan.read_only { ", read-only" } else { "" },
+    );
+    if !matched_now {
+        await_match(&plan);
+    }
     let counters = Arc::new(SampleCounters::default());
     crate::daemon::warn_without_ptrace("recorded");
     pyfleet::process::runstate::raise_open_file_limit();
     if plan.switch_log {
         crate::daemon::start_switch_log();
-    }
-    let (capture, fallback) = plan
-        .capture
-        .start(plan.rate.base_hz())
-        .map_err(|e| anyhow!(e))?;
-    if let Some(why) = fallback {
-        eprintln!("pyfleet: {why}");
     }
     let runtime = crate::daemon::runtime()?;
     let started = Instant::now();
@@ -398,7 +404,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
     let lost = capture.as_ref().map_or(0, |c| c.lost());
     if lost > 0 {
         line.push_str(&format!(
-            "; {lost} sample{} lost (the kernel capture had no room for them)",
+            "; {lost} sample{} lost (the kernel capture had no room for them, or could not read them)",
             if lost == 1 { "" } else { "s" }
         ));
     }
@@ -410,32 +416,45 @@ pub fn run(opts: RecordOptions) -> Result<()> {
     Ok(())
 }
 
-/// With `--match`: returns once a process matches. Without `--wait` that is now or never: a
-/// scan that finds nothing is an error (the user sees it at once, not after the duration).
-fn await_match(plan: &Plan) -> Result<()> {
+/// With `--match`: whether a process matches now. Without `--wait`, none is an error (the
+/// user sees it at once, not after the duration).
+fn matches_now(plan: &Plan) -> Result<bool> {
     use pyfleet_actors::Discovery;
     // What the fleet would list: the same scan, rules and roles.
+    let found = !HostDiscovery::new(plan.policy.clone())
+        .with_subprocesses(plan.subprocesses)
+        .excluding_roles(&plan.exclude_roles)
+        .scan()
+        .is_empty();
+    if found {
+        note_left_out_subprocesses(plan);
+        return Ok(true);
+    }
+    if !plan.wait {
+        bail!(
+            "no Python process matches {} (`pyfleet list` shows the Python processes it \
+             can see; --wait waits for one to start)",
+            plan.rules()
+        );
+    }
+    Ok(false)
+}
+
+/// With `--match --wait`: returns once a process matches.
+fn await_match(plan: &Plan) {
+    use pyfleet_actors::Discovery;
     let mut discovery = HostDiscovery::new(plan.policy.clone())
         .with_subprocesses(plan.subprocesses)
         .excluding_roles(&plan.exclude_roles);
-    let mut found = || !discovery.scan().is_empty();
-    if found() {
-        note_left_out_subprocesses(plan);
-        return Ok(());
-    }
-    let what = plan.rules();
-    if !plan.wait {
-        bail!(
-            "no Python process matches {what} (`pyfleet list` shows the Python processes it \
-             can see; --wait waits for one to start)"
-        );
-    }
-    eprintln!("pyfleet: waiting for a Python process matching {what} (Ctrl-C to give up)");
+    eprintln!(
+        "pyfleet: waiting for a Python process matching {} (Ctrl-C to give up)",
+        plan.rules()
+    );
     loop {
         std::thread::sleep(WAIT_POLL);
-        if found() {
+        if !discovery.scan().is_empty() {
             note_left_out_subprocesses(plan);
-            return Ok(());
+            return;
         }
     }
 }

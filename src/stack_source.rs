@@ -24,6 +24,7 @@
 use crate::cpython::{self, Unwinder, UnwinderOptions};
 use crate::memory::kernel_capture::{frames_in, KernelCapture};
 use crate::memory::{ProcessMemory, RemoteMemory};
+use crate::process::host::PidNamespace;
 use pyfleet_actors::{
     CapturedCounts, FrameInfo, ProcessInfo, SampleError, SampleKind, SampledThread, SourceFactory,
     SourceStats, StackSource, ThreadStatus,
@@ -61,8 +62,99 @@ pub enum Capture {
     /// The kernel capture; failing to start it is an error.
     Kernel,
     /// The kernel capture where it can be used (cpu mode, neither `--blocking` nor
-    /// `--switch-log`, and it starts: root, BPF, a build with it), else reads.
+    /// `--switch-log`, and it starts: CAP_BPF and CAP_PERFMON, Linux 5.8), else reads.
     Auto,
+    /// What [`Capture::resolve`] makes of `Auto` (or of `Reads` with `--blocking`) where the
+    /// capture does not apply: reads, for this reason.
+    ReadsWhere(NotApplicable),
+}
+
+/// Why the kernel capture does not apply to a profile, whatever the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotApplicable {
+    /// wall or gil mode: the capture copies threads on a CPU only.
+    Mode,
+    /// `--blocking`: targets are paused and read.
+    Blocking,
+    /// `--switch-log` goes with reads.
+    SwitchLog,
+}
+
+/// How a profile's stacks are taken, and when not by the kernel capture, why not: what
+/// `record` and `run` say in their first line and the daemon exports
+/// (`pyfleet_capture_info`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HowStacks {
+    /// Copied by the kernel at interrupts; `namespaced`: pyfleet runs in a pid namespace not
+    /// the host's, whose processes alone can be captured (others are read from outside).
+    Kernel { namespaced: bool },
+    /// Read from outside with each target paused (`--blocking`).
+    Paused,
+    /// Read from outside, for this reason.
+    Reads(WhyReads),
+}
+
+/// Why stacks are read from outside rather than captured by the kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WhyReads {
+    /// `--capture reads` / `capture = "reads"`.
+    Asked,
+    /// The capture does not apply to this profile.
+    NotApplicable(NotApplicable),
+    /// It could not start on this host: the reason's fixed code (`CaptureError::code`) and
+    /// its words.
+    CannotStart { code: &'static str, why: String },
+}
+
+impl HowStacks {
+    /// A fixed short name of how (`kernel`, `paused`, `reads`) and why not the capture
+    /// (empty for the capture): bounded values for metrics labels and JSON.
+    pub fn codes(&self) -> (&'static str, &'static str) {
+        match self {
+            HowStacks::Kernel { .. } => ("kernel", ""),
+            HowStacks::Paused => ("paused", "blocking"),
+            HowStacks::Reads(WhyReads::Asked) => ("reads", "asked"),
+            HowStacks::Reads(WhyReads::NotApplicable(NotApplicable::Mode)) => ("reads", "mode"),
+            HowStacks::Reads(WhyReads::NotApplicable(NotApplicable::Blocking)) => {
+                ("paused", "blocking")
+            }
+            HowStacks::Reads(WhyReads::NotApplicable(NotApplicable::SwitchLog)) => {
+                ("reads", "switch_log")
+            }
+            HowStacks::Reads(WhyReads::CannotStart { code, .. }) => ("reads", code),
+        }
+    }
+}
+
+impl std::fmt::Display for HowStacks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HowStacks::Kernel { namespaced: false } => {
+                f.write_str("stacks from the kernel capture")
+            }
+            HowStacks::Kernel { namespaced: true } => f.write_str(
+                "stacks from the kernel capture, in pyfleet's pid namespace (processes of \
+                 other namespaces are read from outside)",
+            ),
+            HowStacks::Paused
+            | HowStacks::Reads(WhyReads::NotApplicable(NotApplicable::Blocking)) => {
+                f.write_str("stacks read from outside, each target paused (--blocking)")
+            }
+            HowStacks::Reads(why) => {
+                f.write_str("stacks read from outside: ")?;
+                match why {
+                    WhyReads::Asked => f.write_str("reads were asked for (capture: reads)"),
+                    WhyReads::NotApplicable(NotApplicable::Mode) => {
+                        f.write_str("the kernel capture copies threads on a CPU (cpu mode only)")
+                    }
+                    WhyReads::NotApplicable(_) => {
+                        f.write_str("the context-switch log (--switch-log) goes with reads")
+                    }
+                    WhyReads::CannotStart { why, .. } => f.write_str(why),
+                }
+            }
+        }
+    }
 }
 
 impl std::str::FromStr for Capture {
@@ -90,51 +182,66 @@ impl Capture {
         switch_log: bool,
         flag: &str,
     ) -> Result<Capture, String> {
+        let option = |name: &str| match flag.starts_with("--") {
+            true => format!("--{name}"),
+            false => name.to_string(),
+        };
         match self {
             Capture::Kernel if !cpu_mode => Err(format!(
                 "{flag} kernel samples threads on a CPU only: it goes with {} cpu",
-                if flag.starts_with("--") {
-                    "--mode"
-                } else {
-                    "mode"
-                }
+                option("mode")
             )),
             Capture::Kernel if blocking => Err(format!(
                 "{flag} kernel never stops the target: it does not go with {}",
-                if flag.starts_with("--") {
-                    "--blocking"
-                } else {
-                    "blocking"
-                }
+                option("blocking")
             )),
-            Capture::Auto if !cpu_mode || blocking || switch_log => Ok(Capture::Reads),
+            Capture::Auto | Capture::Reads if blocking => {
+                Ok(Capture::ReadsWhere(NotApplicable::Blocking))
+            }
+            Capture::Auto if !cpu_mode => Ok(Capture::ReadsWhere(NotApplicable::Mode)),
+            Capture::Auto if switch_log => Ok(Capture::ReadsWhere(NotApplicable::SwitchLog)),
             other => Ok(other),
         }
     }
 
-    /// Starts the kernel capture at `rate_hz` when `self` (resolved) asks for it. `Kernel`
-    /// fails with the reason; `Auto` falls back to reads and says why in the second value
-    /// (nothing when this build has no capture at all).
-    pub fn start(
-        self,
-        rate_hz: f64,
-    ) -> Result<(Option<Arc<SharedCapture>>, Option<String>), String> {
-        if self == Capture::Reads {
-            return Ok((None, None));
+    /// Starts the kernel capture at `rate_hz` when `self` (resolved) asks for it, and says
+    /// how stacks will be taken. `Kernel` fails with the reason; `Auto` falls back to reads
+    /// and the second value says why.
+    pub fn start(self, rate_hz: f64) -> Result<(Option<Arc<SharedCapture>>, HowStacks), String> {
+        let reads = |why| Ok((None, HowStacks::Reads(why)));
+        match self {
+            Capture::Reads => return reads(WhyReads::Asked),
+            Capture::ReadsWhere(NotApplicable::Blocking) => return Ok((None, HowStacks::Paused)),
+            Capture::ReadsWhere(n) => return reads(WhyReads::NotApplicable(n)),
+            Capture::Kernel | Capture::Auto => {}
         }
         let hz = rate_hz.round().clamp(1.0, f64::from(u32::MAX)) as u32;
         match KernelCapture::start(hz) {
-            Ok(c) => Ok((Some(Arc::new(SharedCapture::new(c))), None)),
+            Ok(c) => {
+                let namespaced = c.namespace().is_some();
+                Ok((
+                    Some(Arc::new(SharedCapture::new(c))),
+                    HowStacks::Kernel { namespaced },
+                ))
+            }
             Err(e) if self == Capture::Kernel => Err(format!("--capture kernel: {e}")),
-            Err(crate::memory::kernel_capture::CaptureError::NotBuilt) => Ok((None, None)),
-            Err(e) => Ok((
-                None,
-                Some(format!(
-                    "reading targets from outside: the kernel capture cannot start ({e})"
-                )),
-            )),
+            Err(e) => reads(WhyReads::CannotStart {
+                code: e.code(),
+                why: e.to_string(),
+            }),
         }
     }
+}
+
+/// The kernel capture's records lost since it started, by reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CaptureLosses {
+    /// No room in the kernel's ring.
+    pub ring_full: u64,
+    /// More than [`MAX_PENDING`] waiting for one process (the oldest dropped).
+    pub queue_full: u64,
+    /// A record shorter than its head says.
+    pub unparsable: u64,
 }
 
 /// Attaches the unwinder to each process.
@@ -176,6 +283,8 @@ struct CaptureState {
 
 /// The kernel capture, shared by every source of a fleet (see the module documentation).
 pub struct SharedCapture {
+    /// See [`KernelCapture::namespace`].
+    namespace: Option<PidNamespace>,
     state: Mutex<CaptureState>,
     /// What an idle source's tick looks at without the lock: how many records wait (as of
     /// the last drain) and when the ring was last drained (microseconds after `since`).
@@ -192,6 +301,7 @@ const DRAIN_EVERY: Duration = Duration::from_micros(200);
 impl SharedCapture {
     pub fn new(capture: KernelCapture) -> SharedCapture {
         SharedCapture {
+            namespace: capture.namespace(),
             state: Mutex::new(CaptureState {
                 capture,
                 pending: FxHashMap::default(),
@@ -205,15 +315,36 @@ impl SharedCapture {
         }
     }
 
+    /// Whether the capture can take process `pid`'s samples: it runs in pyfleet's pid
+    /// namespace, or pyfleet runs in the host's (whose ids the kernel gives for every
+    /// process).
+    pub fn covers(&self, pid: i32) -> bool {
+        match self.namespace {
+            None => true,
+            Some(ours) => PidNamespace::of(&pid.to_string()) == Some(ours),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, CaptureState> {
         // A panic elsewhere while holding it leaves plain data behind: still usable.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records lost: no room in the kernel's ring, or too many waiting for one process.
+    /// Records lost: no room in the kernel's ring, too many waiting for one process, or not
+    /// parsable.
     pub fn lost(&self) -> u64 {
+        let l = self.losses();
+        l.ring_full + l.queue_full + l.unparsable
+    }
+
+    /// Records lost since the start, by reason.
+    pub fn losses(&self) -> CaptureLosses {
         let s = self.lock();
-        s.capture.lost() + s.dropped
+        CaptureLosses {
+            ring_full: s.capture.lost(),
+            queue_full: s.dropped,
+            unparsable: s.capture.unparsable(),
+        }
     }
 
     /// Watches exactly `threads` of `pid` (those no longer listed are no longer captured).
@@ -337,10 +468,23 @@ impl SourceFactory for UnwinderFactory {
     type Source = UnwinderSource;
 
     fn attach(&self, p: &ProcessInfo, needs_cpu_status: bool) -> Result<UnwinderSource, String> {
+        // In a pid namespace not the host's, the capture knows only that namespace's
+        // processes: one in another (a nested container) is read from outside.
+        let capture = self.capture.clone().filter(|shared| {
+            let covered = shared.covers(p.pid);
+            if !covered {
+                tracing::warn!(
+                    pid = p.pid,
+                    "in another pid namespace than pyfleet's, which the kernel capture does \
+                     not cover from here: reading it from outside"
+                );
+            }
+            covered
+        });
         let opts = UnwinderOptions {
             // A capturing source reads its process only to learn its threads: no marker
             // (unless it may turn to reads).
-            frame_cache: self.capture.is_none() || self.reads_if_deeper,
+            frame_cache: capture.is_none() || self.reads_if_deeper,
             read_only: self.read_only,
             cpu_status: needs_cpu_status,
             blocking: self.blocking,
@@ -351,7 +495,7 @@ impl SourceFactory for UnwinderFactory {
             unwinder,
             reads_if_deeper: self.reads_if_deeper,
             switched_last: None,
-            capture: self.capture.clone().map(|shared| CaptureLink {
+            capture: capture.map(|shared| CaptureLink {
                 shared,
                 pid: p.pid as u32,
                 next_call: None,
@@ -469,13 +613,16 @@ impl UnwinderSource {
                     if first || threads != link.threads {
                         link.threads = threads;
                         let layout = unwinder.capture_layout();
-                        link.shared
-                            .watch(link.pid, &link.threads, layout)
-                            .map_err(|message| SampleError {
+                        if let Err(message) = link.shared.watch(link.pid, &link.threads, layout) {
+                            // Watched again at the next read, due after CAPTURE_RETRY.
+                            link.threads.clear();
+                            link.refreshed = None;
+                            return Err(SampleError {
                                 kind: "capture",
                                 process_gone: false,
                                 message,
-                            })?;
+                            });
+                        }
                     }
                 }
                 // What was captured before it ended goes out first.
@@ -725,7 +872,7 @@ impl<S: StackSource> StackSource for CountedSource<S> {
 
 #[cfg(test)]
 mod tests {
-    use super::Capture;
+    use super::{Capture, HowStacks, NotApplicable, WhyReads};
 
     #[test]
     fn auto_is_the_kernel_capture_only_where_it_applies() {
@@ -735,21 +882,58 @@ mod tests {
             auto.resolve(true, false, false, "--capture"),
             Ok(Capture::Auto)
         );
-        for (cpu, blocking, switch_log) in [
-            (false, false, false),
-            (true, true, false),
-            (true, false, true),
+        for (cpu, blocking, switch_log, why) in [
+            (false, false, false, NotApplicable::Mode),
+            (true, true, false, NotApplicable::Blocking),
+            (true, false, true, NotApplicable::SwitchLog),
         ] {
             assert_eq!(
                 auto.resolve(cpu, blocking, switch_log, "--capture"),
-                Ok(Capture::Reads)
+                Ok(Capture::ReadsWhere(why))
             );
         }
+        assert_eq!(
+            Capture::Reads.resolve(true, true, false, "--capture"),
+            Ok(Capture::ReadsWhere(NotApplicable::Blocking))
+        );
         let kernel: Capture = "kernel".parse().expect("parses");
         let wall = kernel.resolve(false, false, false, "--capture");
         assert!(wall.is_err_and(|e| e.contains("goes with --mode cpu")));
         let paused = kernel.resolve(true, true, false, "capture");
         assert!(paused.is_err_and(|e| e.contains("does not go with blocking")));
         assert!("bpf".parse::<Capture>().is_err());
+    }
+
+    #[test]
+    fn how_stacks_are_taken_is_said_with_one_reason() {
+        let said = |how: HowStacks| (how.to_string(), how.codes());
+        let (text, codes) = said(HowStacks::Kernel { namespaced: false });
+        assert_eq!(
+            (text.as_str(), codes),
+            ("stacks from the kernel capture", ("kernel", ""))
+        );
+        let (text, _) = said(HowStacks::Kernel { namespaced: true });
+        assert!(text.contains("pid namespace"), "{text}");
+        for (how, code, words) in [
+            (HowStacks::Reads(WhyReads::Asked), "asked", "asked for"),
+            (
+                HowStacks::Reads(WhyReads::NotApplicable(NotApplicable::Mode)),
+                "mode",
+                "cpu mode only",
+            ),
+            (
+                HowStacks::Reads(WhyReads::CannotStart {
+                    code: "no_privilege",
+                    why: "needs CAP_BPF".into(),
+                }),
+                "no_privilege",
+                "needs CAP_BPF",
+            ),
+        ] {
+            let (text, codes) = said(how);
+            assert_eq!(codes, ("reads", code));
+            assert!(text.starts_with("stacks read from outside: ") && text.contains(words));
+        }
+        assert_eq!(HowStacks::Paused.codes(), ("paused", "blocking"));
     }
 }

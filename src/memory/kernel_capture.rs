@@ -1,6 +1,6 @@
 //! The kernel capture: Python frame chains copied by the kernel at the sampling interrupt.
 //!
-//! `bpf/capture.bpf.c` (built by `build.rs` with clang) runs at every tick of a cpu-clock perf
+//! `bpf/capture.bpf.c` (kept built as `bpf/capture.bpf.o`, embedded by `build.rs`) runs at every tick of a cpu-clock perf
 //! event on each online CPU. When the interrupted thread is one this capture watches
 //! ([`KernelCapture::watch`]: its thread state and where its current-frame pointer lies), it
 //! copies the thread's frames as they are at that instant, newest first (each frame's address
@@ -17,8 +17,10 @@
 //! deeper chains flagged [`CapturedRecord::truncated`]; [`MAX_WATCHED`] threads; a ring sized for
 //! 200 ms of sampling at the rate, 1-16 MiB, whose overflow is counted by [`KernelCapture::lost`], never
 //! blocking anything).
-//! Nothing is written to any target. Needs root (CAP_BPF and CAP_PERFMON).
+//! Nothing is written to any target. Needs CAP_BPF and CAP_PERFMON (or root) and Linux 5.8.
+//! Threads and processes are named by the ids of pyfleet's own pid namespace.
 
+use crate::process::host::{self, PidNamespace};
 use aya::maps::{HashMap as BpfMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{
     PerfEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent,
@@ -52,7 +54,6 @@ const FLAG_FRAME_UNREADABLE: u16 = 2;
 const FLAG_TRUNCATED: u16 = 4;
 const FLAG_UNKNOWN_THREAD: u16 = 8;
 
-#[cfg(pyfleet_capture)]
 static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/capture.bpf.o"));
 
 /// Most bytes of a code object its fingerprint covers (`MAX_FINGERPRINT_BYTES`).
@@ -99,12 +100,22 @@ struct ThreadInfo {
 // is what `Pod` asks of types copied to and from BPF maps.
 unsafe impl Pod for ThreadInfo {}
 
-/// Why the capture could not start or watch a thread.
+/// The oldest kernel the capture runs on: the BPF ring buffer came with 5.8.
+pub const MIN_KERNEL: (u32, u32) = (5, 8);
+
+/// Why the capture could not start or watch a thread. The first four are why it cannot start
+/// on this host at all, each with its remedy.
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
-    #[error("this pyfleet was built without the kernel capture (no clang at build time)")]
-    NotBuilt,
-    #[error("cannot load the kernel capture program: {0} (needs root: CAP_BPF and CAP_PERFMON)")]
+    #[error(
+        "the kernel capture needs CAP_BPF and CAP_PERFMON (or root), which pyfleet does not hold"
+    )]
+    NoPrivilege,
+    #[error("the kernel capture needs Linux {}.{} or later (this is {release})", MIN_KERNEL.0, MIN_KERNEL.1)]
+    KernelTooOld { release: String },
+    #[error("the kernel's verifier refused the capture program: {0}")]
+    VerifierRefused(String),
+    #[error("cannot load the kernel capture program: {0}")]
     Load(String),
     #[error("cannot attach the kernel capture to CPU {cpu}: {why}")]
     Attach { cpu: u32, why: String },
@@ -116,8 +127,27 @@ pub enum CaptureError {
     Layout(String),
 }
 
+impl CaptureError {
+    /// A short, fixed name of the reason (for metrics labels and JSON).
+    pub fn code(&self) -> &'static str {
+        match self {
+            CaptureError::NoPrivilege => "no_privilege",
+            CaptureError::KernelTooOld { .. } => "kernel_too_old",
+            CaptureError::VerifierRefused(_) => "verifier_refused",
+            CaptureError::Load(_) | CaptureError::Attach { .. } => "load_failed",
+            CaptureError::Watch { .. }
+            | CaptureError::WatchProcess { .. }
+            | CaptureError::Layout(_) => "watch_failed",
+        }
+    }
+}
+
 /// The loaded program, its events and maps. Dropping it detaches everything.
 pub struct KernelCapture {
+    /// The pid namespace whose ids the program gives, when not the host's.
+    namespace: Option<PidNamespace>,
+    /// Ring records too short for what their head says (never expected: counted, not read).
+    unparsable: u64,
     threads: BpfMap<MapData, u32, ThreadInfo>,
     processes: BpfMap<MapData, u32, u32>,
     ring: RingBuf<MapData>,
@@ -130,19 +160,27 @@ pub struct KernelCapture {
 
 impl KernelCapture {
     /// Loads the program and attaches it to a cpu-clock event at `rate_hz` on every online
-    /// CPU.
+    /// CPU. Threads and processes are known by the ids of pyfleet's own pid namespace: the
+    /// host's, or else the one pyfleet runs in (a thread of a process outside it is never
+    /// captured; see [`KernelCapture::namespace`]).
     pub fn start(rate_hz: u32) -> Result<KernelCapture, CaptureError> {
+        let release = host::kernel_release().unwrap_or_default();
+        if host::kernel_version(&release).is_some_and(|v| v < MIN_KERNEL) {
+            return Err(CaptureError::KernelTooOld { release });
+        }
+        if host::may_use_bpf_tracing() == Some(false) {
+            return Err(CaptureError::NoPrivilege);
+        }
+        let namespace = PidNamespace::own().filter(|ns| !ns.is_host());
         let cpus = aya::util::online_cpus()
             .map_err(|(what, e)| CaptureError::Load(format!("{what}: {e}")))?;
-        let mut ebpf = load(ring_bytes(cpus.len(), rate_hz))?;
+        let mut ebpf = load(ring_bytes(cpus.len(), rate_hz), namespace)?;
         let program: &mut PerfEvent = ebpf
             .program_mut("capture_python_frames")
             .ok_or_else(|| CaptureError::Load("program missing from the object".into()))?
             .try_into()
             .map_err(|e: aya::programs::ProgramError| CaptureError::Load(e.to_string()))?;
-        program
-            .load()
-            .map_err(|e| CaptureError::Load(e.to_string()))?;
+        program.load().map_err(refused)?;
         for cpu in cpus {
             program
                 .attach(
@@ -169,6 +207,8 @@ impl KernelCapture {
         let lost =
             PerCpuArray::try_from(map("lost")?).map_err(|e| CaptureError::Load(e.to_string()))?;
         Ok(KernelCapture {
+            namespace,
+            unparsable: 0,
             threads,
             processes,
             ring,
@@ -179,7 +219,14 @@ impl KernelCapture {
         })
     }
 
-    /// Tells of every thread of process `pid` (the host's id) that runs unwatched, from now
+    /// The pid namespace whose ids the capture knows threads by, when it is not the host's
+    /// (pyfleet runs in a container or under `unshare -p`): processes in other namespaces,
+    /// nested ones included, cannot be captured.
+    pub fn namespace(&self) -> Option<PidNamespace> {
+        self.namespace
+    }
+
+    /// Tells of every thread of process `pid` (pyfleet's id) that runs unwatched, from now
     /// on (records flagged [`CapturedRecord::unknown_thread`]).
     pub fn watch_process(&mut self, pid: u32) -> Result<(), CaptureError> {
         if self.processes.get(&pid, 0).is_ok() {
@@ -209,7 +256,7 @@ impl KernelCapture {
         }
     }
 
-    /// Captures thread `tid` of process `pid` (the host's ids) from now on, its chain copied
+    /// Captures thread `tid` of process `pid` (pyfleet's ids) from now on, its chain copied
     /// from its thread state at `tstate` as `layout` says. Watching a watched thread again
     /// updates it.
     pub fn watch(
@@ -261,10 +308,16 @@ impl KernelCapture {
     /// Hands every record captured since the last drain to `f`, oldest first.
     pub fn drain(&mut self, mut f: impl FnMut(CapturedRecord<'_>)) {
         while let Some(item) = self.ring.next() {
-            if let Some(r) = CapturedRecord::parse(&item) {
-                f(r);
+            match CapturedRecord::parse(&item) {
+                Some(r) => f(r),
+                None => self.unparsable += 1,
             }
         }
+    }
+
+    /// Records of the ring that did not parse, since the start.
+    pub fn unparsable(&self) -> u64 {
+        self.unparsable
     }
 
     /// Samples the ring had no room for, since the start (summed over CPUs).
@@ -316,17 +369,52 @@ fn ring_bytes(cpus: usize, rate_hz: u32) -> u32 {
         .unwrap_or(MAX_RING_BYTES as u32)
 }
 
-#[cfg(pyfleet_capture)]
-fn load(ring: u32) -> Result<Ebpf, CaptureError> {
+/// The object with the ring sized and, in a pid namespace not the host's, the namespace set
+/// (`pidns_dev`, `pidns_ino`), its maps created.
+fn load(ring: u32, namespace: Option<PidNamespace>) -> Result<Ebpf, CaptureError> {
+    let (dev, inode) = namespace.map_or((0, 0), |ns| (ns.dev, ns.inode));
     aya::EbpfLoader::new()
         .map_max_entries("records", ring)
+        .override_global("pidns_dev", &dev, true)
+        .override_global("pidns_ino", &inode, true)
         .load(PROGRAM)
-        .map_err(|e| CaptureError::Load(e.to_string()))
+        .map_err(|e| match os_error(&e) {
+            Some(libc::EPERM | libc::EACCES) => CaptureError::NoPrivilege,
+            _ => CaptureError::Load(e.to_string()),
+        })
 }
 
-#[cfg(not(pyfleet_capture))]
-fn load(_ring: u32) -> Result<Ebpf, CaptureError> {
-    Err(CaptureError::NotBuilt)
+/// Why loading the program failed: the verifier's own words when it refused it.
+fn refused(e: aya::programs::ProgramError) -> CaptureError {
+    if let aya::programs::ProgramError::LoadError { verifier_log, .. } = &e {
+        let log = verifier_log.to_string();
+        // The verifier's last lines say what it refused; the lines before trace its walk.
+        let why = log.lines().rev().map(str::trim).find(|l| {
+            !l.is_empty() && !l.starts_with("processed ") && !l.starts_with("verification time")
+        });
+        if let Some(why) = why {
+            return CaptureError::VerifierRefused(why.chars().take(200).collect());
+        }
+    }
+    match os_error(&e) {
+        Some(libc::EPERM) => CaptureError::NoPrivilege,
+        _ => CaptureError::Load(e.to_string()),
+    }
+}
+
+/// The OS error number somewhere in an error's chain of sources.
+fn os_error(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if let Some(code) = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::raw_os_error)
+        {
+            return Some(code);
+        }
+        next = err.source();
+    }
+    None
 }
 
 /// The frames of a record's [`CapturedRecord::frame_bytes`], newest first.

@@ -9,6 +9,7 @@
 //! no larger than [`MAX_MAPPED_FILE`].
 
 pub mod access;
+pub mod host;
 pub mod namespace;
 pub mod runstate;
 pub mod switches;
@@ -420,14 +421,7 @@ pub fn own_rss_bytes() -> Option<u64> {
 /// Whether this process holds CAP_SYS_PTRACE (root normally does): without it, only processes
 /// of the same user can be read. From `CapEff` in /proc/self/status; `None` if unreadable.
 pub fn has_ptrace_capability() -> Option<bool> {
-    const CAP_SYS_PTRACE: u32 = 19;
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let hex = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))?
-        .trim();
-    let caps = u64::from_str_radix(hex, 16).ok()?;
-    Some(caps & (1 << CAP_SYS_PTRACE) != 0)
+    host::has_capability(host::CAP_SYS_PTRACE)
 }
 
 /// CPU time used so far by the calling thread, in nanoseconds (`/proc/thread-self/schedstat`).

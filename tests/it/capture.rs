@@ -10,8 +10,7 @@ use crate::namespace::contained;
 use std::path::Path;
 use std::time::Duration;
 
-/// Whether this build can use the kernel capture; when it cannot (no clang at build time, no
-/// BPF), the tests are left out unless they must run (`CI` or `PYFLEET_REQUIRE_ALL`).
+/// Whether this host can use the kernel capture; when it cannot (no privilege, no BPF), the tests are left out unless they must run (`CI` or `PYFLEET_REQUIRE_ALL`).
 pub fn kernel_capture_available(exe: &Path) -> bool {
     let dir = tempdir("pyfleet-capture-probe-");
     // pid 1 is no Python process: the capture starts (or says why not) before that is found.
@@ -30,8 +29,9 @@ pub fn kernel_capture_available(exe: &Path) -> bool {
         .output()
         .expect("run pyfleet");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let missing = stderr.contains("built without the kernel capture")
-        || stderr.contains("cannot load the kernel capture");
+    let missing = stderr.contains("the kernel capture needs")
+        || stderr.contains("cannot load the kernel capture")
+        || stderr.contains("refused the capture program");
     if missing {
         let must =
             std::env::var_os("CI").is_some() || std::env::var_os("PYFLEET_REQUIRE_ALL").is_some();
