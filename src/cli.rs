@@ -1,4 +1,5 @@
-//! The command line: clap definitions and the one-shot commands (`dump`, `list`).
+//! The command line: clap definitions and the one-shot commands (`dump`, `list`, `bench`;
+//! `doctor` has its own module).
 
 use crate::daemon;
 use crate::record::{self, RecordOptions};
@@ -19,7 +20,7 @@ macro_rules! outln {
     };
 }
 
-fn write_stdout(args: std::fmt::Arguments<'_>) {
+pub(crate) fn write_stdout(args: std::fmt::Arguments<'_>) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     if let Err(e) = writeln!(out, "{args}").and_then(|()| out.flush()) {
@@ -116,6 +117,15 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Check whether pyfleet can profile the Python processes of this host, and how: its
+    /// privileges, ptrace scope, perf events, the kernel capture, the pid namespace, the
+    /// Python processes it can see and read; each with what to fix. Exits 1 when it could
+    /// profile nothing here.
+    Doctor {
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// List the Python processes on this host: pid, parent, version, the name pyfleet gives
     /// it (in file names and metric labels), its role (master, or worker of its parent), command line.
     List {
@@ -149,6 +159,7 @@ pub fn run(cli: Cli) -> Result<()> {
             Some(pid) => dump(pid, json, !nonblocking),
             None => anyhow::bail!("dump needs a process: `pyfleet dump PID`"),
         },
+        Command::Doctor { json } => crate::doctor::run(json),
         Command::List {
             matches,
             match_label,

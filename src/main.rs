@@ -3,6 +3,7 @@
 
 mod cli;
 mod daemon;
+mod doctor;
 mod record;
 
 use clap::Parser;
