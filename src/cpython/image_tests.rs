@@ -323,3 +323,32 @@ fn random_corruption_never_panics() {
         let _ = unwinder(img).snapshot();
     }
 }
+
+#[test]
+fn a_captured_chain_decodes_to_the_stack_a_read_finds() {
+    use crate::memory::kernel_capture::CapturedRecord;
+    let (img, _) = runtime();
+    let mut u = unwinder(img);
+    let read: Vec<_> = u.sample().unwrap().to_vec();
+    let threads = u.captured_threads();
+    assert_eq!(threads.len(), 2);
+    for t in threads {
+        let bytes = captured_record(u.memory(), u.capture_layout(), 0, t.tid as u32, t.tstate);
+        let record = CapturedRecord::parse(&bytes).expect("a whole record");
+        let captured = u
+            .sample_captured(t, record.frames(), record.truncated())
+            .expect("decodes");
+        let same = read
+            .iter()
+            .find(|s| s.thread_id == captured.thread_id)
+            .expect("the thread was read");
+        assert_eq!(captured.stack, same.stack, "thread {}", t.tid);
+        // Any frame cut off the end is a chain that stops early: a counted failure.
+        let cut = &bytes[..bytes.len() - (16 + crate::memory::kernel_capture::FRAME_BYTES)];
+        let mut head = cut.to_vec();
+        let frames = u16::from_le_bytes([head[16], head[17]]) - 1;
+        head[16..18].copy_from_slice(&frames.to_le_bytes());
+        let record = CapturedRecord::parse(&head).expect("a whole record");
+        assert!(u.sample_captured(t, record.frames(), false).is_err());
+    }
+}

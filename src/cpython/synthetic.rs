@@ -4,9 +4,11 @@
 
 use super::debug_offsets::{self, DebugOffsets, FIELDS_313};
 use super::layout::{Layout, Version};
+use super::objects::fingerprint;
 use super::{Unwinder, UnwinderOptions};
 use crate::binary::RuntimeLocation;
-use crate::memory::MemoryImage;
+use crate::memory::kernel_capture::{CaptureLayout, FRAME_BYTES, MAX_FRAMES};
+use crate::memory::{MemoryImage, RemoteMemory};
 use std::path::PathBuf;
 
 pub const V313: u64 = 0x030d_00f0;
@@ -219,4 +221,58 @@ pub fn unwinder_with(img: MemoryImage, opts: UnwinderOptions) -> Unwinder<Memory
     let layout = debug_offsets::layout(&img, RUNTIME, Version::from_hex(V313), FIELDS_313).unwrap();
     assert_eq!(layout, self::layout());
     Unwinder::new(0, img, layout, &loc, opts)
+}
+
+/// The ring record the kernel capture would send at an interrupt of the thread whose state is
+/// at `tstate`: a model of `bpf/capture.bpf.c` over the image (the chain followed from the
+/// current-frame pointer as `layout` says, each frame's first bytes and its code object's
+/// fingerprint), encoded as the ring holds it (`kernel_capture::CapturedRecord::parse`).
+pub fn captured_record(
+    img: &MemoryImage,
+    layout: CaptureLayout,
+    pid: u32,
+    tid: u32,
+    tstate: u64,
+) -> Vec<u8> {
+    let word = |addr: u64| {
+        let mut w = [0u8; 8];
+        img.read(addr, &mut w).map(|()| u64::from_le_bytes(w)).ok()
+    };
+    let mut at = tstate + layout.first;
+    if let Some(second) = layout.in_cframe {
+        at = word(at).unwrap_or(0) + second;
+    }
+    let mut frame = word(at).unwrap_or(0);
+    let mut frames = Vec::new();
+    let mut n: u16 = 0;
+    while frame != 0 && usize::from(n) < MAX_FRAMES {
+        let mut bytes = [0u8; FRAME_BYTES];
+        if img.read(frame, &mut bytes).is_err() {
+            break;
+        }
+        let at_word = |o: u64| {
+            let o = o as usize;
+            u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap_or([0; 8]))
+        };
+        let code = at_word(layout.code) & !layout.code_tag_mask;
+        let mut span = vec![0u8; layout.fingerprint_bytes as usize];
+        let fp = match code != 0 && img.read(code + layout.fingerprint_at, &mut span).is_ok() {
+            true => fingerprint(&span),
+            false => 0,
+        };
+        frames.extend(frame.to_le_bytes());
+        frames.extend(fp.to_le_bytes());
+        frames.extend(bytes);
+        n += 1;
+        frame = at_word(layout.previous);
+    }
+    let mut record = Vec::with_capacity(24 + frames.len());
+    record.extend(pid.to_le_bytes());
+    record.extend(tid.to_le_bytes());
+    record.extend(0u64.to_le_bytes());
+    record.extend(n.to_le_bytes());
+    record.extend(0u16.to_le_bytes());
+    record.extend(0u32.to_le_bytes());
+    record.extend(frames);
+    record
 }

@@ -46,8 +46,18 @@ const RING_RECORD_BYTES: u64 = 8 << 10;
 const MIN_RING_BYTES: u64 = 1 << 20;
 const MAX_RING_BYTES: u64 = 16 << 20;
 
+// `struct record`'s head: where each field lies, and its size (the frames follow it).
+const PID_AT: usize = 0;
+const TID_AT: usize = 4;
+const TIME_AT: usize = 8;
+const FRAMES_AT: usize = 16;
+const FLAGS_AT: usize = 18;
 const HEAD_BYTES: usize = 24;
-const FRAME_COPY_BYTES: usize = 16 + FRAME_BYTES;
+// `struct frame_copy`: the frame's address, its code object's fingerprint, its first bytes.
+const ADDR_AT: usize = 0;
+const FINGERPRINT_AT: usize = 8;
+const BYTES_AT: usize = 16;
+const FRAME_COPY_BYTES: usize = BYTES_AT + FRAME_BYTES;
 const NO_INDIRECTION: u64 = u64::MAX;
 const FLAG_POINTER_UNREADABLE: u16 = 1;
 const FLAG_FRAME_UNREADABLE: u16 = 2;
@@ -420,15 +430,15 @@ fn os_error(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
 /// The frames of a record's [`CapturedRecord::frame_bytes`], newest first.
 pub fn frames_in(bytes: &[u8]) -> impl Iterator<Item = CapturedFrame<'_>> + '_ {
     bytes.chunks_exact(FRAME_COPY_BYTES).map(|c| {
-        let word = |i: usize| {
+        let word = |at: usize| {
             let mut w = [0u8; 8];
-            w.copy_from_slice(&c[i * 8..i * 8 + 8]);
+            w.copy_from_slice(&c[at..at + 8]);
             u64::from_le_bytes(w)
         };
         CapturedFrame {
-            addr: word(0),
-            code_fingerprint: word(1),
-            bytes: &c[16..],
+            addr: word(ADDR_AT),
+            code_fingerprint: word(FINGERPRINT_AT),
+            bytes: &c[BYTES_AT..],
         }
     })
 }
@@ -457,17 +467,19 @@ pub struct CapturedRecord<'a> {
 }
 
 impl<'a> CapturedRecord<'a> {
-    fn parse(bytes: &'a [u8]) -> Option<CapturedRecord<'a>> {
+    /// A record as the ring holds it (`struct record` of the program, with only the frames it
+    /// holds); `None` when it is shorter than its head says.
+    pub fn parse(bytes: &'a [u8]) -> Option<CapturedRecord<'a>> {
         let head = bytes.get(..HEAD_BYTES)?;
         let u32_at = |o: usize| Some(u32::from_le_bytes(head.get(o..o + 4)?.try_into().ok()?));
-        let n = usize::from(u16::from_le_bytes(head.get(16..18)?.try_into().ok()?));
-        let n = n.min(MAX_FRAMES);
+        let u16_at = |o: usize| Some(u16::from_le_bytes(head.get(o..o + 2)?.try_into().ok()?));
+        let n = usize::from(u16_at(FRAMES_AT)?).min(MAX_FRAMES);
         let frames = bytes.get(HEAD_BYTES..HEAD_BYTES + n * FRAME_COPY_BYTES)?;
         Some(CapturedRecord {
-            pid: u32_at(0)?,
-            tid: u32_at(4)?,
-            time_ns: u64::from_le_bytes(head.get(8..16)?.try_into().ok()?),
-            flags: u16::from_le_bytes(head.get(18..20)?.try_into().ok()?),
+            pid: u32_at(PID_AT)?,
+            tid: u32_at(TID_AT)?,
+            time_ns: u64::from_le_bytes(head.get(TIME_AT..TIME_AT + 8)?.try_into().ok()?),
+            flags: u16_at(FLAGS_AT)?,
             frames,
         })
     }
@@ -524,6 +536,142 @@ mod tests {
             v.extend([fill; FRAME_BYTES]);
         }
         v
+    }
+
+    /// The program's constants and struct layouts, as a host C compiler lays out
+    /// `bpf/capture.bpf.c` (the same LP64 rules as the BPF target): `NAME VALUE` lines.
+    fn program_layout() -> std::collections::HashMap<String, u64> {
+        let dir = std::env::temp_dir().join(format!("pyfleet-layout-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let source = concat!(env!("CARGO_MANIFEST_DIR"), "/bpf/capture.bpf.c");
+        let probe = dir.join("layout.c");
+        let mut c = format!("#include <stdio.h>\n#include <stddef.h>\n#include \"{source}\"\n");
+        c.push_str("#define SHOW(name, v) printf(\"%s %llu\\n\", name, (unsigned long long)(v))\n");
+        c.push_str("#define AT(s, f) SHOW(#s \".\" #f, offsetof(struct s, f))\n");
+        c.push_str("#define SIZE(s) SHOW(#s, sizeof(struct s))\n");
+        c.push_str("#define CONST(n) SHOW(#n, n)\nint main(void) {\n");
+        for line in [
+            "CONST(MAX_FRAMES); CONST(FRAME_BYTES); CONST(MAX_FINGERPRINT_BYTES);",
+            "CONST(MAX_THREADS); CONST(MAX_PROCESSES); CONST(NO_INDIRECTION);",
+            "CONST(FLAG_POINTER_UNREADABLE); CONST(FLAG_FRAME_UNREADABLE);",
+            "CONST(FLAG_TRUNCATED); CONST(FLAG_UNKNOWN_THREAD);",
+            "AT(record, pid); AT(record, tid); AT(record, time); AT(record, frames);",
+            "AT(record, flags); AT(record, frame);",
+            "AT(frame_copy, addr); AT(frame_copy, code_fingerprint); AT(frame_copy, bytes);",
+            "SIZE(frame_copy); SIZE(thread_info);",
+            "AT(thread_info, pid); AT(thread_info, tstate); AT(thread_info, first);",
+            "AT(thread_info, second); AT(thread_info, previous); AT(thread_info, code);",
+            "AT(thread_info, code_tag_mask); AT(thread_info, fingerprint_at);",
+            "AT(thread_info, fingerprint_bytes);",
+        ] {
+            c.push_str(line);
+            c.push('\n');
+        }
+        c.push_str("return 0; }\n");
+        std::fs::write(&probe, c).unwrap();
+        let exe = dir.join("layout");
+        let built = std::process::Command::new("cc")
+            .arg("-w")
+            .arg(&probe)
+            .arg("-o")
+            .arg(&exe)
+            .output()
+            .expect("cc (the host C compiler) runs");
+        assert!(
+            built.status.success(),
+            "{}",
+            String::from_utf8_lossy(&built.stderr)
+        );
+        let out = std::process::Command::new(&exe).output().unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let (name, v) = l.split_once(' ').unwrap();
+                (name.to_string(), v.parse().unwrap())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_program_and_the_decoder_agree_on_layouts_and_constants() {
+        let c = program_layout();
+        let rust: &[(&str, u64)] = &[
+            ("MAX_FRAMES", MAX_FRAMES as u64),
+            ("FRAME_BYTES", FRAME_BYTES as u64),
+            ("MAX_FINGERPRINT_BYTES", MAX_FINGERPRINT_BYTES),
+            ("MAX_THREADS", MAX_WATCHED as u64),
+            ("MAX_PROCESSES", MAX_WATCHED_PROCESSES as u64),
+            ("NO_INDIRECTION", NO_INDIRECTION),
+            (
+                "FLAG_POINTER_UNREADABLE",
+                u64::from(FLAG_POINTER_UNREADABLE),
+            ),
+            ("FLAG_FRAME_UNREADABLE", u64::from(FLAG_FRAME_UNREADABLE)),
+            ("FLAG_TRUNCATED", u64::from(FLAG_TRUNCATED)),
+            ("FLAG_UNKNOWN_THREAD", u64::from(FLAG_UNKNOWN_THREAD)),
+            ("record.pid", PID_AT as u64),
+            ("record.tid", TID_AT as u64),
+            ("record.time", TIME_AT as u64),
+            ("record.frames", FRAMES_AT as u64),
+            ("record.flags", FLAGS_AT as u64),
+            ("record.frame", HEAD_BYTES as u64),
+            ("frame_copy.addr", ADDR_AT as u64),
+            ("frame_copy.code_fingerprint", FINGERPRINT_AT as u64),
+            ("frame_copy.bytes", BYTES_AT as u64),
+            ("frame_copy", FRAME_COPY_BYTES as u64),
+            ("thread_info", std::mem::size_of::<ThreadInfo>() as u64),
+            (
+                "thread_info.pid",
+                std::mem::offset_of!(ThreadInfo, pid) as u64,
+            ),
+            (
+                "thread_info.tstate",
+                std::mem::offset_of!(ThreadInfo, tstate) as u64,
+            ),
+            (
+                "thread_info.first",
+                std::mem::offset_of!(ThreadInfo, first) as u64,
+            ),
+            (
+                "thread_info.second",
+                std::mem::offset_of!(ThreadInfo, second) as u64,
+            ),
+            (
+                "thread_info.previous",
+                std::mem::offset_of!(ThreadInfo, previous) as u64,
+            ),
+            (
+                "thread_info.code",
+                std::mem::offset_of!(ThreadInfo, code) as u64,
+            ),
+            (
+                "thread_info.code_tag_mask",
+                std::mem::offset_of!(ThreadInfo, code_tag_mask) as u64,
+            ),
+            (
+                "thread_info.fingerprint_at",
+                std::mem::offset_of!(ThreadInfo, fingerprint_at) as u64,
+            ),
+            (
+                "thread_info.fingerprint_bytes",
+                std::mem::offset_of!(ThreadInfo, fingerprint_bytes) as u64,
+            ),
+        ];
+        for (name, value) in rust {
+            assert_eq!(
+                c.get(*name),
+                Some(value),
+                "{name}: C says {:?}",
+                c.get(*name)
+            );
+        }
+        assert_eq!(
+            c.len(),
+            rust.len(),
+            "a constant of the probe is not compared"
+        );
     }
 
     #[test]
