@@ -10,35 +10,24 @@ use crate::namespace::contained;
 use std::path::Path;
 use std::time::Duration;
 
-/// Whether this host can use the kernel capture; when it cannot (no privilege, no BPF), the tests are left out unless they must run (`CI` or `PYFLEET_REQUIRE_ALL`).
+/// Whether this host can use the kernel capture (`doctor --json` says so: it starts the
+/// capture for a moment); when it cannot (no privilege, no BPF), the tests are left out unless
+/// they must run (`CI` or `PYFLEET_REQUIRE_ALL`).
 pub fn kernel_capture_available(exe: &Path) -> bool {
-    let dir = tempdir("pyfleet-capture-probe-");
-    // pid 1 is no Python process: the capture starts (or says why not) before that is found.
     let out = std::process::Command::new(exe)
-        .args([
-            "record",
-            "--capture",
-            "kernel",
-            "--pid",
-            "1",
-            "--duration",
-            "0.1",
-        ])
-        .arg("-o")
-        .arg(dir.path().join("probe.folded"))
+        .args(["doctor", "--json"])
         .output()
-        .expect("run pyfleet");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let missing = stderr.contains("the kernel capture needs")
-        || stderr.contains("cannot load the kernel capture")
-        || stderr.contains("refused the capture program");
-    if missing {
+        .expect("run pyfleet doctor");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let available = doc["capture"]["available"] == true;
+    if !available {
+        let why = doc["capture"]["why"].as_str().unwrap_or("doctor said nothing");
         let must =
             std::env::var_os("CI").is_some() || std::env::var_os("PYFLEET_REQUIRE_ALL").is_some();
-        assert!(!must, "the kernel capture is not available: {stderr}");
-        eprintln!("left out: the kernel capture is not available: {stderr}");
+        assert!(!must, "the kernel capture is not available: {why}");
+        eprintln!("left out: the kernel capture is not available: {why}");
     }
-    !missing
+    available
 }
 
 /// Samples of `spin (` and of `wait (` in folded text.
