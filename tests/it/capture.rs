@@ -21,7 +21,9 @@ pub fn kernel_capture_available(exe: &Path) -> bool {
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
     let available = doc["capture"]["available"] == true;
     if !available {
-        let why = doc["capture"]["why"].as_str().unwrap_or("doctor said nothing");
+        let why = doc["capture"]["why"]
+            .as_str()
+            .unwrap_or("doctor said nothing");
         let must =
             std::env::var_os("CI").is_some() || std::env::var_os("PYFLEET_REQUIRE_ALL").is_some();
         assert!(!must, "the kernel capture is not available: {why}");

@@ -185,15 +185,23 @@ fn the_capture_in_pyfleets_own_pid_namespace_samples_a_target_there() {
     let out = tmp.path().join("out");
     let folded = tmp.path().join("ns.folded");
     // pyfleet and its target both in a new pid namespace (pyfleet is not its pid 1); the
-    // target's CPU time (utime + stime, in clock ticks) before and after the record.
+    // target's CPU time (utime + stime, in clock ticks) before and after the record. A second
+    // target in a namespace nested in that one: read from outside, with a warning.
+    let nested = out.join("nested");
+    fs::create_dir(&nested).unwrap();
     let shell = format!(
-        "{py} {script} {out} & t=$!; while [ ! -e {out}/threads.json ]; do sleep 0.1; done; \
-         echo cpu-before $(cut -d' ' -f14,15 /proc/$t/stat); \
+        "{py} {script} {out} & t=$!; \
+         {unshare} -p -f --mount-proc --kill-child {py} {script} {nested} & n=$!; \
+         while [ ! -e {out}/threads.json ] || [ ! -e {nested}/threads.json ]; do sleep 0.1; done; \
+         echo target $t; echo cpu-before $(cut -d' ' -f14,15 /proc/$t/stat); \
          {pyfleet} record --match gil_busy --duration 2 -o {folded}; rc=$?; \
-         echo cpu-after $(cut -d' ' -f14,15 /proc/$t/stat) $(getconf CLK_TCK); kill $t; exit $rc",
+         echo cpu-after $(cut -d' ' -f14,15 /proc/$t/stat) $(getconf CLK_TCK); \
+         kill $t $n; exit $rc",
         py = debian.path.display(),
         script = script.display(),
         out = out.display(),
+        nested = nested.display(),
+        unshare = unshare.display(),
         pyfleet = pyfleet_exe().display(),
         folded = folded.display(),
     );
@@ -233,11 +241,26 @@ fn the_capture_in_pyfleets_own_pid_namespace_samples_a_target_there() {
     // machine is free, less under load). Half of it allows for the record's start and end
     // inside the window the CPU time spans; none at all would be the capture missing them.
     let text = fs::read_to_string(&folded).unwrap_or_default();
-    let samples = spin_samples(&text);
+    let target = numbers("target");
+    assert_eq!(target.len(), 1, "{}", run.describe());
+    let own_prefix = format!("gil_busy-{};", target[0]);
+    let (own, nested): (Vec<&str>, Vec<&str>) =
+        text.lines().partition(|l| l.starts_with(&own_prefix));
+    let samples = spin_samples(&own.join("\n"));
     assert!(
         samples > 0 && samples as f64 >= cpu_seconds * 100.0 / 2.0,
         "the capture in a pid namespace took {samples} samples of a spinner that ran \
          {cpu_seconds:.2} s: {}\n{}",
+        run.describe(),
+        truncate(&text, 600)
+    );
+    // The nested namespace's target: read, and said so.
+    assert!(
+        spin_samples(&nested.join("\n")) > 0
+            && run
+                .stderr
+                .contains("in another pid namespace than pyfleet's, which the kernel capture"),
+        "the target of a nested namespace was not read from outside with a warning: {}\n{}",
         run.describe(),
         truncate(&text, 600)
     );
