@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# pyfleet's main job, from a fresh checkout: build, start a sample workload, list the Python
+# pyfleet's main job, from a fresh checkout: build (no clang needed: the kernel capture's
+# program is kept built), start a sample workload, check the host (doctor), list the Python
 # processes on this host, dump the workload's stacks (text, then JSON), profile it with the
 # fleet daemon for a few seconds (snapshots: folded stacks and a flamegraph), and record it
 # into one flamegraph file. Output goes to a temporary directory that is printed at the end.
@@ -12,6 +13,7 @@ cargo build --release --locked
 pid=$!
 trap 'kill $pid 2>/dev/null || true' EXIT
 sleep 1
+target/release/pyfleet doctor
 target/release/pyfleet list
 target/release/pyfleet dump --pid "$pid"
 target/release/pyfleet dump --pid "$pid" --json
