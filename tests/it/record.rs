@@ -124,9 +124,18 @@ fn writes_each_format_by_extension() {
     for (r, (path, _, format)) in running.into_iter().zip(&cases) {
         let out = r.finish();
         assert!(out.success(), "{}", out.describe());
-        // Not a terminal: no progress line; the hottest functions (the target's hot leaf
-        // first, under a header) and the final line, which names it too.
-        let lines: Vec<&str> = out.stderr.trim_end().lines().collect();
+        // Not a terminal: no progress line; the first line (what is recorded, how stacks
+        // are taken), the hottest functions (the target's hot leaf first, under a header)
+        // and the final line, which names it too.
+        let all: Vec<&str> = out.stderr.trim_end().lines().collect();
+        assert!(
+            all.first().is_some_and(|l| l.starts_with(&format!(
+                "pyfleet: recording pid {pid} at 100 Hz (cpu mode); stacks "
+            ))),
+            "{}",
+            out.describe()
+        );
+        let lines = &all[1..];
         assert!(lines.len() >= 3 && lines.len() <= 7, "{}", out.describe());
         assert!(
             lines[0].starts_with("pyfleet: highest own share (cpu mode: "),
