@@ -19,7 +19,7 @@ pub const RESIDENT_MEMORY: &str = "pyfleet_resident_memory_bytes";
 
 /// How the daemon takes stacks: 1, labelled `stacks` (kernel, reads, paused) and `why` (why
 /// not the kernel capture: asked, mode, blocking, switch_log, no_privilege, kernel_too_old,
-/// verifier_refused, load_failed; empty with the capture).
+/// denied, verifier_refused, load_failed; empty with the capture).
 pub const CAPTURE_INFO: &str = "pyfleet_capture_info";
 /// The kernel capture's samples lost: no room in the kernel's ring (`reason="ring_full"`),
 /// too many waiting for one process (`"queue_full"`), or a record that did not parse

@@ -248,6 +248,11 @@ fn kernel(capture: &Result<bool, CaptureError>) -> Check {
                      both capabilities and allow bpf and perf_event_open in its seccomp profile)"
                 }
                 CaptureError::KernelTooOld { .. } => "run on Linux 5.8 or later",
+                CaptureError::Denied(_) => {
+                    "allow bpf and perf_event_open in pyfleet's seccomp filter (deploy/ has \
+                     the unit's and the DaemonSet's), raise its locked-memory limit (Linux \
+                     before 5.11: LimitMEMLOCK=64M), or lift the kernel's lockdown"
+                }
                 CaptureError::VerifierRefused(_) => {
                     "report it with this kernel's release: the capture's program does not pass \
                      its verifier"

@@ -123,6 +123,12 @@ pub enum CaptureError {
     NoPrivilege,
     #[error("the kernel capture needs Linux {}.{} or later (this is {release})", MIN_KERNEL.0, MIN_KERNEL.1)]
     KernelTooOld { release: String },
+    #[error(
+        "the kernel denied the kernel capture though pyfleet holds CAP_BPF and CAP_PERFMON \
+         ({0}): a seccomp filter without bpf and perf_event_open, a locked-memory limit too \
+         low (Linux before 5.11), or the kernel's lockdown"
+    )]
+    Denied(String),
     #[error("the kernel's verifier refused the capture program: {0}")]
     VerifierRefused(String),
     #[error("cannot load the kernel capture program: {0}")]
@@ -142,6 +148,7 @@ impl CaptureError {
     pub fn code(&self) -> &'static str {
         match self {
             CaptureError::NoPrivilege => "no_privilege",
+            CaptureError::Denied(_) => "denied",
             CaptureError::KernelTooOld { .. } => "kernel_too_old",
             CaptureError::VerifierRefused(_) => "verifier_refused",
             CaptureError::Load(_) | CaptureError::Attach { .. } => "load_failed",
@@ -199,9 +206,12 @@ impl KernelCapture {
                     SamplePolicy::Frequency(u64::from(rate_hz.max(1))),
                     false,
                 )
-                .map_err(|e| CaptureError::Attach {
-                    cpu,
-                    why: e.to_string(),
+                .map_err(|e| match os_error(&e) {
+                    Some(libc::EPERM | libc::EACCES) => not_permitted(&e),
+                    _ => CaptureError::Attach {
+                        cpu,
+                        why: e.to_string(),
+                    },
                 })?;
         }
         let mut map = |name: &str| {
@@ -389,7 +399,7 @@ fn load(ring: u32, namespace: Option<PidNamespace>) -> Result<Ebpf, CaptureError
         .override_global("pidns_ino", &inode, true)
         .load(PROGRAM)
         .map_err(|e| match os_error(&e) {
-            Some(libc::EPERM | libc::EACCES) => CaptureError::NoPrivilege,
+            Some(libc::EPERM | libc::EACCES) => not_permitted(&e),
             _ => CaptureError::Load(e.to_string()),
         })
 }
@@ -407,8 +417,17 @@ fn refused(e: aya::programs::ProgramError) -> CaptureError {
         }
     }
     match os_error(&e) {
-        Some(libc::EPERM) => CaptureError::NoPrivilege,
+        Some(libc::EPERM) => not_permitted(&e),
         _ => CaptureError::Load(e.to_string()),
+    }
+}
+
+/// The kernel said "not permitted": pyfleet lacks the capabilities, or holds them and
+/// something else refused (seccomp, the locked-memory limit, lockdown).
+fn not_permitted(e: &dyn std::error::Error) -> CaptureError {
+    match host::may_use_bpf_tracing() {
+        Some(true) => CaptureError::Denied(e.to_string()),
+        _ => CaptureError::NoPrivilege,
     }
 }
 

@@ -1471,11 +1471,47 @@ fn live_metrics_scraped_by_prometheus_answer_every_dashboard_query() {
         .map(String::from),
     );
     let daemon = Running::start(pyfleet_command(&args), Duration::from_secs(100));
+    // A second host, as deployed (cpu mode, the kernel capture) with a busy target: the
+    // capture's panels have its series (Prometheus scrapes both, as it would two nodes).
+    let busy = ready_target(&any, "profiled.py", &[]);
+    let capture_port = free_port();
+    let capture_out = tmp.path().join("capture-snapshots");
+    let capture_daemon = Running::start(
+        pyfleet_command(&[
+            "run",
+            "--config",
+            deploy("pyfleet.toml").to_str().unwrap(),
+            "--pid",
+            &busy.pid().to_string(),
+            "--out",
+            capture_out.to_str().unwrap(),
+            "--metrics-addr",
+            &format!("127.0.0.1:{capture_port}"),
+            "--duration",
+            "85",
+        ]),
+        Duration::from_secs(100),
+    );
     let page = || {
         http_get(metrics_port, "/metrics")
             .map(|(_, b)| b)
             .unwrap_or_default()
     };
+    let capture_page = || {
+        http_get(capture_port, "/metrics")
+            .map(|(_, b)| b)
+            .unwrap_or_default()
+    };
+    wait_until(
+        Duration::from_secs(20),
+        "the capturing pyfleet to export its capture",
+        || {
+            let p = capture_page();
+            p.contains("pyfleet_capture_info{stacks=\"kernel\",why=\"\"} 1")
+                && p.contains("pyfleet_capture_lost_samples_total{reason=\"ring_full\"}")
+        },
+        || truncate(&capture_page(), 4000),
+    );
     wait_until(
         Duration::from_secs(20),
         "pyfleet to serve samples of its three targets",
@@ -1502,7 +1538,10 @@ fn live_metrics_scraped_by_prometheus_answer_every_dashboard_query() {
         .iter_mut()
         .find(|j| j["job_name"] == "pyfleet")
         .unwrap();
-    job["static_configs"][0]["targets"] = json!([format!("127.0.0.1:{metrics_port}")]);
+    job["static_configs"][0]["targets"] = json!([
+        format!("127.0.0.1:{metrics_port}"),
+        format!("127.0.0.1:{capture_port}")
+    ]);
     // JSON is YAML; the rules file goes beside it, where the relative rule_files points.
     fs::write(prom_dir.join("prometheus.yml"), config.to_string()).unwrap();
     fs::copy(
@@ -1582,9 +1621,11 @@ fn live_metrics_scraped_by_prometheus_answer_every_dashboard_query() {
     // The scrape is healthy and the alerting rules evaluate on real data.
     let targets = api(prom_port, "/api/v1/targets").unwrap();
     let active = targets["activeTargets"].as_array().unwrap();
-    assert_eq!(active.len(), 1, "{targets}");
-    assert_eq!(active[0]["health"], "up", "{targets}");
-    assert_eq!(active[0]["labels"]["job"], "pyfleet", "{targets}");
+    assert_eq!(active.len(), 2, "{targets}");
+    for target in active {
+        assert_eq!(target["health"], "up", "{targets}");
+        assert_eq!(target["labels"]["job"], "pyfleet", "{targets}");
+    }
     let rules = api(prom_port, "/api/v1/rules").unwrap();
     let all_rules: Vec<&Value> = rules["groups"]
         .as_array()
@@ -1604,6 +1645,9 @@ fn live_metrics_scraped_by_prometheus_answer_every_dashboard_query() {
     check_parca_pull(&venv, metrics_port, &[steady.pid(), churn.pid()]);
 
     // SIGTERM: a final snapshot, exit 0.
+    send_signal(capture_daemon.pid(), libc::SIGTERM);
+    let out = capture_daemon.finish();
+    assert!(out.success(), "{}", out.describe());
     send_signal(daemon.pid(), libc::SIGTERM);
     let out = daemon.finish();
     assert!(out.success(), "{}", out.describe());

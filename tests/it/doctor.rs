@@ -359,3 +359,34 @@ fn builds_without_clang_have_the_kernel_capture() {
     assert_eq!(code, Some(0), "{doc}");
     assert_eq!(doc["capture"]["available"], true, "{doc}");
 }
+
+#[test]
+fn a_capture_denied_though_privileged_is_told_from_a_missing_privilege() {
+    let _machine = shared();
+    // Debian's python3.11 runs tests/tools/seccomp_exec.py (libseccomp: setup-deploy-tools).
+    let Some(debian) = interpreter("3.11-debian") else {
+        return;
+    };
+    // Root, every capability, and a seccomp filter that refuses `bpf` with EPERM (as the
+    // unit's filter did before it allowed the call).
+    let tmp = tempdir("pyfleet-denied-");
+    let profile = tmp.path().join("no-bpf.json");
+    fs::write(
+        &profile,
+        r#"{"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [{"names": ["bpf"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1}]}"#,
+    )
+    .unwrap();
+    let mut cmd = Command::new(&debian.path);
+    cmd.arg(repo().join("tests/tools/seccomp_exec.py"))
+        .arg(&profile)
+        .arg(pyfleet_exe());
+    let (_, doc) = doctor(cmd);
+    assert_eq!(doc["capture"]["available"], false, "{doc}");
+    assert_eq!(doc["capture"]["reason"], "denied", "{doc}");
+    assert!(
+        doc["capture"]["why"]
+            .as_str()
+            .is_some_and(|w| w.contains("though pyfleet holds CAP_BPF and CAP_PERFMON")),
+        "{doc}"
+    );
+}
