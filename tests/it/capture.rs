@@ -33,7 +33,7 @@ pub fn kernel_capture_available(exe: &Path) -> bool {
 }
 
 /// Samples of `spin (` and of `wait (` in folded text.
-fn spin_and_wait(text: &str) -> (u64, u64) {
+pub fn spin_and_wait(text: &str) -> (u64, u64) {
     let count = |needle: &str| -> u64 {
         text.lines()
             .filter(|s| s.contains(needle))

@@ -167,10 +167,7 @@ fn doctor_and_the_first_line_say_how_stacks_are_taken() {
 
 /// The samples of `spin (` in folded text.
 fn spin_samples(text: &str) -> u64 {
-    text.lines()
-        .filter(|s| s.contains("spin ("))
-        .filter_map(|s| s.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
+    crate::capture::spin_and_wait(text).0
 }
 
 #[test]
