@@ -282,7 +282,14 @@ fn is_candidate(path: &Path, exe: Option<&Path>) -> bool {
 /// Finds `_PyRuntime` in a live process: libpython first, then the executable.
 pub fn locate_runtime(process: &Process) -> Result<RuntimeLocation, BinaryError> {
     let maps = process.file_mappings()?;
-    let exe = process.exe().ok();
+    // The maps can be readable where the executable's link is not (ptrace "read" access
+    // without CAP_SYS_PTRACE under Yama, or CAP_PERFMON alone): then a static interpreter is
+    // refused, not "not Python".
+    let (exe, exe_refused) = match process.exe() {
+        Ok(path) => (Some(path), None),
+        Err(e @ ProcessError::PermissionDenied(_)) => (None, Some(e)),
+        Err(_) => (None, None),
+    };
     // Each candidate file by its first mapping.
     let mut candidates: Vec<&Mapping> = Vec::new();
     for m in &maps {
@@ -322,7 +329,9 @@ pub fn locate_runtime(process: &Process) -> Result<RuntimeLocation, BinaryError>
             name_version: version_from_name(path).or(name_version),
         });
     }
-    Err(failed.unwrap_or(BinaryError::NotPython(process.pid())))
+    Err(failed
+        .or(exe_refused.map(BinaryError::Process))
+        .unwrap_or(BinaryError::NotPython(process.pid())))
 }
 
 #[cfg(test)]
