@@ -322,7 +322,10 @@ fn metric(page: &str, line_start: &str) -> f64 {
 
 #[test]
 fn pushes_conform_to_the_ingest_api_and_survive_a_store_outage() {
-    let _machine = shared();
+    // Alone: it holds the spinner's samples to the rate (180 a second for two threads), which
+    // CPU-bound tests beside it on two cores take away (a fresh clone's run: 1,810 in 14 s,
+    // pyfleet far under its CPU budget).
+    let _machine = alone();
     let any = any_interpreter();
     let token = unique_token("pyfleetpush");
     let mut checkout = Proc::spawn_with(
