@@ -358,8 +358,8 @@ fn pushes_conform_to_the_ingest_api_and_survive_a_store_outage() {
     fs::write(
         &config,
         format!(
-            "max-cpu = 100\n[pyroscope]\nurl = \"http://127.0.0.1:{store_port}\"\n\
-             basic-auth-file = \"{}\"\ntenant = \"{TENANT}\"\nqueue = 1\n",
+            "[pyroscope]\nurl = \"http://127.0.0.1:{store_port}\"\nbasic-auth-file = \"{}\"\n\
+             tenant = \"{TENANT}\"\nqueue = 1\n",
             auth.display()
         ),
     )
@@ -498,9 +498,7 @@ fn pushes_conform_to_the_ingest_api_and_survive_a_store_outage() {
 
     // Sampling kept its rate: both threads of the spinner's process were sampled about 100
     // times a second each in every window, outage or not (180 a second allows for the
-    // window edges). The CPU budget is lifted (max-cpu = 100): beside the other tests on two
-    // cores it would lower the rate (CI saw 1,810 samples in 14 s), which is not what this
-    // checks (the budget has its own tests).
+    // window edges).
     let (samples, seconds) =
         windows
             .iter()
