@@ -26,11 +26,22 @@ pub const CAPTURE_INFO: &str = "pyfleet_capture_info";
 /// (`"unparsable"`).
 pub const CAPTURE_LOST: &str = "pyfleet_capture_lost_samples_total";
 
-/// Exports the kernel capture's losses every second.
-async fn export_capture_losses(shared: Arc<pyfleet::stack_source::SharedCapture>) {
+/// Exports how stacks are taken and, with the capture, its losses, every second: the
+/// exporter drops a series nothing touched for its idle timeout (at least 30 s), so a value
+/// set once at start would be gone within a minute.
+async fn export_capture_state(
+    how: pyfleet::stack_source::HowStacks,
+    shared: Option<Arc<pyfleet::stack_source::SharedCapture>>,
+) {
+    let (stacks, why_not_kernel) = how.codes();
+    let info = metrics::gauge!(CAPTURE_INFO, "stacks" => stacks, "why" => why_not_kernel);
     let mut every = tokio::time::interval(Duration::from_secs(1));
     loop {
         every.tick().await;
+        info.set(1.0);
+        let Some(shared) = &shared else {
+            continue;
+        };
         let lost = shared.losses();
         for (reason, n) in [
             ("ring_full", lost.ring_full),
@@ -173,11 +184,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
         if settings.switch_log {
             start_switch_log();
         }
-        let (stacks, why_not_kernel) = how.codes();
-        metrics::gauge!(CAPTURE_INFO, "stacks" => stacks, "why" => why_not_kernel).set(1.0);
-        if let Some(shared) = &capture {
-            tokio::spawn(export_capture_losses(shared.clone()));
-        }
+        tokio::spawn(export_capture_state(how, capture.clone()));
         for &pid in &settings.pids {
             let probed = pyfleet::discovery::probe_within(pid, pyfleet::discovery::PROBE_DEADLINE);
             if !matches!(probed, pyfleet::discovery::Probed::Python(_)) {

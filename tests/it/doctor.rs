@@ -387,3 +387,59 @@ fn a_capture_denied_though_privileged_is_told_from_a_missing_privilege() {
         "{doc}"
     );
 }
+
+#[test]
+fn the_daemon_keeps_saying_how_it_takes_stacks_past_the_exporters_idle_timeout() {
+    let _machine = shared();
+    // The exporter drops a series nothing touched for its idle timeout (at least 30 s): the
+    // daemon must keep `pyfleet_capture_info` alive, not set it once at start.
+    let any = any_interpreter();
+    let mut target = Proc::python(&any.label, &any.path, "sleeper.py", &["ready"]);
+    target.wait_for_file("ready", Duration::from_secs(30));
+    let tmp = tempdir("pyfleet-info-");
+    let port = free_port();
+    let pid = target.pid().to_string();
+    let daemon = Running::start(
+        pyfleet_command(&[
+            "run",
+            "--pid",
+            &pid,
+            "--duration",
+            "45",
+            "--out",
+            tmp.path().join("snapshots").to_str().unwrap(),
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+        ]),
+        Duration::from_secs(90),
+    );
+    let info = || {
+        http_get(port, "/metrics")
+            .map(|(_, page)| {
+                page.lines()
+                    .filter(|l| l.starts_with("pyfleet_capture_info{"))
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    };
+    wait_until(
+        Duration::from_secs(20),
+        "pyfleet_capture_info on /metrics",
+        || !info().is_empty(),
+        || "no pyfleet_capture_info".into(),
+    );
+    let first = info();
+    // Rendered once at 5 s (above) and again past the idle timeout: still there, the same.
+    std::thread::sleep(Duration::from_secs(38));
+    let later = info();
+    let out = daemon.finish();
+    assert!(out.success(), "{}", out.describe());
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert_eq!(
+        later,
+        first,
+        "pyfleet_capture_info went away: {}",
+        out.describe()
+    );
+}
