@@ -88,9 +88,7 @@ pub enum HowStacks {
     /// Copied by the kernel at interrupts; `namespaced`: pyfleet runs in a pid namespace not
     /// the host's, whose processes alone can be captured (others are read from outside).
     Kernel { namespaced: bool },
-    /// Read from outside with each target paused (`--blocking`).
-    Paused,
-    /// Read from outside, for this reason.
+    /// Read from outside (each target paused for it with `--blocking`), for this reason.
     Reads(WhyReads),
 }
 
@@ -112,7 +110,6 @@ impl HowStacks {
     pub fn codes(&self) -> (&'static str, &'static str) {
         match self {
             HowStacks::Kernel { .. } => ("kernel", ""),
-            HowStacks::Paused => ("paused", "blocking"),
             HowStacks::Reads(WhyReads::Asked) => ("reads", "asked"),
             HowStacks::Reads(WhyReads::NotApplicable(NotApplicable::Mode)) => ("reads", "mode"),
             HowStacks::Reads(WhyReads::NotApplicable(NotApplicable::Blocking)) => {
@@ -136,8 +133,7 @@ impl std::fmt::Display for HowStacks {
                 "stacks from the kernel capture, in pyfleet's pid namespace (processes of \
                  other namespaces are read from outside)",
             ),
-            HowStacks::Paused
-            | HowStacks::Reads(WhyReads::NotApplicable(NotApplicable::Blocking)) => {
+            HowStacks::Reads(WhyReads::NotApplicable(NotApplicable::Blocking)) => {
                 f.write_str("stacks read from outside, each target paused (--blocking)")
             }
             HowStacks::Reads(why) => {
@@ -211,7 +207,6 @@ impl Capture {
         let reads = |why| Ok((None, HowStacks::Reads(why)));
         match self {
             Capture::Reads => return reads(WhyReads::Asked),
-            Capture::ReadsWhere(NotApplicable::Blocking) => return Ok((None, HowStacks::Paused)),
             Capture::ReadsWhere(n) => return reads(WhyReads::NotApplicable(n)),
             Capture::Kernel | Capture::Auto => {}
         }
@@ -934,6 +929,7 @@ mod tests {
             assert_eq!(codes, ("reads", code));
             assert!(text.starts_with("stacks read from outside: ") && text.contains(words));
         }
-        assert_eq!(HowStacks::Paused.codes(), ("paused", "blocking"));
+        let paused = HowStacks::Reads(WhyReads::NotApplicable(NotApplicable::Blocking));
+        assert_eq!(paused.codes(), ("paused", "blocking"));
     }
 }
