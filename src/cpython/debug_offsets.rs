@@ -425,6 +425,11 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
     ];
     tstate_fields.extend(frame_marker.iter().flat_map(|&(m, s)| [m, s]));
     tstate_fields.extend(holds_gil);
+    let base_frame = match d.opt("thread_state.base_frame") {
+        Some(_) => Some(ts("base_frame")?),
+        None => None,
+    };
+    tstate_fields.extend(base_frame);
     let liveness = match extras.stacktop_after_instr {
         true => Liveness::RunningStacktop(fr("instr_ptr")? + 8),
         false => Liveness::ClearedCode(fr("stackpointer")?),
@@ -518,6 +523,7 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
             datastack_chunk: Some(datastack_chunk),
             frame_marker,
             holds_gil,
+            base_frame,
         },
         frame: FrameLayout {
             size: span(&frame_fields),

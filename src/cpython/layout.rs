@@ -53,8 +53,37 @@ pub enum GilLayout {
 pub enum CurrentFrame {
     /// 3.13+: `tstate->current_frame`.
     Direct(u64),
-    /// 3.11, 3.12: `tstate->cframe->current_frame`.
-    ViaCFrame { cframe: u64, current_frame: u64 },
+    /// 3.11, 3.12: `tstate->cframe->current_frame` (`current_frame` and `previous` lie side by
+    /// side in a C frame). `root`: where the thread state holds
+    /// its own C frame (`root_cframe`), the only one whose current frame is null while it is
+    /// `tstate->cframe` (no Python code runs on the thread); an eval loop publishes its C
+    /// frame a moment before setting its current frame.
+    ViaCFrame {
+        cframe: u64,
+        current_frame: u64,
+        /// `_PyCFrame.previous`: the C frame of the eval loop (or the thread state's own)
+        /// that called this one's, through C.
+        previous: u64,
+        root: u64,
+    },
+}
+
+impl CurrentFrame {
+    /// 3.11/3.12: the part of a C frame the unwinder reads (its current frame and previous
+    /// pointers), as (offset, bytes).
+    pub fn cframe_span(&self) -> Option<(u64, usize)> {
+        match *self {
+            CurrentFrame::ViaCFrame {
+                current_frame,
+                previous,
+                ..
+            } => {
+                let lo = current_frame.min(previous);
+                Some((lo, (current_frame.max(previous) + 8 - lo) as usize))
+            }
+            CurrentFrame::Direct(_) => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,6 +109,9 @@ pub struct ThreadLayout {
     pub frame_marker: Option<(u64, u64)>,
     /// 3.15+: `holds_gil`, an `int` set while the thread holds the GIL.
     pub holds_gil: Option<u64>,
+    /// 3.15+: `base_frame`, the pointer to the thread's base frame (a shim in the thread
+    /// state every chain ends at).
+    pub base_frame: Option<u64>,
 }
 
 /// `struct _PyStackChunk` (the same from 3.11 to 3.15): `previous`, `size` (bytes, header

@@ -99,10 +99,13 @@ pub fn layout_311(version: Version) -> Layout {
             current_frame: CurrentFrame::ViaCFrame {
                 cframe: 56,
                 current_frame: 8,
+                previous: 16, // cframe.previous
+                root: 336,    // tstate.root_cframe
             },
             datastack_chunk: Some(296), // tstate.datastack_chunk
             frame_marker: None,
             holds_gil: None,
+            base_frame: None,
         },
         frame: FrameLayout {
             size: 72,     // frame.localsplus
@@ -174,10 +177,13 @@ pub fn layout_312(version: Version) -> Layout {
             current_frame: CurrentFrame::ViaCFrame {
                 cframe: 56,
                 current_frame: 0,
+                previous: 8, // cframe.previous
+                root: 272,   // tstate.root_cframe
             },
             datastack_chunk: Some(232), // tstate.datastack_chunk
             frame_marker: None,
             holds_gil: None,
+            base_frame: None,
         },
         frame: FrameLayout {
             size: 72,    // frame.localsplus

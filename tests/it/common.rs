@@ -841,6 +841,17 @@ pub fn pyfleet_exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_pyfleet"))
 }
 
+/// The pyfleet binary whose exactness is measured: `PYFLEET_EXACTNESS_BIN` when set
+/// (scripts/test.sh sets it to the release build, which users run: how far a thread moves
+/// while it is read depends on how fast pyfleet gets through a read, and a debug build is
+/// several times slower), else the debug build `cargo test` made.
+pub fn measured_exe() -> PathBuf {
+    match std::env::var_os("PYFLEET_EXACTNESS_BIN") {
+        Some(p) if !p.is_empty() => p.into(),
+        _ => pyfleet_exe(),
+    }
+}
+
 /// `pyfleet ARGS` with a deterministic environment (no RUST_LOG, no RUST_BACKTRACE).
 pub fn pyfleet_command<S: AsRef<OsStr>>(args: &[S]) -> Command {
     let mut cmd = Command::new(pyfleet_exe());

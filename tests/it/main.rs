@@ -30,6 +30,7 @@ mod sampler_consistency;
 mod steady_state;
 mod thread_status;
 mod who_is_who;
+mod whole_stacks;
 
 /// Every test of every module starts by taking the machine (`alone()` or `shared()`): one that
 /// did not would run beside the tests that must run alone.

@@ -51,14 +51,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-/// The pyfleet binary whose exactness is measured (see the module documentation).
-fn measured_exe() -> std::path::PathBuf {
-    match std::env::var_os("PYFLEET_EXACTNESS_BIN") {
-        Some(p) if !p.is_empty() => p.into(),
-        _ => pyfleet_exe(),
-    }
-}
-
 /// Workloads: tests/targets/real_<name>.py.
 const WORKLOADS: &[&str] = &["sympy", "jinja", "parser"];
 /// The non-blocking recorder's rate (the short-calls test's too).

@@ -32,6 +32,7 @@ impl<M: RemoteMemory> Unwinder<M> {
             CurrentFrame::ViaCFrame {
                 cframe,
                 current_frame,
+                ..
             } => (cframe, Some(current_frame)),
         };
         let (fingerprint_at, fingerprint_bytes) = fingerprint_span(&self.layout);
@@ -138,6 +139,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                 shim: h.shim,
                 generator: h.owner == OWNED_BY_GENERATOR,
                 entry: h.entry,
+                waits: h.tells_waiting && !h.running,
             };
             if raw.code == 0 && !raw.shim {
                 return Err(UnwindError::BadObject {
@@ -169,6 +171,8 @@ impl<M: RemoteMemory> Unwinder<M> {
             host_tid: tid,
             current_frame: self.raws.first().map_or(0, |r| r.addr),
             top_unread: false,
+            entry_link: EntryLink::Unchecked,
+            base_frame: 0,
             chunk: 0,
             marker: None,
             holds_gil: None,

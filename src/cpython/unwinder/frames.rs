@@ -49,6 +49,9 @@ pub(super) struct RawFrame {
     pub(super) generator: bool,
     /// 3.11: the frame's `is_entry` (false on later versions).
     pub(super) entry: bool,
+    /// 3.11-3.13: its stack pointer is saved (it waits on a Python callee of its own eval
+    /// loop, or returned); false on later versions.
+    pub(super) waits: bool,
 }
 
 impl<M: RemoteMemory> Unwinder<M> {
@@ -151,6 +154,11 @@ impl<M: RemoteMemory> Unwinder<M> {
         b: &ReadPlan,
         ts: &Tstate,
     ) -> Result<(Option<usize>, u64), UnwindError> {
+        if ts.entry_link == EntryLink::Unknown {
+            return Err(UnwindError::Moved(
+                "the C frame of the current one's caller",
+            ));
+        }
         self.chunks(ts)?;
         let f = self.layout.frame.clone();
         let fsize = f.size as usize;
@@ -266,12 +274,19 @@ impl<M: RemoteMemory> Unwinder<M> {
             // A pointer to an entry frame on the C stack (3.12+): the C call's Python callee
             // returned, and the eval loop is about to leave, or left already and its C stack
             // was reused (the frame's owner overwritten: not a frame of this thread's data
-            // stack, nor a generator's or a frame object's). Either way the thread runs, or
-            // will, in the entry frame's caller: the top is settled from there.
+            // stack, nor a generator's or a frame object's); or a new eval loop at the same
+            // depth published its C frame, whose pointer still names the last one's entry
+            // frame, being written again (its code object set before its owner). Either way
+            // the thread runs, or will, in the entry frame's caller: the top is settled from
+            // there.
             let in_older = |a: u64| older.iter().any(|&(s, e)| a >= s && a < e);
             if !unread && addr != 0 && !in_chunk(addr) {
                 if let Some(h) = header(addr).filter(|h| {
-                    h.shim || (h.owner == OWNED_BY_THREAD && !in_older(addr) && h.previous != 0)
+                    h.shim
+                        || (h.owner != OWNED_BY_GENERATOR
+                            && h.owner != OWNED_BY_FRAME_OBJECT
+                            && !in_older(addr)
+                            && h.previous != 0)
                 }) {
                     if in_chunk(h.previous) {
                         addr = h.previous;
@@ -491,6 +506,10 @@ impl<M: RemoteMemory> Unwinder<M> {
                     Some(off) => fb.u8(off)? != 0,
                     None => false,
                 },
+                waits: match f.liveness {
+                    Liveness::RunningStacktop(off) => fb.i32(off)? != -1,
+                    Liveness::ClearedCode(_) => false,
+                },
             };
             // A frame of a Python function without its code object returned (3.14+ clear it)
             // after the pointer to it was read: leaving it out would count its caller for it
@@ -499,6 +518,23 @@ impl<M: RemoteMemory> Unwinder<M> {
                 return Err(UnwindError::BadObject {
                     addr,
                     what: "a frame that returned (read while it changed)".into(),
+                });
+            }
+            // 3.11: a frame that called out of its eval loop (into C, which ran the entry frame
+            // just walked) runs, its stack pointer taken; one that waits called a Python
+            // function of its own loop instead. The entry frame (a generator's, read at another
+            // time than the chunk) was its callee at another instant than the one its
+            // instruction pointer shows.
+            if raw.waits
+                && self.raws[walked_from..]
+                    .last()
+                    .is_some_and(|callee| callee.entry && callee.previous == addr)
+            {
+                return Err(UnwindError::BadObject {
+                    addr,
+                    what: "the caller of an entry frame waits on another callee (read while it \
+                           changed)"
+                        .into(),
                 });
             }
             if previous == addr {
@@ -550,6 +586,53 @@ impl<M: RemoteMemory> Unwinder<M> {
         // On 3.11 the outermost frame is the first one its eval loop ran (`is_entry`), and not
         // a generator's (a generator's frame loses its `previous` when it yields: read then,
         // its chain ends there).
+        let walked = &self.raws[walked_from..];
+        if let (EntryLink::Expect(caller), None) = (ts.entry_link, tail) {
+            let linked = walked.first().is_some_and(|r| r.addr == caller)
+                || walked
+                    .iter()
+                    .any(|r| (r.shim || r.entry) && r.previous == caller);
+            if !linked {
+                return Err(UnwindError::BadObject {
+                    addr: top,
+                    what: "a stack that misses the entry frame of the eval loop that named its \
+                           top (read while it changed)"
+                        .into(),
+                });
+            }
+        }
+        // 3.11: a thread's first frame lies at the start of its first chunk (its second word:
+        // the first is kept so that the chunk is never freed); a chain that ends elsewhere in
+        // the data stack ends at a frame whose link was not written yet.
+        if let Some(last) = walked.last().filter(|r| {
+            tail.is_none()
+                && f.is_entry.is_some()
+                && older.is_empty()
+                && !r.generator
+                && r.previous == 0
+                && in_chunk(r.addr)
+        }) {
+            if last.addr != chunk_lo + 8 {
+                return Err(UnwindError::BadObject {
+                    addr: last.addr,
+                    what: "a first frame that is not at the start of the data stack (read while \
+                           it changed)"
+                        .into(),
+                });
+            }
+        }
+        // 3.15+: every chain ends at the thread's base frame, in its thread state; one that
+        // ends at an entry frame on the C stack read it half written or reused.
+        if let (Some(last), None) = (walked.last(), tail) {
+            if ts.base_frame != 0 && last.addr != ts.base_frame {
+                return Err(UnwindError::BadObject {
+                    addr: last.addr,
+                    what: "a stack that does not end at the thread's base frame (read while it \
+                           changed)"
+                        .into(),
+                });
+            }
+        }
         if tail.is_none() && (!f.shim_owners.is_empty() || f.is_entry.is_some()) {
             if let Some(last) = self.raws[walked_from..]
                 .last()

@@ -83,13 +83,9 @@ impl<M: RemoteMemory> Unwinder<M> {
         if keep {
             return;
         }
-        if let CurrentFrame::ViaCFrame { current_frame, .. } = l.tstate.current_frame {
+        if let Some((lo, len)) = l.tstate.current_frame.cframe_span() {
             for &cf in &tc.cframes {
-                b.push(
-                    Key::Word(cf.wrapping_add(current_frame)),
-                    cf.wrapping_add(current_frame),
-                    8,
-                );
+                b.push(Key::CFrame(cf), cf.wrapping_add(lo), len);
             }
         }
         for &(s, e) in &tc.regions {

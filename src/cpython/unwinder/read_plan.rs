@@ -20,6 +20,8 @@ pub(super) enum Key {
     Head,
     Interp(u64),
     Word(u64),
+    /// 3.11/3.12: a C frame's current-frame and previous pointers (see `cframe_span`).
+    CFrame(u64),
     Gil(u64),
     Tstate(u64),
     Region(u64),
@@ -95,7 +97,7 @@ impl ReadPlan {
                 Key::RegionTop(_) => 0,
                 Key::Region(_) => 1,
                 Key::Tstate(_) => 2,
-                Key::Word(_) => 3,
+                Key::Word(_) | Key::CFrame(_) => 3,
                 Key::Frame(_) => 4,
                 Key::Entries(_) => 5,
                 _ => 6,

@@ -10,8 +10,8 @@ pub(super) const MAX_INTERPRETERS: usize = 256;
 /// Most threads read in one sample, all interpreters together.
 pub(super) const MAX_THREADS: usize = 8192;
 
-/// 3.11/3.12: C frames of a thread whose current-frame words are prefetched.
-pub(super) const MAX_CFRAMES: usize = 4;
+/// 3.11/3.12: C frames of a thread prefetched (its eval loops' of late and their callers').
+pub(super) const MAX_CFRAMES: usize = 8;
 
 /// Most data-stack chunks followed per thread.
 pub(super) const MAX_CHUNKS: usize = 64;
@@ -39,6 +39,10 @@ pub(super) struct Tstate {
     pub(super) current_frame: u64,
     /// 3.11/3.12: the C frame holding the current frame's pointer was not in the read.
     pub(super) top_unread: bool,
+    /// 3.11/3.12: what the thread's innermost entry frame must link to (see [`EntryLink`]).
+    pub(super) entry_link: EntryLink,
+    /// 3.15+: the thread's base frame, where every chain ends (0: not known).
+    pub(super) base_frame: u64,
     pub(super) chunk: u64,
     pub(super) marker: Option<(u64, u64)>,
     pub(super) holds_gil: Option<bool>,
@@ -52,6 +56,35 @@ impl Tstate {
             t => t as u64,
         }
     }
+}
+
+/// 3.11/3.12: what the walk from the top must meet. An eval loop's C frame names its
+/// current frame and the C frame of the loop that called it through C (`previous`), whose
+/// current frame, the caller, holds still while the inner loop runs. The inner loop's entry
+/// frame (3.11: `is_entry`; 3.12: the shim on the C stack) links to that caller. A walk that
+/// meets no entry frame linking to it, and does not start at the caller itself (the inner
+/// loop being entered or left), went another way: the pointer to the top was read while a
+/// loop was entered (stale) or a frame was half written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum EntryLink {
+    /// 3.13+, a kept stack, or a C frame without a caller's.
+    Unchecked,
+    /// The caller's frame (0: the thread's first eval loop, called from its own C frame).
+    Expect(u64),
+    /// The caller's C frame was not in the read: the thread is read again with it.
+    Unknown,
+}
+
+/// Puts a C frame into a thread's list of those to prefetch, at `position` (0: the current
+/// one; 1: the one that called it), keeping at most [`MAX_CFRAMES`].
+fn remember_cframe(cframes: &mut Vec<u64>, cf: u64, position: usize) {
+    if cf == 0 || cframes.get(position) == Some(&cf) {
+        return;
+    }
+    cframes.retain(|&c| c != cf);
+    cframes.truncate(MAX_CFRAMES - 1);
+    let at = position.min(cframes.len());
+    cframes.insert(at, cf);
 }
 
 /// Per-thread work of one sample.
@@ -213,6 +246,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         let tb = self.bytes(b, Key::Tstate(ta), ta, l.tstate.size as usize)?;
         let t = Bytes(&tb);
         let mut top_unread = false;
+        let mut entry_link = EntryLink::Unchecked;
         // A thread that has not run keeps its stack if its state agrees.
         let kept = self
             .threads
@@ -224,46 +258,72 @@ impl<M: RemoteMemory> Unwinder<M> {
             CurrentFrame::ViaCFrame {
                 cframe,
                 current_frame,
+                previous,
+                root,
             } => {
                 let cf = t.u64(cframe)?;
+                let root_cf = ta.wrapping_add(root);
+                let (lo, len) = l.tstate.current_frame.cframe_span().unwrap_or((0, 8));
                 match kept {
                     // The C frame holding the pointer is the idle thread's own.
                     Some((c, top, _)) if c == cf && cf != 0 => top,
                     _ => {
-                        let at = cf.wrapping_add(current_frame);
                         let tc = self.threads.entry(ta).or_default();
                         tc.cframe = cf;
                         // The thread's C frames of late, newest first (a generator's eval loop
                         // comes and goes: its C frame and its caller's take turns).
-                        if cf != 0 && tc.cframes.first() != Some(&cf) {
-                            tc.cframes.retain(|&c| c != cf);
-                            tc.cframes.truncate(MAX_CFRAMES - 1);
-                            tc.cframes.insert(0, cf);
-                        }
+                        remember_cframe(&mut tc.cframes, cf, 0);
                         // 3.12: an eval loop's C frame and its entry frame are locals of one
                         // C function, so the C stack read around the innermost entry frame
-                        // mostly holds the word too (read after the frames: the frames then
+                        // mostly holds the C frame too (read after the frames: the frames then
                         // tell whether the top moved, see `settle_top`).
                         let near_entry = || {
                             let e = tc.entries?;
-                            let (pos, len) = b.locate(Key::Entries(e))?;
-                            let off = at.checked_sub(e.saturating_sub(ENTRY_WINDOW))? as usize;
-                            (off.checked_add(8)? <= len).then_some(())?;
-                            b.buf.get(pos + off..pos + off + 8)
+                            let (pos, n) = b.locate(Key::Entries(e))?;
+                            let off = cf
+                                .wrapping_add(lo)
+                                .checked_sub(e.saturating_sub(ENTRY_WINDOW))?
+                                as usize;
+                            (off.checked_add(len)? <= n).then_some(())?;
+                            b.buf.get(pos + off..pos + off + len)
                         };
-                        match b.get(Key::Word(at)) {
+                        let field = |bytes: &[u8], at: u64| Bytes(bytes).u64(at - lo);
+                        match b.get(Key::CFrame(cf)).or_else(near_entry) {
                             _ if cf == 0 => 0,
-                            Some(w) => Bytes(w).u64(0)?,
-                            None => match near_entry().and_then(|w| Bytes(w).u64(0).ok()) {
-                                Some(w) if w != 0 => w,
-                                // A C frame the prediction did not know: read later, its
-                                // pointer could be anything (the C frame may be gone). The
-                                // thread is read again with it.
-                                _ => {
+                            // The thread state's own C frame: no eval loop runs.
+                            Some(c) if cf == root_cf => field(c, current_frame)?,
+                            Some(c) => match (field(c, current_frame)?, field(c, previous)?) {
+                                // An eval loop's C frame, published before its current frame
+                                // was set: a frame is being entered, not known yet.
+                                (0, _) => {
                                     top_unread = true;
                                     0
                                 }
+                                (top, caller_cf) => {
+                                    entry_link = match caller_cf {
+                                        0 => EntryLink::Unchecked,
+                                        c if c == root_cf => EntryLink::Expect(0),
+                                        c => match b.get(Key::CFrame(c)) {
+                                            Some(cb) => {
+                                                EntryLink::Expect(field(cb, current_frame)?)
+                                            }
+                                            None => {
+                                                let tc = self.threads.entry(ta).or_default();
+                                                remember_cframe(&mut tc.cframes, c, 1);
+                                                EntryLink::Unknown
+                                            }
+                                        },
+                                    };
+                                    top
+                                }
                             },
+                            // A C frame the prediction did not know: read later, its pointer
+                            // could be anything (the C frame may be gone). The thread is
+                            // read again with it.
+                            None => {
+                                top_unread = true;
+                                0
+                            }
                         }
                     }
                 }
@@ -283,6 +343,11 @@ impl<M: RemoteMemory> Unwinder<M> {
                 && kept.is_some_and(|(_, top, tid)| top == current_frame && tid == host_tid),
             current_frame,
             top_unread,
+            entry_link,
+            base_frame: match l.tstate.base_frame {
+                Some(off) => t.u64(off)?,
+                None => 0,
+            },
             chunk: match l.tstate.datastack_chunk {
                 Some(off) => t.u64(off)?,
                 None => 0,

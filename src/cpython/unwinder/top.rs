@@ -185,6 +185,14 @@ pub(super) fn settle_top(
             let Some(h) = header(at).filter(|h| !h.running) else {
                 break;
             };
+            // 3.11: an entry frame's caller belongs to another eval loop than the hint's (the
+            // hint came from the entry frame's C frame). That caller's stack pointer says it
+            // runs while it waits on the C call, and for an instant at every return (between
+            // the callee saving its stack pointer and its caller taking its own back) no frame
+            // above the entry frame runs: going below it would cut the stack there.
+            if h.entry {
+                break;
+            }
             at = match h.previous {
                 p if in_chunk(p) && p < at => {
                     // Its caller's place holds another frame now (one that does not end where
