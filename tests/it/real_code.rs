@@ -7,8 +7,8 @@
 //! - failed samples at most [`MAX_FAILED_PERCENT`] (1%) of those attempted, non-blocking
 //!   (beyond chance: [`Z`] binomial standard errors, about 0.56 points at 5,000 attempts);
 //! - no sample shortened: the target has one busy thread, so every sample written must hold
-//!   Python frames and end at the script's `<module>` (at most [`MAX_SHORT_PERCENT`]
-//!   non-blocking, [`MAX_REFERENCE_SHORT_PERCENT`] blocking);
+//!   Python frames (none may lack them) and end at the script's `<module>` (at most
+//!   [`MAX_SHORT_PERCENT`] non-blocking, [`MAX_REFERENCE_SHORT_PERCENT`] blocking);
 //! - every function's self share within [`SELF_GOAL`] (2) points and its total share within
 //!   [`TOTAL_GOAL`] (3) points of the blocking reference, as a statistical test (below). The
 //!   kernel capture (`--capture kernel`, [`KERNEL_RATE`] for [`KERNEL_SECONDS`]) is held to
@@ -526,6 +526,14 @@ fn compare_with_stop_the_world(sampler: Sampler) {
                 failures.push(format!(
                     "{what} {failed_pct:.2}% of samples failed: {}",
                     nb.stderr.trim()
+                ));
+            }
+            // A sample without frames is no instant of a thread that runs Python (issue #32:
+            // a read in the moment an eval loop is entered): none may be written.
+            let frameless = nb_written.saturating_sub(pn.samples);
+            if frameless > 0 {
+                failures.push(format!(
+                    "{what} {frameless} of {nb_written} samples written without frames"
                 ));
             }
             let reference_short_pct = 100.0 * pb.unrooted as f64 / pb.samples.max(1) as f64;

@@ -204,6 +204,7 @@ impl<M: RemoteMemory> Unwinder<M> {
             }
         }
         let mut older_loaded = false;
+        let tells_waiting = matches!(f.liveness, Liveness::RunningStacktop(_));
         let mut frame_buf = [0u8; 256];
         let batch_buf = &b.buf;
         let find = |held: &[(u64, usize, usize)], a: u64, out: &mut [u8]| {
@@ -525,11 +526,25 @@ impl<M: RemoteMemory> Unwinder<M> {
             // function of its own loop instead. The entry frame (a generator's, read at another
             // time than the chunk) was its callee at another instant than the one its
             // instruction pointer shows.
-            if raw.waits
-                && self.raws[walked_from..]
-                    .last()
-                    .is_some_and(|callee| callee.entry && callee.previous == addr)
+            // 3.11-3.13: a frame that called a Python function in its own eval loop saved its
+            // stack pointer first (it waits) and takes it back once the callee returned: one
+            // that runs below such a callee was read after the callee returned (the part of
+            // the data stack above it was read first).
+            let callee = self.raws[walked_from..]
+                .last()
+                .filter(|c| c.previous == addr)
+                .copied();
+            if tells_waiting
+                && !raw.shim
+                && !raw.waits
+                && callee.is_some_and(|c| !c.entry && !c.shim && in_chunk(c.addr))
             {
+                return Err(UnwindError::BadObject {
+                    addr,
+                    what: "a frame that runs below its callee (read while it changed)".into(),
+                });
+            }
+            if raw.waits && callee.is_some_and(|c| c.entry) {
                 return Err(UnwindError::BadObject {
                     addr,
                     what: "the caller of an entry frame waits on another callee (read while it \
