@@ -9,7 +9,9 @@
 //! no larger than [`MAX_MAPPED_FILE`].
 
 pub mod access;
+pub mod cpu_share;
 pub mod host;
+pub mod kernel_types;
 pub mod namespace;
 pub mod runstate;
 pub mod switches;

@@ -338,6 +338,15 @@ impl RunWatch {
         Some(running)
     }
 
+    /// Thread `tid`'s schedstat run time now, read through the watch's open file. `None`
+    /// when the thread is not watched or the file cannot be read.
+    pub fn run_ns(&self, tid: i32) -> Option<u64> {
+        let w = self.threads.iter().find(|w| w.tid == tid)?;
+        let mut buf = [0u8; 128];
+        let n = w.file.read_at(&mut buf, 0).ok()?;
+        super::cpu_share::parse_run_ns(buf.get(..n)?)
+    }
+
     /// The newest reference's epoch (`u64::MAX` while a watched thread has none yet).
     pub fn newest_reference(&self) -> u64 {
         self.threads

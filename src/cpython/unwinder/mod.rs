@@ -64,6 +64,7 @@ use super::resolved::{Frame, InterpreterStacks, ThreadStack, MAX_DEPTH};
 use super::UnwindError;
 use crate::binary::RuntimeLocation;
 use crate::memory::{Bytes, Pauser, RemoteMemory};
+use crate::process::cpu_share::{self, CpuShare};
 use crate::process::namespace::ThreadIds;
 use crate::process::runstate::{RunWatch, Still};
 use crate::stacks::{FrameId, FunctionId, StackId, StackTable};
@@ -90,6 +91,10 @@ use top::*;
 /// at its own point of the count (from its pid), so that the forced reads of processes
 /// attached together do not fall on the same tick.
 pub const MAX_KEPT: u32 = 1000;
+
+/// Shortest time between two samples taken as the sampling interval (see
+/// `Unwinder::time_interval`).
+const MIN_INTERVAL_NS: u64 = 200_000;
 
 /// What a successful sample cost (the actors count samples by it).
 pub use pyfleet_actors::SampleKind;
@@ -254,6 +259,11 @@ pub struct Unwinder<M: RemoteMemory> {
     /// `blocking`: pauses the target around each read; which threads ran just before.
     pauser: Option<Pauser>,
     running: Vec<i32>,
+    /// cpu mode: each thread's credit of CPU used (see [`cpu_share`]).
+    cpu_share: CpuShare,
+    /// When the last sample began, and the time between the last two (ns).
+    last_sample_at: Option<std::time::Instant>,
+    sample_interval_ns: Option<u64>,
     /// The target's thread ids mapped to ours (containers).
     tids: ThreadIds,
     /// Buffers a sample fills and the next one reuses, so that a steady-state sample
@@ -339,6 +349,9 @@ impl<M: RemoteMemory> Unwinder<M> {
             failed_in_row: 0,
             pauser: opts.blocking.then(|| Pauser::new(pid)),
             running: Vec::new(),
+            cpu_share: CpuShare::default(),
+            last_sample_at: None,
+            sample_interval_ns: None,
             tids: ThreadIds::new(pid),
             spare: Spare::default(),
         }
@@ -387,6 +400,7 @@ impl<M: RemoteMemory> Unwinder<M> {
     /// Takes one sample of every thread of every interpreter.
     pub fn sample(&mut self) -> Result<&[ThreadSample], UnwindError> {
         self.epoch += 1;
+        self.time_interval();
         // Memory stays bounded however many distinct stacks a process shows over days: past
         // a limit the interning starts afresh (stack ids are not reused, so an id from before
         // resolves to nothing), with the caches that hold function and frame ids.
@@ -596,14 +610,42 @@ impl<M: RemoteMemory> Unwinder<M> {
     /// Whether a thread that was read is on a CPU (state `R`): known before the pause when
     /// blocking, else asked now (through the run watch's open file when it watches the thread).
     fn on_cpu(&mut self, tid: i32) -> bool {
-        if self.pauser.is_some() {
-            return self.running.contains(&tid);
+        let runnable = match self.pauser.is_some() {
+            true => self.running.contains(&tid),
+            false => self
+                .watch
+                .as_mut()
+                .and_then(|w| w.on_cpu(tid))
+                .or_else(|| crate::process::thread_on_cpu(self.pid, tid))
+                .unwrap_or(false),
+        };
+        // Runnable is not running: the sample counts as the CPU the thread used says.
+        let run_ns = self
+            .watch
+            .as_ref()
+            .and_then(|w| w.run_ns(tid))
+            .or_else(|| cpu_share::run_ns(self.pid, tid));
+        self.cpu_share
+            .counts(tid, runnable, run_ns, self.sample_interval_ns)
+    }
+
+    /// Measures the time since the last sample. A sample taken right after another (a retry
+    /// after a failure, in the same tick) says nothing of the interval and is not counted.
+    fn time_interval(&mut self) {
+        let now = std::time::Instant::now();
+        let Some(last) = self.last_sample_at else {
+            self.last_sample_at = Some(now);
+            return;
+        };
+        let ns = u64::try_from(now.saturating_duration_since(last).as_nanos()).unwrap_or(u64::MAX);
+        let floor = self
+            .sample_interval_ns
+            .map_or(0, |i| i / 4)
+            .max(MIN_INTERVAL_NS);
+        if ns >= floor {
+            self.sample_interval_ns = Some(ns);
+            self.last_sample_at = Some(now);
         }
-        self.watch
-            .as_mut()
-            .and_then(|w| w.on_cpu(tid))
-            .or_else(|| crate::process::thread_on_cpu(self.pid, tid))
-            .unwrap_or(false)
     }
 
     fn push_sample(&mut self, ts: &Tstate, holds_gil: bool, on_cpu: Option<bool>, stack: StackId) {
