@@ -15,6 +15,19 @@
 // decodes frames read from a paused thread. The thread is not running while this runs (it
 // was interrupted), so the chain is one instant's.
 //
+// Off the CPU (wall mode, when userspace attaches the second program to the scheduler's
+// switch tracepoint, raw: no tracefs needed; it runs in the thread switched out): when a
+// watched thread leaves its CPU, its chain is copied the same way (it runs no more until it
+// is switched in again), flagged SWITCHED_OUT; when it is the chain last sent for the thread
+// (`last_chain`, kept in the thread's entry by both programs: a hash of each frame's address,
+// code object, instruction pointer and caller, what its stack shows), the record carries no
+// frames and is flagged UNCHANGED too, and a chain that cannot be copied goes with its
+// failure's flag and no frames. When a watched thread is switched in, a record with no frames
+// flagged SWITCHED_IN (its id read from the task the CPU switches to, at `task_pid_at`, which
+// userspace finds in the kernel's BTF; 0: not told, and never in a pid namespace not the
+// host's, whose ids the task's `pid` is not). With both, userspace knows each thread's time
+// off its CPU and the stack it spent it in.
+//
 // Bounded: at most MAX_FRAMES frames (deeper chains are flagged truncated and counted as
 // failed samples by userspace), a record built in a per-CPU scratch value and sent with only
 // the frames it holds (a full ring counts the sample as lost in `lost`), reads that would
@@ -42,6 +55,7 @@ static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)1;
 static __u64 (*bpf_ktime_get_ns)(void) = (void *)5;
 static __u64 (*bpf_get_current_pid_tgid)(void) = (void *)14;
 static long (*bpf_probe_read_user)(void *dst, __u32 size, const void *src) = (void *)112;
+static long (*bpf_probe_read_kernel)(void *dst, __u32 size, const void *src) = (void *)113;
 static long (*bpf_ringbuf_output)(void *ringbuf, void *data, __u64 size, __u64 flags) = (void *)130;
 struct bpf_pidns_info {
     __u32 pid;
@@ -55,6 +69,8 @@ static long (*bpf_get_ns_current_pid_tgid)(__u64 dev, __u64 ino, struct bpf_pidn
 // the ids are that namespace's, and a thread outside it is never captured.
 const volatile __u64 pidns_dev = 0;
 const volatile __u64 pidns_ino = 0;
+// Offset of `pid` in the kernel's `struct task_struct` (0: switch-ins are not told).
+const volatile __u64 task_pid_at = 0;
 
 // Keep in step with src/memory/kernel_capture.rs.
 #define MAX_FRAMES 256
@@ -70,6 +86,9 @@ const volatile __u64 pidns_ino = 0;
 #define FLAG_FRAME_UNREADABLE 2
 #define FLAG_TRUNCATED 4
 #define FLAG_UNKNOWN_THREAD 8
+#define FLAG_SWITCHED_OUT 16
+#define FLAG_SWITCHED_IN 32
+#define FLAG_UNCHANGED 64
 
 // Where a watched thread's current frame is, and how frames link.
 struct thread_info {
@@ -91,6 +110,11 @@ struct thread_info {
     // MAX_FINGERPRINT_BYTES) at `fingerprint_at` in the code object.
     __u64 fingerprint_at;
     __u64 fingerprint_bytes;
+    // The hash of the chain last sent for this thread (0: none since it was watched).
+    __u64 last_chain;
+    // Offset of the instruction pointer in a frame (below FRAME_BYTES - 8): with the frame's
+    // address, its code object and its caller, what the chain's hash covers.
+    __u64 instr;
 };
 
 struct frame_copy {
@@ -172,19 +196,24 @@ static void count_lost(void)
         *n += 1;
 }
 
-// Sends the first `frames` frames of `r` (a record with no frames when it failed early).
-static void send(struct record *r, __u32 frames)
+// Sends the first `frames` frames of `r` (a record with no frames when it failed early);
+// whether the ring took it.
+static int send(struct record *r, __u32 frames)
 {
     __u64 size = sizeof(struct record) - sizeof(r->frame)
         + (__u64)frames * sizeof(struct frame_copy);
     if (size > sizeof(struct record))
         size = sizeof(struct record);
-    if (bpf_ringbuf_output(&records, r, size, 0) < 0)
+    if (bpf_ringbuf_output(&records, r, size, 0) < 0) {
         count_lost();
+        return 0;
+    }
+    return 1;
 }
 
-SEC("perf_event")
-int capture_python_frames(void *ctx)
+// Copies the current thread's chain (see the top of this file); `switched_out`: it is
+// leaving its CPU (sent only when its chain changed, never a record of a failure).
+static __attribute__((always_inline)) int capture(int switched_out)
 {
     __u32 tid, pid;
     if (pidns_ino == 0) {
@@ -201,7 +230,7 @@ int capture_python_frames(void *ctx)
     struct thread_info *info = bpf_map_lookup_elem(&threads, &tid);
     if (info && info->pid != pid)
         info = 0;
-    if (!info && !bpf_map_lookup_elem(&processes, &pid))
+    if (!info && (switched_out || !bpf_map_lookup_elem(&processes, &pid)))
         return 0;
     __u32 zero = 0;
     struct record *r = bpf_map_lookup_elem(&scratch, &zero);
@@ -224,23 +253,27 @@ int capture_python_frames(void *ctx)
     __u64 code_at = info->code;
     if (code_at > FRAME_BYTES - 8)
         code_at = 0;
+    __u64 instr_at = info->instr;
+    if (instr_at > FRAME_BYTES - 8)
+        instr_at = 0;
     __u64 at = info->tstate + info->first;
     __u64 frame = 0;
     if (info->second != NO_INDIRECTION) {
         __u64 cframe = 0;
         if (bpf_probe_read_user(&cframe, 8, (void *)at) < 0 || cframe == 0) {
-            r->flags = FLAG_POINTER_UNREADABLE;
+            r->flags = FLAG_POINTER_UNREADABLE | (switched_out ? FLAG_SWITCHED_OUT : 0);
             send(r, 0);
             return 0;
         }
         at = cframe + info->second;
     }
     if (bpf_probe_read_user(&frame, 8, (void *)at) < 0) {
-        r->flags = FLAG_POINTER_UNREADABLE;
+        r->flags = FLAG_POINTER_UNREADABLE | (switched_out ? FLAG_SWITCHED_OUT : 0);
         send(r, 0);
         return 0;
     }
     __u32 i;
+    __u64 chain = 0xcbf29ce484222325ULL;
     for (i = 0; i < MAX_FRAMES; i++) {
         if (frame == 0)
             break;
@@ -250,17 +283,84 @@ int capture_python_frames(void *ctx)
             r->flags = FLAG_FRAME_UNREADABLE;
             break;
         }
-        __u64 code = 0;
+        __u64 code = 0, instr = 0, next = 0;
         __builtin_memcpy(&code, f->bytes + code_at, 8);
-        f->code_fingerprint = code_fingerprint(info, code & ~info->code_tag_mask);
-        __u64 next = 0;
+        __builtin_memcpy(&instr, f->bytes + instr_at, 8);
         __builtin_memcpy(&next, f->bytes + previous, 8);
+        chain = (chain ^ frame) * 0x100000001b3ULL;
+        chain = (chain ^ code) * 0x100000001b3ULL;
+        chain = (chain ^ instr) * 0x100000001b3ULL;
+        // At an interrupt every chain goes out; one switched out only if it changed (below).
+        if (!switched_out)
+            f->code_fingerprint = code_fingerprint(info, code & ~info->code_tag_mask);
         frame = next;
     }
     if (i == MAX_FRAMES && frame != 0)
         r->flags |= FLAG_TRUNCATED;
     r->frames = (__u16)i;
-    send(r, i);
+    if (switched_out) {
+        if (r->flags != 0 || chain == info->last_chain) {
+            r->flags |= FLAG_SWITCHED_OUT | (r->flags == 0 ? FLAG_UNCHANGED : 0);
+            r->frames = 0;
+            send(r, 0);
+            return 0;
+        }
+        r->flags = FLAG_SWITCHED_OUT;
+        // The count is read back from the record: the verifier then walks this loop once,
+        // not once for each length the loop above may have ended at.
+        __u32 n = *(volatile __u16 *)&r->frames;
+        for (__u32 j = 0; j < MAX_FRAMES; j++) {
+            if (j >= n)
+                break;
+            struct frame_copy *f = &r->frame[j];
+            __u64 code = 0;
+            __builtin_memcpy(&code, f->bytes + code_at, 8);
+            f->code_fingerprint = code_fingerprint(info, code & ~info->code_tag_mask);
+        }
+    }
+    __u32 sent = *(volatile __u16 *)&r->frames;
+    if (send(r, sent) && (r->flags & ~FLAG_SWITCHED_OUT) == 0)
+        info->last_chain = chain;
+    return 0;
+}
+
+SEC("perf_event")
+int capture_python_frames(void *ctx)
+{
+    return capture(0);
+}
+
+// Tells userspace that watched thread `tid` (of the host's pid namespace) is switched in.
+static void switched_in(__u32 tid)
+{
+    struct thread_info *info = bpf_map_lookup_elem(&threads, &tid);
+    if (!info)
+        return;
+    __u32 zero = 0;
+    struct record *r = bpf_map_lookup_elem(&scratch, &zero);
+    if (!r)
+        return;
+    r->pid = info->pid;
+    r->tid = tid;
+    r->time = bpf_ktime_get_ns();
+    r->frames = 0;
+    r->flags = FLAG_SWITCHED_IN;
+    r->pad = 0;
+    send(r, 0);
+}
+
+// sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next): runs in
+// `prev`.
+SEC("raw_tracepoint/sched_switch")
+int capture_switched_out(__u64 *ctx)
+{
+    capture(1);
+    if (task_pid_at != 0 && pidns_ino == 0 && task_pid_at < 65536) {
+        __u64 next = ctx[2];
+        __u32 tid = 0;
+        if (next != 0 && bpf_probe_read_kernel(&tid, 4, (void *)(next + task_pid_at)) == 0)
+            switched_in(tid);
+    }
     return 0;
 }
 

@@ -335,7 +335,7 @@ impl RunOptions {
             .unwrap_or("auto")
             .parse()
             .map_err(|e| format!("capture {e}"))?;
-        let capture = capture.resolve(mode == Mode::Cpu, o.blocking, o.switch_log, "capture")?;
+        let capture = capture.resolve(mode != Mode::Gil, o.blocking, o.switch_log, "capture")?;
         let max_bytes = match &o.max_bytes {
             Some(s) => Some(parse_size(s).map_err(|e| format!("--max-bytes: {e}"))?),
             None => None,

@@ -143,7 +143,10 @@ pub fn run(opts: RunOptions) -> Result<()> {
         }
         let (capture, how) = settings
             .capture
-            .start(settings.rate.base_hz())
+            .start(
+                settings.rate.base_hz(),
+                settings.mode == pyfleet_policies::Mode::Wall,
+            )
             .map_err(|e| anyhow!(e))?;
         let what = if settings.matches.is_empty() && settings.pids.is_empty() {
             "every Python process".to_string()
@@ -218,6 +221,8 @@ pub fn run(opts: RunOptions) -> Result<()> {
                 blocking: settings.blocking,
                 capture,
                 reads_if_deeper: settings.capture == pyfleet::stack_source::Capture::Auto,
+                wall_rate_hz: (settings.mode == pyfleet_policies::Mode::Wall)
+                    .then(|| settings.rate.base_hz()),
             },
             writer,
         )

@@ -78,8 +78,12 @@ pub fn run(json: bool) -> Result<()> {
             has(host::CAP_PERFMON),
         ),
     ];
-    let capture = KernelCapture::start(1).map(|c| c.namespace().is_some());
-    checks.push(kernel(&capture));
+    let capture = KernelCapture::start(1, false).map(|c| c.namespace().is_some());
+    // Wall mode also needs the scheduler's switch tracepoint (tracefs).
+    let off_cpu = capture
+        .is_ok()
+        .then(|| KernelCapture::start(1, true).map(|_| ()));
+    checks.push(kernel(&capture, off_cpu.as_ref()));
     checks.push(namespace(PidNamespace::own(), capture.is_ok()));
     let pythons = pythons();
     checks.push(python_check(&pythons));
@@ -88,7 +92,14 @@ pub fn run(json: bool) -> Result<()> {
     let can_profile = !blocked && (pythons.refused.is_empty() || !pythons.readable.is_empty());
     let verdict = verdict(can_profile, &capture, &pythons);
     let report = if json {
-        json_report(&checks, &capture, &pythons, can_profile, &verdict)
+        json_report(
+            &checks,
+            &capture,
+            off_cpu.as_ref(),
+            &pythons,
+            can_profile,
+            &verdict,
+        )
     } else {
         text_report(&checks, &verdict)
     };
@@ -229,18 +240,34 @@ fn perf_events(paranoid: Option<i64>, perfmon: bool) -> Check {
     }
 }
 
-fn kernel(capture: &Result<bool, CaptureError>) -> Check {
+fn kernel(
+    capture: &Result<bool, CaptureError>,
+    off_cpu: Option<&Result<(), CaptureError>>,
+) -> Check {
     let release = host::kernel_release().unwrap_or_else(|| "?".into());
     match capture {
-        Ok(_) => Check::new(
-            "kernel capture",
-            Status::Ok,
-            format!(
-                "Linux {release}: the capture starts; cpu-mode stacks are copied by the kernel \
-                 at each interrupt (exact, and cheaper than reading)"
+        Ok(_) => match off_cpu {
+            Some(Err(e)) => Check::new(
+                "kernel capture",
+                Status::Warn,
+                format!(
+                    "Linux {release}: the capture starts for cpu mode (stacks copied by the \
+                     kernel at each interrupt), not for wall mode ({e}): wall mode reads"
+                ),
+                "wall mode copies a thread's stack at the scheduler's switch tracepoint (a raw \
+                 tracepoint, Linux 4.17+): check that the kernel allows BPF raw tracepoints",
             ),
-            "",
-        ),
+            _ => Check::new(
+                "kernel capture",
+                Status::Ok,
+                format!(
+                    "Linux {release}: the capture starts; cpu- and wall-mode stacks are copied \
+                     by the kernel, at each interrupt and as a thread leaves its CPU (exact, \
+                     and cheaper than reading)"
+                ),
+                "",
+            ),
+        },
         Err(e) => {
             let fix = match e {
                 CaptureError::NoPrivilege => {
@@ -457,6 +484,7 @@ fn text_report(checks: &[Check], verdict: &str) -> String {
 fn json_report(
     checks: &[Check],
     capture: &Result<bool, CaptureError>,
+    off_cpu: Option<&Result<(), CaptureError>>,
     p: &Pythons,
     can_profile: bool,
     verdict: &str,
@@ -475,9 +503,11 @@ fn json_report(
     let capture = match capture {
         Ok(namespaced) => serde_json::json!({
             "available": true, "reason": null, "why": null, "namespaced": namespaced,
+            "wall": off_cpu.is_some_and(|w| w.is_ok()),
         }),
         Err(e) => serde_json::json!({
             "available": false, "reason": e.code(), "why": e.to_string(), "namespaced": false,
+            "wall": false,
         }),
     };
     let doc = serde_json::json!({

@@ -13,3 +13,4 @@ pub mod process;
 pub mod push;
 pub mod stack_source;
 pub mod stacks;
+pub mod wall_time;

@@ -170,7 +170,7 @@ fn plan(mut o: RecordOptions) -> Result<Plan> {
     let capture: pyfleet::stack_source::Capture =
         o.capture.parse().map_err(|e| anyhow!("--capture {e}"))?;
     let capture = capture
-        .resolve(mode == Mode::Cpu, o.blocking, o.switch_log, "--capture")
+        .resolve(mode != Mode::Gil, o.blocking, o.switch_log, "--capture")
         .map_err(|e| anyhow!(e))?;
     let format = match (&o.format, &o.output) {
         (Some(f), _) => f.parse::<Format>().map_err(|e| anyhow!("--format: {e}"))?,
@@ -278,7 +278,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
     config.validate().map_err(|e| anyhow!("{e}"))?;
     let (capture, how) = plan
         .capture
-        .start(plan.rate.base_hz())
+        .start(plan.rate.base_hz(), plan.mode == Mode::Wall)
         .map_err(|e| anyhow!(e))?;
     eprintln!(
         "pyfleet: recording {what} at {} Hz ({} mode{}); {how}",
@@ -313,6 +313,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
                     blocking: plan.blocking,
                     capture: capture.clone(),
                     reads_if_deeper: plan.capture == pyfleet::stack_source::Capture::Auto,
+                    wall_rate_hz: (plan.mode == Mode::Wall).then(|| plan.rate.base_hz()),
                 },
                 counters: counters.clone(),
             },

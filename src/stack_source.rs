@@ -10,7 +10,11 @@
 //! [`CAPTURE_FULL_REFRESH`]. Samples of a thread before it is learnt are counted failures.
 //! Its samples are the chains the kernel copied at interrupts of those threads since the
 //! last tick, as many per tick as there were (each one thread on a CPU at one instant); a
-//! process that ended hands out what was captured before, then reports its end. A source is due ([`StackSource::due`]) only
+//! process that ended hands out what was captured before, then reports its end. In wall
+//! mode ([`UnwinderFactory::wall`]) the kernel also copies a thread's chain as it leaves its
+//! CPU, and a tick gives one sample per known thread: the newest chain copied of it, else
+//! the stack the last full read found (a thread asleep since before it was watched). A
+//! capturing source in cpu mode is due ([`StackSource::due`]) only
 //! when records wait for it, or when its full read is due (while full reads fail, every
 //! [`CAPTURE_RETRY`]): an idle process costs a tick
 //! a look at the ring and its queue. Records are decoded at the first tick after they were
@@ -25,6 +29,7 @@ use crate::cpython::{self, Unwinder, UnwinderOptions};
 use crate::memory::kernel_capture::{frames_in, KernelCapture};
 use crate::memory::{ProcessMemory, RemoteMemory};
 use crate::process::host::PidNamespace;
+use crate::wall_time::{self, SwitchedOut, WallTime};
 use pyfleet_actors::{
     CapturedCounts, FrameInfo, ProcessInfo, SampleError, SampleKind, SampledThread, SourceFactory,
     SourceStats, StackSource, ThreadStatus,
@@ -72,7 +77,7 @@ pub enum Capture {
 /// Why the kernel capture does not apply to a profile, whatever the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NotApplicable {
-    /// wall or gil mode: the capture copies threads on a CPU only.
+    /// gil mode: the capture gives cpu and wall mode.
     Mode,
     /// `--blocking`: targets are paused and read.
     Blocking,
@@ -141,7 +146,7 @@ impl std::fmt::Display for HowStacks {
                 match why {
                     WhyReads::Asked => f.write_str("reads were asked for (capture: reads)"),
                     WhyReads::NotApplicable(NotApplicable::Mode) => {
-                        f.write_str("the kernel capture copies threads on a CPU (cpu mode only)")
+                        f.write_str("the kernel capture gives cpu and wall mode, not gil mode")
                     }
                     WhyReads::NotApplicable(_) => {
                         f.write_str("the context-switch log (--switch-log) goes with reads")
@@ -167,13 +172,14 @@ impl std::str::FromStr for Capture {
 }
 
 impl Capture {
-    /// What `self` comes to for a profile in `cpu_mode` (or not), with or without pausing
-    /// targets or the context-switch log: `Auto` is reads where the capture does not apply.
+    /// What `self` comes to for a profile in a mode the capture gives (`capturable`: cpu or
+    /// wall) or not (gil), with or without pausing targets or the context-switch log: `Auto`
+    /// is reads where the capture does not apply.
     /// An explicit `Kernel` where it does not apply is an error, in words for `flag` (the
     /// command line's `--capture` or the config file's `capture`).
     pub fn resolve(
         self,
-        cpu_mode: bool,
+        capturable: bool,
         blocking: bool,
         switch_log: bool,
         flag: &str,
@@ -183,8 +189,8 @@ impl Capture {
             false => name.to_string(),
         };
         match self {
-            Capture::Kernel if !cpu_mode => Err(format!(
-                "{flag} kernel samples threads on a CPU only: it goes with {} cpu",
+            Capture::Kernel if !capturable => Err(format!(
+                "{flag} kernel gives {} cpu and wall, not gil",
                 option("mode")
             )),
             Capture::Kernel if blocking => Err(format!(
@@ -194,16 +200,21 @@ impl Capture {
             Capture::Auto | Capture::Reads if blocking => {
                 Ok(Capture::ReadsWhere(NotApplicable::Blocking))
             }
-            Capture::Auto if !cpu_mode => Ok(Capture::ReadsWhere(NotApplicable::Mode)),
+            Capture::Auto if !capturable => Ok(Capture::ReadsWhere(NotApplicable::Mode)),
             Capture::Auto if switch_log => Ok(Capture::ReadsWhere(NotApplicable::SwitchLog)),
             other => Ok(other),
         }
     }
 
-    /// Starts the kernel capture at `rate_hz` when `self` (resolved) asks for it, and says
-    /// how stacks will be taken. `Kernel` fails with the reason; `Auto` falls back to reads
-    /// and the second value says why.
-    pub fn start(self, rate_hz: f64) -> Result<(Option<Arc<SharedCapture>>, HowStacks), String> {
+    /// Starts the kernel capture at `rate_hz` when `self` (resolved) asks for it (with
+    /// `off_cpu`, wall mode: threads off their CPU too), and says how stacks will be taken.
+    /// `Kernel` fails with the reason; `Auto` falls back to reads and the second value says
+    /// why.
+    pub fn start(
+        self,
+        rate_hz: f64,
+        off_cpu: bool,
+    ) -> Result<(Option<Arc<SharedCapture>>, HowStacks), String> {
         let reads = |why| Ok((None, HowStacks::Reads(why)));
         match self {
             Capture::Reads => return reads(WhyReads::Asked),
@@ -211,7 +222,7 @@ impl Capture {
             Capture::Kernel | Capture::Auto => {}
         }
         let hz = rate_hz.round().clamp(1.0, f64::from(u32::MAX)) as u32;
-        match KernelCapture::start(hz) {
+        match KernelCapture::start(hz, off_cpu) {
             Ok(c) => {
                 let namespaced = c.namespace().is_some();
                 Ok((
@@ -250,11 +261,21 @@ pub struct UnwinderFactory {
     /// With the capture, a process whose stacks are deeper than it copies is read from
     /// outside instead from then on (`--capture auto`); else those samples fail.
     pub reads_if_deeper: bool,
+    /// Wall mode at this rate (the capture's): with the capture, each thread's samples on
+    /// its CPU and off it (see [`crate::wall_time`]).
+    pub wall_rate_hz: Option<f64>,
 }
 
 /// One captured chain, copied out of the ring for its process's source.
 struct PendingRecord {
     tid: u32,
+    /// `CLOCK_MONOTONIC` nanoseconds of the record.
+    time_ns: u64,
+    /// Copied as the thread left its CPU (without frames when unchanged since the last chain
+    /// sent for it), or no chain: the thread was switched in.
+    switched_out: bool,
+    unchanged: bool,
+    switched_in: bool,
     /// A thread the capture does not watch ran: no frames.
     unknown_thread: bool,
     /// Why the chain is not whole, if it is not.
@@ -448,6 +469,10 @@ impl CaptureState {
             }
             queue.push(PendingRecord {
                 tid: r.tid,
+                time_ns: r.time_ns,
+                switched_out: r.switched_out(),
+                unchanged: r.unchanged(),
+                switched_in: r.switched_in(),
                 unknown_thread: r.unknown_thread(),
                 truncated: r.truncated(),
                 incomplete: r.unreadable().or(r
@@ -501,6 +526,7 @@ impl SourceFactory for UnwinderFactory {
                 last: CapturedCounts::default(),
                 gone: None,
                 deeper: false,
+                wall: self.wall_rate_hz.map(WallTime::new),
             }),
         })
     }
@@ -526,6 +552,8 @@ struct CaptureLink {
     /// The process ended: reported at the call after the one that handed out what was
     /// captured before.
     gone: Option<SampleError>,
+    /// Wall mode (see [`UnwinderFactory::wall_rate_hz`]).
+    wall: Option<WallTime>,
 }
 
 impl Drop for CaptureLink {
@@ -565,8 +593,14 @@ impl UnwinderSource {
             return Err(gone);
         }
         let mut records = std::mem::take(&mut link.records);
-        link.shared.take(link.pid, &mut records);
         let now = Instant::now();
+        // Wall mode: time off the CPU is counted up to this, taken before the ring is drained
+        // (a switch-in recorded before it is then in the drain).
+        let now_ns = wall_time::now_ns();
+        // Wall mode calls at every tick: the ring is looked at as by an idle source's `due`.
+        if link.wall.is_none() || link.shared.has_records(link.pid, now) {
+            link.shared.take(link.pid, &mut records);
+        }
         if !link.not_python.is_empty() {
             link.not_python
                 .retain(|_, at| now.duration_since(*at) < CAPTURE_RECHECK);
@@ -605,6 +639,22 @@ impl UnwinderSource {
                         link.not_python.clear();
                     }
                     let threads = unwinder.captured_threads();
+                    if let Some(wall) = link.wall.as_mut() {
+                        // A thread not heard of yet is off its CPU in the stack this read
+                        // found (asleep since before the capture watched it).
+                        for t in unwinder.last_sample() {
+                            let stack = SampledThread {
+                                thread_id: t.thread_id,
+                                status: ThreadStatus {
+                                    on_cpu: false,
+                                    holds_gil: t.holds_gil,
+                                },
+                                stack: u64::from(t.stack),
+                            };
+                            wall.learnt(t.native_thread_id as u32, stack, now_ns);
+                        }
+                        wall.retain(|tid| threads.iter().any(|t| t.tid as u32 == tid));
+                    }
                     if first || threads != link.threads {
                         link.threads = threads;
                         let layout = unwinder.capture_layout();
@@ -635,10 +685,21 @@ impl UnwinderSource {
         }
         let reads_before = unwinder.memory().stats().reads();
         let mut first_error = None;
-        let (mut taken, mut failed) = (0usize, 0usize);
+        let (mut failed, mut decoded) = (0usize, 0usize);
+        let out_before = out.len();
         for r in records.drain(..) {
             link.deeper |= r.truncated;
             let thread = known(&link.threads, r.tid);
+            if let Some(wall) = link.wall.as_mut().filter(|_| thread.is_some()) {
+                if r.switched_in {
+                    failed += wall.switched_in(r.tid, r.time_ns, out) as usize;
+                    continue;
+                }
+                if r.unchanged {
+                    wall.switched_out(r.tid, r.time_ns, SwitchedOut::Unchanged);
+                    continue;
+                }
+            }
             let sampled = match (r.unknown_thread, r.incomplete, thread) {
                 // A Python thread that ran before this source learnt it.
                 (true, _, Some(_)) => {
@@ -656,28 +717,40 @@ impl UnwinderSource {
                 (false, None, None) => continue,
                 (false, None, Some(t)) => unwinder.sample_captured(t, frames_in(&r.frames), false),
             };
-            match sampled {
-                Ok(t) => {
-                    taken += 1;
-                    out.push(SampledThread {
-                        thread_id: t.thread_id,
-                        status: ThreadStatus {
-                            on_cpu: true,
-                            holds_gil: t.holds_gil,
-                        },
-                        stack: u64::from(t.stack),
-                    });
-                }
+            decoded += 1;
+            let stack = match sampled {
+                Ok(t) => Some(SampledThread {
+                    thread_id: t.thread_id,
+                    status: ThreadStatus {
+                        on_cpu: !r.switched_out,
+                        holds_gil: t.holds_gil,
+                    },
+                    stack: u64::from(t.stack),
+                }),
                 Err(e) => {
-                    failed += 1;
                     first_error.get_or_insert(e);
+                    None
                 }
+            };
+            match link.wall.as_mut() {
+                Some(wall) if r.switched_out => {
+                    wall.switched_out(r.tid, r.time_ns, SwitchedOut::With(stack));
+                }
+                Some(wall) => failed += wall.on_cpu(r.tid, r.time_ns, stack, out) as usize,
+                None => match stack {
+                    Some(s) => out.push(s),
+                    None => failed += 1,
+                },
             }
         }
         link.records = records;
+        if let Some(wall) = link.wall.as_mut() {
+            failed += wall.until(now_ns, out) as usize;
+        }
+        let taken = out.len() - out_before;
         // Chains decoded from what the kernel copied alone are `checked`; a call that read
         // the process (to learn its threads, or code objects not cached) is `read`.
-        if kind == SampleKind::Kept && taken + failed > 0 {
+        if kind == SampleKind::Kept && decoded > 0 {
             kind = match unwinder.memory().stats().reads() == reads_before {
                 true => SampleKind::Checked,
                 false => SampleKind::Read,
@@ -705,7 +778,8 @@ impl StackSource for UnwinderSource {
         let Some(link) = self.capture.as_ref() else {
             return true;
         };
-        if link.gone.is_some() {
+        // Wall mode: time off the CPU counts at every tick.
+        if link.gone.is_some() || link.wall.is_some() {
             return true;
         }
         let now = Instant::now();
@@ -892,8 +966,8 @@ mod tests {
             Ok(Capture::ReadsWhere(NotApplicable::Blocking))
         );
         let kernel: Capture = "kernel".parse().expect("parses");
-        let wall = kernel.resolve(false, false, false, "--capture");
-        assert!(wall.is_err_and(|e| e.contains("goes with --mode cpu")));
+        let gil = kernel.resolve(false, false, false, "--capture");
+        assert!(gil.is_err_and(|e| e.contains("--mode cpu and wall, not gil")));
         let paused = kernel.resolve(true, true, false, "capture");
         assert!(paused.is_err_and(|e| e.contains("does not go with blocking")));
         assert!("bpf".parse::<Capture>().is_err());
@@ -914,7 +988,7 @@ mod tests {
             (
                 HowStacks::Reads(WhyReads::NotApplicable(NotApplicable::Mode)),
                 "mode",
-                "cpu mode only",
+                "not gil mode",
             ),
             (
                 HowStacks::Reads(WhyReads::CannotStart {

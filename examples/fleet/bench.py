@@ -144,7 +144,7 @@ def run(args, pythons):
         out = tempfile.mkdtemp(prefix="pyfleet-fleet-bench-")
         cmd = [args.pyfleet, "run", "--rate", str(args.rate), "--duration", str(args.duration),
                "--snapshot-interval", "10", "--out", out, "--metrics-addr", f"127.0.0.1:{port}",
-               "--max-cpu", str(args.max_cpu)]
+               "--max-cpu", str(args.max_cpu), "--mode", args.mode]
         # Matched by a pattern, as a deployment matches: every scan looks at every process
         # of the host.
         cmd += ["--match", token]
@@ -251,6 +251,8 @@ def main():
                     help="pyfleet's --capture (default auto, pyfleet's own default: the kernel "
                          "capture as root, cpu mode); with the capture, the program's run time "
                          "in the targets is reported beside pyfleet's CPU")
+    ap.add_argument("--mode", choices=["cpu", "wall", "gil"], default="cpu",
+                    help="pyfleet's --mode (default cpu)")
     ap.add_argument("--capture-kernel", action="store_true",
                     help="the same as --capture kernel")
     ap.add_argument("--json", action="store_true")

@@ -7,8 +7,13 @@
 //! and first [`FRAME_BYTES`] bytes, following `previous`, with a fingerprint of the code object
 //! the frame names, read at the same instant), into a ring buffer this module drains
 //! ([`KernelCapture::drain`]). The interrupted thread does not run while its frames are
-//! copied: a record is one instant's chain, never a torn one. Only threads on a CPU are
-//! captured (a cpu-mode profile), each in proportion to the CPU time it uses. A thread not
+//! copied: a record is one instant's chain, never a torn one. Threads on a CPU are captured
+//! each in proportion to the CPU time it uses (a cpu-mode profile). Started for wall mode
+//! (`off_cpu`), a second program at the scheduler's switch tracepoint copies a watched
+//! thread's chain as it leaves its CPU ([`CapturedRecord::switched_out`]; none when it is the
+//! chain last sent for that thread: [`CapturedRecord::unchanged`]) and tells when it is
+//! switched in again ([`CapturedRecord::switched_in`]): each thread's time off its CPU and the
+//! stack it spent it in. A thread not
 //! watched of a watched process ([`KernelCapture::watch_process`]) gets a record without
 //! frames ([`CapturedRecord::unknown_thread`]) at each of its interrupts: a thread started
 //! since its process was last read, or one that does not run Python.
@@ -21,10 +26,12 @@
 //! Threads and processes are named by the ids of pyfleet's own pid namespace.
 
 use crate::process::host::{self, PidNamespace};
+use crate::process::kernel_types;
 use aya::maps::{HashMap as BpfMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{
     PerfEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent,
 };
+use aya::programs::RawTracePoint;
 use aya::{Ebpf, Pod};
 
 /// Most frames one record holds (`MAX_FRAMES` in `bpf/capture.bpf.c`).
@@ -63,6 +70,9 @@ const FLAG_POINTER_UNREADABLE: u16 = 1;
 const FLAG_FRAME_UNREADABLE: u16 = 2;
 const FLAG_TRUNCATED: u16 = 4;
 const FLAG_UNKNOWN_THREAD: u16 = 8;
+const FLAG_SWITCHED_OUT: u16 = 16;
+const FLAG_SWITCHED_IN: u16 = 32;
+const FLAG_UNCHANGED: u16 = 64;
 
 static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/capture.bpf.o"));
 
@@ -84,6 +94,8 @@ pub struct CaptureLayout {
     /// Offset of the code object's pointer in a frame (below [`FRAME_BYTES`] - 8), and the
     /// tag bits to clear from it.
     pub code: u64,
+    /// Offset of the instruction pointer in a frame (below [`FRAME_BYTES`] - 8).
+    pub instr: u64,
     pub code_tag_mask: u64,
     /// The fingerprint's bytes in a code object: `fingerprint_bytes` (a multiple of 8, at
     /// most [`MAX_FINGERPRINT_BYTES`]) at `fingerprint_at`.
@@ -104,9 +116,12 @@ struct ThreadInfo {
     code_tag_mask: u64,
     fingerprint_at: u64,
     fingerprint_bytes: u64,
+    /// The hash of the chain last sent for the thread (the program's; 0 when watched).
+    last_chain: u64,
+    instr: u64,
 }
 
-// SAFETY: two u32 then eight u64 fields, `repr(C)`, no padding: every bit pattern is a valid value, which
+// SAFETY: two u32 then ten u64 fields, `repr(C)`, no padding: every bit pattern is a valid value, which
 // is what `Pod` asks of types copied to and from BPF maps.
 unsafe impl Pod for ThreadInfo {}
 
@@ -141,6 +156,8 @@ pub enum CaptureError {
     WatchProcess { pid: u32, why: String },
     #[error("the frame layout does not fit the capture: {0}")]
     Layout(String),
+    #[error("the kernel capture cannot follow threads off their CPU here (wall mode): {0}")]
+    OffCpu(&'static str),
 }
 
 impl CaptureError {
@@ -155,6 +172,7 @@ impl CaptureError {
             CaptureError::Watch { .. }
             | CaptureError::WatchProcess { .. }
             | CaptureError::Layout(_) => "watch_failed",
+            CaptureError::OffCpu(_) => "off_cpu_unavailable",
         }
     }
 }
@@ -177,10 +195,11 @@ pub struct KernelCapture {
 
 impl KernelCapture {
     /// Loads the program and attaches it to a cpu-clock event at `rate_hz` on every online
-    /// CPU. Threads and processes are known by the ids of pyfleet's own pid namespace: the
-    /// host's, or else the one pyfleet runs in (a thread of a process outside it is never
-    /// captured; see [`KernelCapture::namespace`]).
-    pub fn start(rate_hz: u32) -> Result<KernelCapture, CaptureError> {
+    /// CPU, and with `off_cpu` to the scheduler's switch tracepoint. Threads and processes
+    /// are known by the ids of pyfleet's own pid namespace: the host's, or else the one
+    /// pyfleet runs in (a thread of a process outside it is never captured; see
+    /// [`KernelCapture::namespace`]).
+    pub fn start(rate_hz: u32, off_cpu: bool) -> Result<KernelCapture, CaptureError> {
         let release = host::kernel_release().unwrap_or_default();
         if host::kernel_version(&release).is_some_and(|v| v < MIN_KERNEL) {
             return Err(CaptureError::KernelTooOld { release });
@@ -189,9 +208,23 @@ impl KernelCapture {
             return Err(CaptureError::NoPrivilege);
         }
         let namespace = PidNamespace::own().filter(|ns| !ns.is_host());
+        // Off the CPU, a switch-in names the thread by the task's `pid`: the host's id.
+        let task_pid_at = match (off_cpu, namespace) {
+            (false, _) => 0,
+            (true, Some(_)) => {
+                return Err(CaptureError::OffCpu(
+                    "pyfleet runs in a pid namespace not the host's",
+                ))
+            }
+            (true, None) => kernel_types::field_offset("task_struct", "pid")
+                .filter(|&at| at > 0 && at < 65536)
+                .ok_or(CaptureError::OffCpu(
+                    "the kernel's BTF (/sys/kernel/btf/vmlinux) does not say where a task's id is",
+                ))?,
+        };
         let cpus = aya::util::online_cpus()
             .map_err(|(what, e)| CaptureError::Load(format!("{what}: {e}")))?;
-        let mut ebpf = load(ring_bytes(cpus.len(), rate_hz), namespace)?;
+        let mut ebpf = load(ring_bytes(cpus.len(), rate_hz), namespace, task_pid_at)?;
         let program: &mut PerfEvent = ebpf
             .program_mut("capture_python_frames")
             .ok_or_else(|| CaptureError::Load("program missing from the object".into()))?
@@ -212,6 +245,20 @@ impl KernelCapture {
                         cpu,
                         why: e.to_string(),
                     },
+                })?;
+        }
+        if off_cpu {
+            let switched: &mut RawTracePoint = ebpf
+                .program_mut("capture_switched_out")
+                .ok_or_else(|| CaptureError::Load("program missing from the object".into()))?
+                .try_into()
+                .map_err(|e: aya::programs::ProgramError| CaptureError::Load(e.to_string()))?;
+            switched.load().map_err(refused)?;
+            switched
+                .attach("sched_switch")
+                .map_err(|e| match os_error(&e) {
+                    Some(libc::EPERM | libc::EACCES) => not_permitted(&e),
+                    _ => CaptureError::Load(format!("the scheduler's switch tracepoint: {e}")),
                 })?;
         }
         let mut map = |name: &str| {
@@ -305,6 +352,8 @@ impl KernelCapture {
             code_tag_mask: layout.code_tag_mask,
             fingerprint_at: layout.fingerprint_at,
             fingerprint_bytes: layout.fingerprint_bytes,
+            last_chain: 0,
+            instr: layout.instr,
         };
         self.threads
             .insert(tid, info, 0)
@@ -354,11 +403,11 @@ impl CaptureLayout {
     /// value is out of its bounds).
     fn check(&self) -> Result<(), CaptureError> {
         let in_frame = (FRAME_BYTES - 8) as u64;
-        if self.previous > in_frame || self.code > in_frame {
+        if self.previous > in_frame || self.code > in_frame || self.instr > in_frame {
             return Err(CaptureError::Layout(format!(
-                "`previous` at {} and the code object at {}, past the {FRAME_BYTES} bytes \
-                 copied of a frame",
-                self.previous, self.code
+                "`previous` at {}, the code object at {} or the instruction pointer at {}, \
+                 past the {FRAME_BYTES} bytes copied of a frame",
+                self.previous, self.code, self.instr
             )));
         }
         if self.fingerprint_bytes == 0
@@ -391,12 +440,17 @@ fn ring_bytes(cpus: usize, rate_hz: u32) -> u32 {
 
 /// The object with the ring sized and, in a pid namespace not the host's, the namespace set
 /// (`pidns_dev`, `pidns_ino`), its maps created.
-fn load(ring: u32, namespace: Option<PidNamespace>) -> Result<Ebpf, CaptureError> {
+fn load(
+    ring: u32,
+    namespace: Option<PidNamespace>,
+    task_pid_at: u64,
+) -> Result<Ebpf, CaptureError> {
     let (dev, inode) = namespace.map_or((0, 0), |ns| (ns.dev, ns.inode));
     aya::EbpfLoader::new()
         .map_max_entries("records", ring)
         .override_global("pidns_dev", &dev, true)
         .override_global("pidns_ino", &inode, true)
+        .override_global("task_pid_at", &task_pid_at, true)
         .load(PROGRAM)
         .map_err(|e| match os_error(&e) {
             Some(libc::EPERM | libc::EACCES) => not_permitted(&e),
@@ -410,7 +464,10 @@ fn refused(e: aya::programs::ProgramError) -> CaptureError {
         let log = verifier_log.to_string();
         // The verifier's last lines say what it refused; the lines before trace its walk.
         let why = log.lines().rev().map(str::trim).find(|l| {
-            !l.is_empty() && !l.starts_with("processed ") && !l.starts_with("verification time")
+            !l.is_empty()
+                && !l.starts_with("processed ")
+                && !l.starts_with("verification time")
+                && !l.starts_with("stack depth")
         });
         if let Some(why) = why {
             return CaptureError::VerifierRefused(why.chars().take(200).collect());
@@ -519,6 +576,23 @@ impl<'a> CapturedRecord<'a> {
         self.flags & FLAG_UNKNOWN_THREAD != 0
     }
 
+    /// Copied as the thread left its CPU (its stack until it runs again), not at an
+    /// interrupt.
+    pub fn switched_out(&self) -> bool {
+        self.flags & FLAG_SWITCHED_OUT != 0
+    }
+
+    /// Switched out with the chain last sent for the thread: no frames, the stack is that
+    /// chain's.
+    pub fn unchanged(&self) -> bool {
+        self.flags & FLAG_UNCHANGED != 0
+    }
+
+    /// The thread was switched in at `time_ns` (no frames).
+    pub fn switched_in(&self) -> bool {
+        self.flags & FLAG_SWITCHED_IN != 0
+    }
+
     /// The chain is deeper than [`MAX_FRAMES`]: the oldest frames are missing.
     pub fn truncated(&self) -> bool {
         self.flags & FLAG_TRUNCATED != 0
@@ -573,7 +647,8 @@ mod tests {
             "CONST(MAX_FRAMES); CONST(FRAME_BYTES); CONST(MAX_FINGERPRINT_BYTES);",
             "CONST(MAX_THREADS); CONST(MAX_PROCESSES); CONST(NO_INDIRECTION);",
             "CONST(FLAG_POINTER_UNREADABLE); CONST(FLAG_FRAME_UNREADABLE);",
-            "CONST(FLAG_TRUNCATED); CONST(FLAG_UNKNOWN_THREAD);",
+            "CONST(FLAG_TRUNCATED); CONST(FLAG_UNKNOWN_THREAD); CONST(FLAG_SWITCHED_OUT);",
+            "CONST(FLAG_SWITCHED_IN); CONST(FLAG_UNCHANGED);",
             "AT(record, pid); AT(record, tid); AT(record, time); AT(record, frames);",
             "AT(record, flags); AT(record, frame);",
             "AT(frame_copy, addr); AT(frame_copy, code_fingerprint); AT(frame_copy, bytes);",
@@ -581,7 +656,8 @@ mod tests {
             "AT(thread_info, pid); AT(thread_info, tstate); AT(thread_info, first);",
             "AT(thread_info, second); AT(thread_info, previous); AT(thread_info, code);",
             "AT(thread_info, code_tag_mask); AT(thread_info, fingerprint_at);",
-            "AT(thread_info, fingerprint_bytes);",
+            "AT(thread_info, fingerprint_bytes); AT(thread_info, last_chain);",
+            "AT(thread_info, instr);",
         ] {
             c.push_str(line);
             c.push('\n');
@@ -630,6 +706,9 @@ mod tests {
             ("FLAG_FRAME_UNREADABLE", u64::from(FLAG_FRAME_UNREADABLE)),
             ("FLAG_TRUNCATED", u64::from(FLAG_TRUNCATED)),
             ("FLAG_UNKNOWN_THREAD", u64::from(FLAG_UNKNOWN_THREAD)),
+            ("FLAG_SWITCHED_OUT", u64::from(FLAG_SWITCHED_OUT)),
+            ("FLAG_SWITCHED_IN", u64::from(FLAG_SWITCHED_IN)),
+            ("FLAG_UNCHANGED", u64::from(FLAG_UNCHANGED)),
             ("record.pid", PID_AT as u64),
             ("record.tid", TID_AT as u64),
             ("record.time", TIME_AT as u64),
@@ -677,6 +756,14 @@ mod tests {
                 "thread_info.fingerprint_bytes",
                 std::mem::offset_of!(ThreadInfo, fingerprint_bytes) as u64,
             ),
+            (
+                "thread_info.last_chain",
+                std::mem::offset_of!(ThreadInfo, last_chain) as u64,
+            ),
+            (
+                "thread_info.instr",
+                std::mem::offset_of!(ThreadInfo, instr) as u64,
+            ),
         ];
         for (name, value) in rust {
             assert_eq!(
@@ -715,6 +802,7 @@ mod tests {
             in_cframe: None,
             previous: 0,
             code: FRAME_BYTES as u64 - 8,
+            instr: 56,
             code_tag_mask: 1,
             fingerprint_at: 96,
             fingerprint_bytes: 32,
@@ -727,6 +815,10 @@ mod tests {
             },
             CaptureLayout {
                 code: FRAME_BYTES as u64,
+                ..fits
+            },
+            CaptureLayout {
+                instr: FRAME_BYTES as u64,
                 ..fits
             },
             CaptureLayout {

@@ -92,7 +92,8 @@ fn doctor_and_the_first_line_say_how_stacks_are_taken() {
         assert!(checks.contains(&name), "no {name} check: {doc}");
     }
 
-    // Root's record: the capture, said first; wall mode: reads, for the mode.
+    // Root's record: the capture, said first, in cpu and wall modes; gil mode: reads, for the
+    // mode.
     let p = root_pid.to_string();
     let folded = tmp.path().join("root.folded");
     let (run, first) = record_first_line(pyfleet_command(&["record", "--pid", &p]), &folded);
@@ -109,7 +110,17 @@ fn doctor_and_the_first_line_say_how_stacks_are_taken() {
     );
     assert!(run.success(), "{}", run.describe());
     assert!(
-        first.contains("stacks read from outside: the kernel capture copies threads on a CPU"),
+        first.contains("(wall mode); stacks from the kernel capture"),
+        "{}",
+        run.describe()
+    );
+    let (run, first) = record_first_line(
+        pyfleet_command(&["record", "--pid", &p, "--mode", "gil"]),
+        &folded,
+    );
+    assert!(run.success(), "{}", run.describe());
+    assert!(
+        first.contains("stacks read from outside: the kernel capture gives cpu and wall mode"),
         "{}",
         run.describe()
     );

@@ -41,6 +41,7 @@ impl<M: RemoteMemory> Unwinder<M> {
             in_cframe,
             previous: self.layout.frame.previous,
             code: self.layout.frame.code,
+            instr: self.layout.frame.instr,
             code_tag_mask: self.layout.frame.code_tag_mask,
             fingerprint_at,
             fingerprint_bytes: fingerprint_bytes as u64,
