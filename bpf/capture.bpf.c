@@ -89,6 +89,7 @@ const volatile __u64 task_pid_at = 0;
 #define FLAG_SWITCHED_OUT 16
 #define FLAG_SWITCHED_IN 32
 #define FLAG_UNCHANGED 64
+#define FLAG_ENTERING 128
 
 // Where a watched thread's current frame is, and how frames link.
 struct thread_info {
@@ -115,6 +116,9 @@ struct thread_info {
     // Offset of the instruction pointer in a frame (below FRAME_BYTES - 8): with the frame's
     // address, its code object and its caller, what the chain's hash covers.
     __u64 instr;
+    // With `second`: where the thread state holds its own C frame, the only one that names
+    // no frame while current (an eval loop publishes its C frame before its current frame).
+    __u64 root_cframe;
 };
 
 struct frame_copy {
@@ -266,8 +270,17 @@ static __attribute__((always_inline)) int capture(int switched_out)
             return 0;
         }
         at = cframe + info->second;
-    }
-    if (bpf_probe_read_user(&frame, 8, (void *)at) < 0) {
+        if (bpf_probe_read_user(&frame, 8, (void *)at) < 0) {
+            r->flags = FLAG_POINTER_UNREADABLE | (switched_out ? FLAG_SWITCHED_OUT : 0);
+            send(r, 0);
+            return 0;
+        }
+        if (frame == 0 && cframe != info->tstate + info->root_cframe) {
+            r->flags = FLAG_ENTERING | (switched_out ? FLAG_SWITCHED_OUT : 0);
+            send(r, 0);
+            return 0;
+        }
+    } else if (bpf_probe_read_user(&frame, 8, (void *)at) < 0) {
         r->flags = FLAG_POINTER_UNREADABLE | (switched_out ? FLAG_SWITCHED_OUT : 0);
         send(r, 0);
         return 0;

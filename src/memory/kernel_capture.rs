@@ -73,6 +73,7 @@ const FLAG_UNKNOWN_THREAD: u16 = 8;
 const FLAG_SWITCHED_OUT: u16 = 16;
 const FLAG_SWITCHED_IN: u16 = 32;
 const FLAG_UNCHANGED: u16 = 64;
+const FLAG_ENTERING: u16 = 128;
 
 static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/capture.bpf.o"));
 
@@ -96,6 +97,8 @@ pub struct CaptureLayout {
     pub code: u64,
     /// Offset of the instruction pointer in a frame (below [`FRAME_BYTES`] - 8).
     pub instr: u64,
+    /// 3.11, 3.12: offset in the thread state of its own C frame (see `CurrentFrame`).
+    pub root_cframe: u64,
     pub code_tag_mask: u64,
     /// The fingerprint's bytes in a code object: `fingerprint_bytes` (a multiple of 8, at
     /// most [`MAX_FINGERPRINT_BYTES`]) at `fingerprint_at`.
@@ -119,9 +122,10 @@ struct ThreadInfo {
     /// The hash of the chain last sent for the thread (the program's; 0 when watched).
     last_chain: u64,
     instr: u64,
+    root_cframe: u64,
 }
 
-// SAFETY: two u32 then ten u64 fields, `repr(C)`, no padding: every bit pattern is a valid value, which
+// SAFETY: two u32 then eleven u64 fields, `repr(C)`, no padding: every bit pattern is a valid value, which
 // is what `Pod` asks of types copied to and from BPF maps.
 unsafe impl Pod for ThreadInfo {}
 
@@ -354,6 +358,7 @@ impl KernelCapture {
             fingerprint_bytes: layout.fingerprint_bytes,
             last_chain: 0,
             instr: layout.instr,
+            root_cframe: layout.root_cframe,
         };
         self.threads
             .insert(tid, info, 0)
@@ -605,6 +610,8 @@ impl<'a> CapturedRecord<'a> {
             Some("the current-frame pointer was not resident at the interrupt")
         } else if self.flags & FLAG_FRAME_UNREADABLE != 0 {
             Some("a frame was not resident at the interrupt")
+        } else if self.flags & FLAG_ENTERING != 0 {
+            Some("an eval loop was being entered at the interrupt (its current frame not set)")
         } else {
             None
         }
@@ -648,7 +655,7 @@ mod tests {
             "CONST(MAX_THREADS); CONST(MAX_PROCESSES); CONST(NO_INDIRECTION);",
             "CONST(FLAG_POINTER_UNREADABLE); CONST(FLAG_FRAME_UNREADABLE);",
             "CONST(FLAG_TRUNCATED); CONST(FLAG_UNKNOWN_THREAD); CONST(FLAG_SWITCHED_OUT);",
-            "CONST(FLAG_SWITCHED_IN); CONST(FLAG_UNCHANGED);",
+            "CONST(FLAG_SWITCHED_IN); CONST(FLAG_UNCHANGED); CONST(FLAG_ENTERING);",
             "AT(record, pid); AT(record, tid); AT(record, time); AT(record, frames);",
             "AT(record, flags); AT(record, frame);",
             "AT(frame_copy, addr); AT(frame_copy, code_fingerprint); AT(frame_copy, bytes);",
@@ -657,7 +664,7 @@ mod tests {
             "AT(thread_info, second); AT(thread_info, previous); AT(thread_info, code);",
             "AT(thread_info, code_tag_mask); AT(thread_info, fingerprint_at);",
             "AT(thread_info, fingerprint_bytes); AT(thread_info, last_chain);",
-            "AT(thread_info, instr);",
+            "AT(thread_info, instr); AT(thread_info, root_cframe);",
         ] {
             c.push_str(line);
             c.push('\n');
@@ -709,6 +716,7 @@ mod tests {
             ("FLAG_SWITCHED_OUT", u64::from(FLAG_SWITCHED_OUT)),
             ("FLAG_SWITCHED_IN", u64::from(FLAG_SWITCHED_IN)),
             ("FLAG_UNCHANGED", u64::from(FLAG_UNCHANGED)),
+            ("FLAG_ENTERING", u64::from(FLAG_ENTERING)),
             ("record.pid", PID_AT as u64),
             ("record.tid", TID_AT as u64),
             ("record.time", TIME_AT as u64),
@@ -764,6 +772,10 @@ mod tests {
                 "thread_info.instr",
                 std::mem::offset_of!(ThreadInfo, instr) as u64,
             ),
+            (
+                "thread_info.root_cframe",
+                std::mem::offset_of!(ThreadInfo, root_cframe) as u64,
+            ),
         ];
         for (name, value) in rust {
             assert_eq!(
@@ -803,6 +815,7 @@ mod tests {
             previous: 0,
             code: FRAME_BYTES as u64 - 8,
             instr: 56,
+            root_cframe: 0,
             code_tag_mask: 1,
             fingerprint_at: 96,
             fingerprint_bytes: 32,

@@ -28,9 +28,9 @@
 //! samples), `se` is 0.52 points for a 10% share and 0.87 for a 50% one, so against the goals
 //! alone the test would fail a self gap of about 4.1 points and a total gap of about 6.5 at
 //! those shares; the gaps themselves, and how far past the goals, are printed for every cell.
-//! The kernel capture records [`KERNEL_SECONDS`] (15) at [`KERNEL_RATE`] (1 kHz) against the
-//! same reference (about 13,500 and 7,300 samples: `se` 0.41 and 0.69 points at those
-//! shares, failing gaps of about 3.6 and 5.8).
+//! The kernel capture records [`KERNEL_SECONDS`] (15) at [`KERNEL_RATE`] (1 kHz), in cpu and
+//! in wall mode side by side, against the same reference (about 13,500 and 7,300 samples: `se`
+//! 0.41 and 0.69 points at those shares, failing gaps of about 3.6 and 5.8).
 //!
 //! `PYFLEET_REAL_CODE_SECONDS` and `PYFLEET_REAL_CODE_ONLY` (`3.12:parser,3.15:jinja`) are
 //! for measuring by hand; CI sets neither.
@@ -328,6 +328,9 @@ enum Sampler {
     Reads,
     /// `--capture kernel`: the kernel copies the frames at the CPU's sampling interrupt.
     Kernel,
+    /// The same in wall mode: on the CPU at the interrupts, off it in the stack the thread
+    /// left with (recorded beside `Kernel`, against the same reference).
+    KernelWall,
 }
 
 impl Sampler {
@@ -335,13 +338,22 @@ impl Sampler {
         match self {
             Sampler::Reads => &["--capture", "reads"],
             Sampler::Kernel => &["--capture", "kernel"],
+            Sampler::KernelWall => &["--capture", "kernel", "--mode", "wall"],
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Sampler::Reads => "reads",
+            Sampler::Kernel => "kernel",
+            Sampler::KernelWall => "kernel wall",
         }
     }
 
     fn rate(self) -> u32 {
         match self {
             Sampler::Reads => RATE,
-            Sampler::Kernel => KERNEL_RATE,
+            Sampler::Kernel | Sampler::KernelWall => KERNEL_RATE,
         }
     }
 
@@ -350,7 +362,7 @@ impl Sampler {
     fn allowance(self) -> (f64, f64) {
         match self {
             Sampler::Reads => (SELF_ALLOWANCE, TOTAL_ALLOWANCE),
-            Sampler::Kernel => (0.0, 0.0),
+            Sampler::Kernel | Sampler::KernelWall => (0.0, 0.0),
         }
     }
 }
@@ -359,6 +371,8 @@ impl Sampler {
 #[derive(Clone, Copy)]
 struct Plan {
     sampler: Sampler,
+    /// A second recorder beside the first, against the same reference.
+    also: Option<Sampler>,
     seconds: u32,
     blocking_rate: u32,
     /// The reference is a second non-blocking recorder (`--read-only`, so that two samplers
@@ -366,35 +380,52 @@ struct Plan {
     null: bool,
 }
 
-/// Records `target` without stopping it and with `--blocking` over the same seconds, into
-/// `dir/STEM-nb.folded` and `dir/STEM-b.folded`, then stops it. Returns the non-blocking
-/// record's output and both files, or what went wrong.
+/// What one recorder without stopping the target gave: its sampler, output and file.
+type Recorded = (Sampler, RunOutput, PathBuf);
+
+/// Records `target` without stopping it (with the plan's sampler, and its second one beside
+/// it) and with `--blocking` over the same seconds, into `dir/STEM-nb.folded` (`-nb2`) and
+/// `dir/STEM-b.folded`, then stops it. Returns the non-blocking records and the reference's
+/// file, or what went wrong.
 fn record_both(
     target: Target,
     dir: &Path,
     stem: &str,
     plan: Plan,
-) -> Result<(RunOutput, PathBuf, PathBuf), String> {
+) -> Result<(Vec<Recorded>, PathBuf), String> {
     let pid = target.0.id() as i32;
-    let nb_file = dir.join(format!("{stem}-nb.folded"));
     let b_file = dir.join(format!("{stem}-b.folded"));
-    let nb = record(
-        pid,
-        &nb_file,
-        plan.sampler.rate(),
-        plan.sampler.flags(),
-        plan.seconds,
-    );
+    let running: Vec<(Sampler, Running, PathBuf)> = std::iter::once(plan.sampler)
+        .chain(plan.also)
+        .enumerate()
+        .map(|(i, sampler)| {
+            let suffix = if i == 0 { "" } else { "2" };
+            let file = dir.join(format!("{stem}-nb{suffix}.folded"));
+            let r = record(pid, &file, sampler.rate(), sampler.flags(), plan.seconds);
+            (sampler, r, file)
+        })
+        .collect();
     let reference: &[&str] = match plan.null {
         true => &["--read-only"],
         false => &["--blocking"],
     };
     let b = record(pid, &b_file, plan.blocking_rate, reference, plan.seconds);
-    let (nb, b) = (nb.finish(), b.finish());
+    let done: Vec<Recorded> = running
+        .into_iter()
+        .map(|(sampler, r, file)| (sampler, r.finish(), file))
+        .collect();
+    let b = b.finish();
     drop(target);
-    match nb.success() && b.success() {
-        true => Ok((nb, nb_file, b_file)),
-        false => Err(format!("{} / {}", nb.describe(), b.describe())),
+    let failed: Vec<String> = done
+        .iter()
+        .map(|d| &d.1)
+        .chain([&b])
+        .filter(|r| !r.success())
+        .map(RunOutput::describe)
+        .collect();
+    match failed.is_empty() {
+        true => Ok((done, b_file)),
+        false => Err(failed.join(" / ")),
     }
 }
 
@@ -421,7 +452,7 @@ fn real_code_plan(sampler: Sampler) -> (Plan, Option<Vec<String>>) {
         .and_then(|s| s.parse().ok())
         .unwrap_or(match sampler {
             Sampler::Reads => SECONDS,
-            Sampler::Kernel => KERNEL_SECONDS,
+            Sampler::Kernel | Sampler::KernelWall => KERNEL_SECONDS,
         });
     let only = std::env::var("PYFLEET_REAL_CODE_ONLY")
         .ok()
@@ -429,6 +460,7 @@ fn real_code_plan(sampler: Sampler) -> (Plan, Option<Vec<String>>) {
     let null = std::env::var("PYFLEET_REAL_CODE_NULL").is_ok_and(|v| v == "1");
     let plan = Plan {
         sampler,
+        also: (sampler == Sampler::Kernel).then_some(Sampler::KernelWall),
         seconds,
         blocking_rate: match null {
             true => RATE - 7,
@@ -447,7 +479,9 @@ fn real_libraries_sampled_without_stopping_match_stop_the_world() {
 
 /// The kernel capture (`--capture kernel`) against the same reference, held to the goals
 /// themselves (no allowance): each of its samples is one instant's chain, copied while the
-/// thread was interrupted.
+/// thread was interrupted. Beside it over the same seconds, the capture in wall mode (issue
+/// #32), held to the same: the workload's one thread runs nearly all the time, so its wall
+/// profile is its cpu profile, plus the reference's pauses counted where they stopped it.
 #[test]
 fn real_libraries_captured_by_the_kernel_match_stop_the_world() {
     let _machine = alone();
@@ -462,7 +496,6 @@ fn real_libraries_captured_by_the_kernel_match_stop_the_world() {
 fn compare_with_stop_the_world(sampler: Sampler) {
     let dir = tempdir("pyfleet-real-code-");
     let (plan, only) = real_code_plan(sampler);
-    let (self_allowance, total_allowance) = sampler.allowance();
     let mut failures = Vec::new();
     let mut done = Vec::new();
     let mut left_out = Vec::new();
@@ -483,79 +516,20 @@ fn compare_with_stop_the_world(sampler: Sampler) {
             let what = format!("[{cell}]");
             let target = start(&python, workload);
             let stem = format!("{}-{workload}", interp.minor);
-            let (nb, nb_file, b_file) = match record_both(target, dir.path(), &stem, plan) {
+            let (recorded, b_file) = match record_both(target, dir.path(), &stem, plan) {
                 Ok(done) => done,
                 Err(e) => {
                     failures.push(format!("{what} record failed: {e}"));
                     continue;
                 }
             };
-            let (nb_written, nb_failed) = counts(&nb.stderr);
-            let failed_pct = 100.0 * nb_failed as f64 / (nb_written + nb_failed).max(1) as f64;
-            let (pn, pb) = (profile(&nb_file), profile(&b_file));
-            let short = nb_written.saturating_sub(pn.samples) + pn.unrooted;
-            let short_pct = 100.0 * short as f64 / nb_written.max(1) as f64;
-            let self_gaps = gaps(&pn.leaf, pn.samples, &pb.leaf, pb.samples);
-            let total_gaps = gaps(&pn.anywhere, pn.samples, &pb.anywhere, pb.samples);
-            let (self_largest, self_worst) = worst(&self_gaps, SELF_GOAL);
-            let (total_largest, total_worst) = worst(&total_gaps, TOTAL_GOAL);
-            eprintln!(
-                "{what} {} samples, {failed_pct:.2}% failed, {short} shortened; reference {} \
-                 samples\n  self: largest {}; most past the goal {}\n  total: largest {}; \
-                 most past the goal {}",
-                pn.samples,
-                pb.samples,
-                describe_gap(self_largest, SELF_GOAL),
-                describe_gap(self_worst, SELF_GOAL),
-                describe_gap(total_largest, TOTAL_GOAL),
-                describe_gap(total_worst, TOTAL_GOAL),
-            );
-            let expected = u64::from(plan.sampler.rate() * plan.seconds);
-            let expected_reference = u64::from(plan.blocking_rate * plan.seconds);
-            if pn.samples < expected / 2 || pb.samples < expected_reference / 2 {
-                failures.push(format!(
-                    "{what} too few samples: {} / {}",
-                    pn.samples, pb.samples
-                ));
-            }
-            // Failures come in bursts (a phase of the workload that moves fast): failed by
-            // more than [`Z`] binomial standard errors past the goal.
-            let attempts = (nb_written + nb_failed).max(1) as f64;
-            let failed_se = 100.0 * (0.01 * 0.99 / attempts).sqrt();
-            if failed_pct > MAX_FAILED_PERCENT + Z * failed_se {
-                failures.push(format!(
-                    "{what} {failed_pct:.2}% of samples failed: {}",
-                    nb.stderr.trim()
-                ));
-            }
-            // A sample without frames is no instant of a thread that runs Python (issue #32:
-            // a read in the moment an eval loop is entered): none may be written.
-            let frameless = nb_written.saturating_sub(pn.samples);
-            if frameless > 0 {
-                failures.push(format!(
-                    "{what} {frameless} of {nb_written} samples written without frames"
-                ));
-            }
-            let reference_short_pct = 100.0 * pb.unrooted as f64 / pb.samples.max(1) as f64;
-            if short_pct > MAX_SHORT_PERCENT || reference_short_pct > MAX_REFERENCE_SHORT_PERCENT {
-                failures.push(format!(
-                    "{what} shortened samples: {} written, {} with frames; not ending at \
-                     <module>: {} non-blocking, {} reference",
-                    nb_written, pn.samples, pn.unrooted, pb.unrooted
-                ));
-            }
-            for (gaps, bound, kind) in [
-                (&self_gaps, SELF_GOAL + self_allowance, "self"),
-                (&total_gaps, TOTAL_GOAL + total_allowance, "total"),
-            ] {
-                let (_, worst) = worst(gaps, bound);
-                if worst.excess(bound) > Z {
-                    failures.push(format!(
-                        "{what} a {kind} share differs from the reference by more than \
-                         {bound} points beyond chance: {}",
-                        describe_gap(worst, bound)
-                    ));
-                }
+            let pb = profile(&b_file);
+            for (sampler, nb, nb_file) in recorded {
+                let what = match plan.also {
+                    Some(_) => format!("[{cell} {}]", sampler.name()),
+                    None => what.clone(),
+                };
+                judge(&what, plan, sampler, &nb, &nb_file, &pb, &mut failures);
             }
         }
     }
@@ -564,6 +538,87 @@ fn compare_with_stop_the_world(sampler: Sampler) {
         "no 3.11-3.15 interpreter found"
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Checks one recording against the reference (see the module documentation), pushing what
+/// misses into `failures`.
+fn judge(
+    what: &str,
+    plan: Plan,
+    sampler: Sampler,
+    nb: &RunOutput,
+    nb_file: &Path,
+    pb: &Profile,
+    failures: &mut Vec<String>,
+) {
+    let (self_allowance, total_allowance) = sampler.allowance();
+    let (nb_written, nb_failed) = counts(&nb.stderr);
+    let failed_pct = 100.0 * nb_failed as f64 / (nb_written + nb_failed).max(1) as f64;
+    let pn = profile(nb_file);
+    let short = nb_written.saturating_sub(pn.samples) + pn.unrooted;
+    let short_pct = 100.0 * short as f64 / nb_written.max(1) as f64;
+    let self_gaps = gaps(&pn.leaf, pn.samples, &pb.leaf, pb.samples);
+    let total_gaps = gaps(&pn.anywhere, pn.samples, &pb.anywhere, pb.samples);
+    let (self_largest, self_worst) = worst(&self_gaps, SELF_GOAL);
+    let (total_largest, total_worst) = worst(&total_gaps, TOTAL_GOAL);
+    eprintln!(
+        "{what} {} samples, {failed_pct:.2}% failed, {short} shortened; reference {} \
+         samples\n  self: largest {}; most past the goal {}\n  total: largest {}; \
+         most past the goal {}",
+        pn.samples,
+        pb.samples,
+        describe_gap(self_largest, SELF_GOAL),
+        describe_gap(self_worst, SELF_GOAL),
+        describe_gap(total_largest, TOTAL_GOAL),
+        describe_gap(total_worst, TOTAL_GOAL),
+    );
+    let expected = u64::from(sampler.rate() * plan.seconds);
+    let expected_reference = u64::from(plan.blocking_rate * plan.seconds);
+    if pn.samples < expected / 2 || pb.samples < expected_reference / 2 {
+        failures.push(format!(
+            "{what} too few samples: {} / {}",
+            pn.samples, pb.samples
+        ));
+    }
+    // Failures come in bursts (a phase of the workload that moves fast): failed by
+    // more than [`Z`] binomial standard errors past the goal.
+    let attempts = (nb_written + nb_failed).max(1) as f64;
+    let failed_se = 100.0 * (0.01 * 0.99 / attempts).sqrt();
+    if failed_pct > MAX_FAILED_PERCENT + Z * failed_se {
+        failures.push(format!(
+            "{what} {failed_pct:.2}% of samples failed: {}",
+            nb.stderr.trim()
+        ));
+    }
+    // A sample without frames is no instant of a thread that runs Python (issue #32:
+    // a read in the moment an eval loop is entered): none may be written.
+    let frameless = nb_written.saturating_sub(pn.samples);
+    if frameless > 0 {
+        failures.push(format!(
+            "{what} {frameless} of {nb_written} samples written without frames"
+        ));
+    }
+    let reference_short_pct = 100.0 * pb.unrooted as f64 / pb.samples.max(1) as f64;
+    if short_pct > MAX_SHORT_PERCENT || reference_short_pct > MAX_REFERENCE_SHORT_PERCENT {
+        failures.push(format!(
+            "{what} shortened samples: {} written, {} with frames; not ending at \
+             <module>: {} non-blocking, {} reference",
+            nb_written, pn.samples, pn.unrooted, pb.unrooted
+        ));
+    }
+    for (gaps, bound, kind) in [
+        (&self_gaps, SELF_GOAL + self_allowance, "self"),
+        (&total_gaps, TOTAL_GOAL + total_allowance, "total"),
+    ] {
+        let (_, worst) = worst(gaps, bound);
+        if worst.excess(bound) > Z {
+            failures.push(format!(
+                "{what} a {kind} share differs from the reference by more than \
+                 {bound} points beyond chance: {}",
+                describe_gap(worst, bound)
+            ));
+        }
+    }
 }
 
 /// Calls shorter than a read of a stack (tests/targets/short_calls.py: `caller` calls `inner`,
@@ -612,12 +667,18 @@ fn short_calls_once(interp: &Interp, dir: &Path, attempt: &str) -> Result<(), St
     let stem = format!("{}-{attempt}", interp.minor);
     let plan = Plan {
         sampler: Sampler::Reads,
+        also: None,
         seconds: SHORT_CALLS_SECONDS,
         blocking_rate: SHORT_CALLS_BLOCKING_RATE,
         null: false,
     };
-    let (_, nb_file, b_file) =
+    let (recorded, b_file) =
         record_both(target, dir, &stem, plan).map_err(|e| format!("{what} record failed: {e}"))?;
+    let nb_file = recorded
+        .into_iter()
+        .next()
+        .map(|(_, _, file)| file)
+        .ok_or_else(|| format!("{what} nothing recorded"))?;
     let (pn, pb) = (profile(&nb_file), profile(&b_file));
     let share = |p: &Profile, name: &str| {
         let n: u64 = p

@@ -11,7 +11,7 @@
 
 use crate::common::*;
 
-const SECONDS: u32 = 3;
+const SECONDS: u32 = 2;
 const RATE: u32 = 250;
 /// What `work` calls (the worker's frames above it), by qualified name.
 const ABOVE_WORK: &[&str] = &[

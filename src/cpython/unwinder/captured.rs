@@ -27,13 +27,14 @@ impl<M: RemoteMemory> Unwinder<M> {
     /// What the kernel needs of this version's layout to copy a chain (see
     /// [`CaptureLayout`]).
     pub fn capture_layout(&self) -> CaptureLayout {
-        let (first, in_cframe) = match self.layout.tstate.current_frame {
-            CurrentFrame::Direct(off) => (off, None),
+        let (first, in_cframe, root_cframe) = match self.layout.tstate.current_frame {
+            CurrentFrame::Direct(off) => (off, None, 0),
             CurrentFrame::ViaCFrame {
                 cframe,
                 current_frame,
+                root,
                 ..
-            } => (cframe, Some(current_frame)),
+            } => (cframe, Some(current_frame), root),
         };
         let (fingerprint_at, fingerprint_bytes) = fingerprint_span(&self.layout);
         CaptureLayout {
@@ -42,6 +43,7 @@ impl<M: RemoteMemory> Unwinder<M> {
             previous: self.layout.frame.previous,
             code: self.layout.frame.code,
             instr: self.layout.frame.instr,
+            root_cframe,
             code_tag_mask: self.layout.frame.code_tag_mask,
             fingerprint_at,
             fingerprint_bytes: fingerprint_bytes as u64,
