@@ -11,10 +11,10 @@
 //! Its samples are the chains the kernel copied at interrupts of those threads since the
 //! last tick, as many per tick as there were (each one thread on a CPU at one instant); a
 //! process that ended hands out what was captured before, then reports its end. In wall
-//! mode ([`UnwinderFactory::wall`]) the kernel also copies a thread's chain as it leaves its
-//! CPU, and a tick gives one sample per known thread: the newest chain copied of it, else
-//! the stack the last full read found (a thread asleep since before it was watched). A
-//! capturing source in cpu mode is due ([`StackSource::due`]) only
+//! mode ([`UnwinderFactory::wall_rate_hz`]) the kernel also copies a thread's chain as it
+//! leaves its CPU and tells when it comes back, and a call adds each thread's time off its
+//! CPU since the last (see [`crate::wall_time`]), at least every [`WALL_COUNT_EVERY`]. A
+//! capturing source is due ([`StackSource::due`]) only
 //! when records wait for it, or when its full read is due (while full reads fail, every
 //! [`CAPTURE_RETRY`]): an idle process costs a tick
 //! a look at the ring and its queue. Records are decoded at the first tick after they were
@@ -51,6 +51,10 @@ pub const CAPTURE_FULL_REFRESH: Duration = Duration::from_secs(10);
 /// How often a capturing source whose full read failed (not because its process ended) tries
 /// again, records or not.
 pub const CAPTURE_RETRY: Duration = Duration::from_secs(1);
+
+/// How often a capturing source in wall mode counts its threads' time off the CPU though no
+/// record waits: a process whose threads sleep costs a call this often, not every tick.
+pub const WALL_COUNT_EVERY: Duration = Duration::from_millis(100);
 
 /// Most threads a capturing source remembers as not running Python.
 const MAX_NOT_PYTHON: usize = 8192;
@@ -527,6 +531,7 @@ impl SourceFactory for UnwinderFactory {
                 gone: None,
                 deeper: false,
                 wall: self.wall_rate_hz.map(WallTime::new),
+                wall_counted: None,
             }),
         })
     }
@@ -552,8 +557,10 @@ struct CaptureLink {
     /// The process ended: reported at the call after the one that handed out what was
     /// captured before.
     gone: Option<SampleError>,
-    /// Wall mode (see [`UnwinderFactory::wall_rate_hz`]).
+    /// Wall mode (see [`UnwinderFactory::wall_rate_hz`]), and when time off the CPU was last
+    /// counted.
     wall: Option<WallTime>,
+    wall_counted: Option<Instant>,
 }
 
 impl Drop for CaptureLink {
@@ -650,6 +657,7 @@ impl UnwinderSource {
                                     holds_gil: t.holds_gil,
                                 },
                                 stack: u64::from(t.stack),
+                                samples: 1,
                             };
                             wall.learnt(t.native_thread_id as u32, stack, now_ns);
                         }
@@ -726,6 +734,7 @@ impl UnwinderSource {
                         holds_gil: t.holds_gil,
                     },
                     stack: u64::from(t.stack),
+                    samples: 1,
                 }),
                 Err(e) => {
                     first_error.get_or_insert(e);
@@ -746,8 +755,9 @@ impl UnwinderSource {
         link.records = records;
         if let Some(wall) = link.wall.as_mut() {
             failed += wall.until(now_ns, out) as usize;
+            link.wall_counted = Some(now);
         }
-        let taken = out.len() - out_before;
+        let taken: usize = out[out_before..].iter().map(|s| s.samples as usize).sum();
         // Chains decoded from what the kernel copied alone are `checked`; a call that read
         // the process (to learn its threads, or code objects not cached) is `read`.
         if kind == SampleKind::Kept && decoded > 0 {
@@ -778,11 +788,16 @@ impl StackSource for UnwinderSource {
         let Some(link) = self.capture.as_ref() else {
             return true;
         };
-        // Wall mode: time off the CPU counts at every tick.
-        if link.gone.is_some() || link.wall.is_some() {
+        let now = Instant::now();
+        // Wall mode: time off the CPU is counted every WALL_COUNT_EVERY at least (the
+        // samples it comes to are the same, counted later).
+        let count_due = link.wall.is_some()
+            && link
+                .wall_counted
+                .is_none_or(|t| now.duration_since(t) >= WALL_COUNT_EVERY);
+        if link.gone.is_some() || count_due {
             return true;
         }
-        let now = Instant::now();
         link.next_call.is_none_or(|t| now >= t) || link.shared.has_records(link.pid, now)
     }
 
@@ -824,6 +839,7 @@ impl StackSource for UnwinderSource {
                 holds_gil: t.holds_gil,
             },
             stack: u64::from(t.stack),
+            samples: 1,
         }));
         Ok(self.unwinder.last_kind())
     }

@@ -404,6 +404,7 @@ mod tests {
                 thread_id: 1,
                 status: Default::default(),
                 stack: 7,
+                samples: 1,
             });
             self.samples.fetch_add(1, Ordering::SeqCst);
             Ok(SampleKind::Read)
@@ -566,6 +567,7 @@ mod tests {
                     thread_id,
                     status: Default::default(),
                     stack: 7,
+                    samples: 1,
                 });
             }
             Ok(SampleKind::Read)

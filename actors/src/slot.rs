@@ -286,7 +286,7 @@ impl Slot {
                 for thread in out.iter() {
                     let s = thread.status;
                     if w.mode.counts(s.on_cpu, s.holds_gil) {
-                        w.tally.add(thread.stack, s);
+                        w.tally.add(thread.stack, s, thread.samples);
                     }
                 }
                 None
@@ -449,9 +449,9 @@ struct Tally {
 }
 
 impl Tally {
-    fn add(&mut self, stack: u64, status: ThreadStatus) {
+    fn add(&mut self, stack: u64, status: ThreadStatus, samples: u32) {
         let n = self.counts.entry((stack, status)).or_default();
-        *n = n.saturating_add(1);
+        *n = n.saturating_add(u64::from(samples));
     }
 
     /// Drains the counts into a batch (keeping the map's capacity). The second value is `Err`

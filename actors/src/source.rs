@@ -106,13 +106,16 @@ pub struct ThreadStatus {
     pub holds_gil: bool,
 }
 
-/// One thread in one sample.
+/// One thread in one sample, or in several of one stack.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SampledThread {
     pub thread_id: u64,
     pub status: ThreadStatus,
     /// Stack id interned by the source; [`StackSource::resolve`] turns it into frames.
     pub stack: u64,
+    /// How many samples it stands for: 1, or more for a stretch of time a thread spent in one
+    /// stack, counted at the rate at once (wall mode from the kernel capture).
+    pub samples: u32,
 }
 
 /// A sample that failed.

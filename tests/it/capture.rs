@@ -292,18 +292,9 @@ fn wall_mode_from_the_capture_matches_the_targets_own_timing() {
         let before = spent();
         let out = dir.path().join(format!("{}.folded", interp.label));
         let mut cmd = std::process::Command::new(measured_exe());
-        cmd.args([
-            "record",
-            "--mode",
-            "wall",
-            "--capture",
-            "kernel",
-            "--rate",
-            "200",
-        ])
-        .args(["--duration", "4", "--pid", &target.pid().to_string(), "-o"])
-        .arg(&out)
-        .env_remove("RUST_LOG");
+        let args = ["--mode", "wall", "--capture", "kernel"];
+        cmd.args(record_args(target.pid(), &args, 200, 4, &out))
+            .env_remove("RUST_LOG");
         let run = run_with_timeout(cmd, PYFLEET_TIMEOUT);
         let after = spent();
         target.kill();

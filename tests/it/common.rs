@@ -852,6 +852,19 @@ pub fn measured_exe() -> PathBuf {
     }
 }
 
+/// The arguments of `pyfleet record --pid PID ARGS... --rate RATE --duration SECONDS -o OUT`.
+pub fn record_args(pid: i32, args: &[&str], rate: u32, seconds: u32, out: &Path) -> Vec<OsString> {
+    let mut all: Vec<OsString> = vec!["record".into(), "--pid".into(), pid.to_string().into()];
+    all.extend(args.iter().map(OsString::from));
+    for (flag, value) in [("--rate", rate), ("--duration", seconds)] {
+        all.push(flag.into());
+        all.push(value.to_string().into());
+    }
+    all.push("-o".into());
+    all.push(out.as_os_str().to_owned());
+    all
+}
+
 /// `pyfleet ARGS` with a deterministic environment (no RUST_LOG, no RUST_BACKTRACE).
 pub fn pyfleet_command<S: AsRef<OsStr>>(args: &[S]) -> Command {
     let mut cmd = Command::new(pyfleet_exe());

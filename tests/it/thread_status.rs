@@ -103,8 +103,8 @@ fn run_ns(pid: i32) -> u64 {
 #[test]
 fn cpu_mode_samples_follow_the_cpu_used_under_contention() {
     let _machine = alone();
-    const RATE: u64 = 100;
-    const SECONDS: u64 = 8;
+    const RATE: u32 = 100;
+    const SECONDS: u32 = 8;
     let Some(taskset) = on_path("taskset") else {
         panic!("taskset (util-linux) is needed");
     };
@@ -131,18 +131,10 @@ fn cpu_mode_samples_follow_the_cpu_used_under_contention() {
     for capture in captures {
         let out = dir.path().join(format!("{capture}.folded"));
         let mut cmd = std::process::Command::new(&taskset);
+        let args = ["--mode", "cpu", "--capture", capture];
         cmd.args(["-c", "1"])
             .arg(&exe)
-            .args(["record", "--mode", "cpu", "--capture", capture])
-            .args(["--pid", &target.pid().to_string()])
-            .args([
-                "--rate",
-                &RATE.to_string(),
-                "--duration",
-                &SECONDS.to_string(),
-            ])
-            .arg("-o")
-            .arg(&out)
+            .args(record_args(target.pid(), &args, RATE, SECONDS, &out))
             .env_remove("RUST_LOG");
         let before = run_ns(target.pid());
         let run = run_with_timeout(cmd, PYFLEET_TIMEOUT);
@@ -153,7 +145,7 @@ fn cpu_mode_samples_follow_the_cpu_used_under_contention() {
             .lines()
             .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
             .sum();
-        let expected = used as f64 / 1e9 * RATE as f64;
+        let expected = used as f64 / 1e9 * f64::from(RATE);
         let off = (samples as f64 - expected) / expected;
         eprintln!(
             "[{capture}] {samples} samples for {:.2} s of CPU ({expected:.0} expected at \

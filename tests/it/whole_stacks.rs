@@ -75,16 +75,8 @@ fn threads_started_by_threading_are_read_whole_on_every_version() {
         for mode in ["cpu", "wall"] {
             let out = dir.path().join(format!("{}-{mode}.folded", interp.label));
             let mut cmd = std::process::Command::new(measured_exe());
-            cmd.args(["record", "--capture", "reads", "--mode", mode])
-                .args(["--pid", &target.pid().to_string()])
-                .args([
-                    "--rate",
-                    &RATE.to_string(),
-                    "--duration",
-                    &SECONDS.to_string(),
-                ])
-                .arg("-o")
-                .arg(&out)
+            let args = ["--capture", "reads", "--mode", mode];
+            cmd.args(record_args(target.pid(), &args, RATE, SECONDS, &out))
                 .env_remove("RUST_LOG");
             let run = run_with_timeout(cmd, PYFLEET_TIMEOUT);
             if !run.success() {

@@ -304,6 +304,7 @@ impl StackSource for FakeSource {
                 thread_id: i as u64 + 1,
                 status: *status,
                 stack: *stack,
+                samples: 1,
             });
         }
         p.ok_samples.fetch_add(1, Ordering::SeqCst);
