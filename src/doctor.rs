@@ -90,7 +90,7 @@ pub fn run(json: bool) -> Result<()> {
 
     let blocked = yama == Some(3) || (yama == Some(2) && !ptrace);
     let can_profile = !blocked && (pythons.refused.is_empty() || !pythons.readable.is_empty());
-    let verdict = verdict(can_profile, &capture, &pythons);
+    let verdict = verdict(can_profile, &capture, off_cpu.as_ref(), &pythons);
     let report = if json {
         json_report(
             &checks,
@@ -442,15 +442,23 @@ fn python_check(p: &Pythons) -> Check {
     }
 }
 
-fn verdict(can_profile: bool, capture: &Result<bool, CaptureError>, p: &Pythons) -> String {
+fn verdict(
+    can_profile: bool,
+    capture: &Result<bool, CaptureError>,
+    off_cpu: Option<&Result<(), CaptureError>>,
+    p: &Pythons,
+) -> String {
     if !can_profile {
         return "pyfleet cannot profile the Python processes of this host: see the checks \
                 marked FAIL"
             .into();
     }
-    let how = match capture {
-        Ok(_) => "cpu mode with the kernel capture (wall and gil modes read from outside)",
-        Err(_) => "every mode by reading from outside (no kernel capture)",
+    let how = match (capture, off_cpu) {
+        (Ok(_), Some(Ok(()))) => {
+            "cpu and wall modes with the kernel capture (gil mode reads from outside)"
+        }
+        (Ok(_), _) => "cpu mode with the kernel capture (wall and gil modes read from outside)",
+        (Err(_), _) => "every mode by reading from outside (no kernel capture)",
     };
     match p.readable.len() {
         0 => format!("pyfleet can profile here once Python runs: {how}"),
