@@ -1458,12 +1458,13 @@ fn live_metrics_scraped_by_prometheus_answer_every_dashboard_query() {
             "85",
             // Every thread, read from outside: the churning target's stacks change under
             // the reads (failed samples, which a panel shows), and the idle targets have
-            // samples (the Parca pull). The config's cpu mode samples threads on a CPU only,
-            // with the kernel capture, whose samples are one instant's and do not fail that
-            // way (the capture is checked by
+            // samples (the Parca pull). The config's capture copies each stack at one
+            // instant and does not fail that way (the capture is checked by
             // daemonset_capabilities_and_seccomp_profile_capture_a_gunicorn_fleet).
             "--mode",
             "wall",
+            "--capture",
+            "reads",
         ]
         .map(String::from),
     );

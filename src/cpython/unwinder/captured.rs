@@ -159,6 +159,12 @@ impl<M: RemoteMemory> Unwinder<M> {
                 "a chain that stops before its outermost frame",
             ));
         }
+        // Entry frames alone: an eval loop entered or left at the interrupt.
+        if !self.raws.is_empty() && self.raws.iter().all(|r| r.shim) {
+            return Err(UnwindError::Capture(
+                "entry frames only (an eval loop entered or left at the interrupt)",
+            ));
+        }
         let resolved = self.resolve_captured_codes(&fingerprints);
         self.spare.captured_fingerprints = fingerprints;
         resolved?;

@@ -602,6 +602,14 @@ impl<M: RemoteMemory> Unwinder<M> {
         // a generator's (a generator's frame loses its `previous` when it yields: read then,
         // its chain ends there).
         let walked = &self.raws[walked_from..];
+        // Entry frames alone: an eval loop was being entered or left (the thread's current
+        // frame its entry frame for an instant). Not a stack of the thread: no Python frame.
+        if tail.is_none() && !walked.is_empty() && walked.iter().all(|r| r.shim) {
+            return Err(UnwindError::BadObject {
+                addr: top,
+                what: "entry frames only (an eval loop entered or left while read)".into(),
+            });
+        }
         if let (EntryLink::Expect(caller), None) = (ts.entry_link, tail) {
             let linked = walked.first().is_some_and(|r| r.addr == caller)
                 || walked
