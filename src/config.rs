@@ -154,9 +154,10 @@ pub struct RunOptions {
     #[arg(long)]
     pub switch_log: bool,
     /// How stacks are taken: kernel (the kernel copies a running thread's frames at its
-    /// CPU's sampling interrupt: one instant each, never stopping it; cpu mode; needs root
-    /// and a pyfleet built with clang), reads (pyfleet reads each target's memory at each
-    /// tick), or auto (kernel where it can, else reads) [default: auto].
+    /// CPU's sampling interrupt, and in wall mode a thread's as it leaves its CPU: one
+    /// instant each, never stopping it; cpu and wall modes; needs root), reads (pyfleet reads
+    /// each target's memory at each tick), or auto (kernel where it can, else reads)
+    /// [default: auto].
     #[arg(long, value_name = "auto|reads|kernel")]
     pub capture: Option<String>,
     /// Push profiles to Grafana Pyroscope at this URL (http://host:port; see the README)

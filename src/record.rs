@@ -113,9 +113,10 @@ pub struct RecordOptions {
     #[arg(long)]
     pub switch_log: bool,
     /// How stacks are taken: `kernel` (the kernel copies a running thread's frames at its
-    /// CPU's sampling interrupt: each stack one instant's, the target never stopped; cpu
-    /// mode; needs root and a pyfleet built with clang), `reads` (pyfleet reads each
-    /// target's memory at each tick), or `auto` (kernel where it can, else reads).
+    /// CPU's sampling interrupt, and in wall mode a thread's as it leaves its CPU: each stack
+    /// one instant's, the target never stopped; cpu and wall modes; needs root), `reads`
+    /// (pyfleet reads each target's memory at each tick), or `auto` (kernel where it can,
+    /// else reads).
     #[arg(long, value_name = "auto|reads|kernel", default_value = "auto")]
     pub capture: String,
 }
@@ -517,7 +518,7 @@ fn failed_note(errors: u64, samples: u64, reads: bool) -> String {
     if share > 1.0 && reads {
         note.push_str(
             ": stacks that moved while read; --capture kernel copies each at an interrupt \
-             (cpu mode), --blocking pauses the target for each",
+             (cpu and wall modes), --blocking pauses the target for each",
         );
     }
     note.push(')');

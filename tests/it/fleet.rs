@@ -73,9 +73,13 @@ fn gunicorn_fleet_under_load_with_a_killed_worker() {
             "1",
             "--snapshot-interval",
             "4s",
-            // Wall mode: the masters, idle, must have files too.
+            // Wall mode: the masters, idle, must have files too. Read from outside: the reads'
+            // caches and sample kinds are what the metrics below check (wall mode from the
+            // capture has its own tests in capture.rs).
             "--mode",
             "wall",
+            "--capture",
+            "reads",
             "--out",
             out.to_str().unwrap(),
             "--metrics-addr",

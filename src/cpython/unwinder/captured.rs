@@ -159,8 +159,11 @@ impl<M: RemoteMemory> Unwinder<M> {
                 "a chain that stops before its outermost frame",
             ));
         }
-        // Entry frames alone: an eval loop entered or left at the interrupt.
-        if !self.raws.is_empty() && self.raws.iter().all(|r| r.shim) {
+        // Entry frames alone: an eval loop entered or left at the interrupt. But for the
+        // thread's base frame alone, in its thread state (3.15): no Python code runs on it.
+        let base_alone = self.raws.len() == 1
+            && self.raws[0].addr.wrapping_sub(tstate) < self.layout.tstate.size.max(4096);
+        if !self.raws.is_empty() && !base_alone && self.raws.iter().all(|r| r.shim) {
             return Err(UnwindError::Capture(
                 "entry frames only (an eval loop entered or left at the interrupt)",
             ));

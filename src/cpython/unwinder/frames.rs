@@ -604,7 +604,9 @@ impl<M: RemoteMemory> Unwinder<M> {
         let walked = &self.raws[walked_from..];
         // Entry frames alone: an eval loop was being entered or left (the thread's current
         // frame its entry frame for an instant). Not a stack of the thread: no Python frame.
-        if tail.is_none() && !walked.is_empty() && walked.iter().all(|r| r.shim) {
+        // But for the thread's base frame alone (3.15): no Python code runs on it.
+        let base_alone = walked.len() == 1 && ts.base_frame != 0 && walked[0].addr == ts.base_frame;
+        if tail.is_none() && !walked.is_empty() && !base_alone && walked.iter().all(|r| r.shim) {
             return Err(UnwindError::BadObject {
                 addr: top,
                 what: "entry frames only (an eval loop entered or left while read)".into(),
