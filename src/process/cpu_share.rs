@@ -69,6 +69,11 @@ impl CpuShare {
         run_ns: Option<u64>,
         interval_ns: Option<u64>,
     ) -> bool {
+        // Not in state R: it does not count, and its run time since counts at its next
+        // check (no read now).
+        if !runnable {
+            return false;
+        }
         let i = self.threads.iter().position(|t| t.0 == tid);
         let (Some(run_ns), Some(interval_ns)) = (run_ns, interval_ns) else {
             if let Some(i) = i {

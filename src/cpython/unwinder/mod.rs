@@ -620,11 +620,14 @@ impl<M: RemoteMemory> Unwinder<M> {
                 .unwrap_or(false),
         };
         // Runnable is not running: the sample counts as the CPU the thread used says.
-        let run_ns = self
-            .watch
-            .as_ref()
-            .and_then(|w| w.run_ns(tid))
-            .or_else(|| cpu_share::run_ns(self.pid, tid));
+        let run_ns = match runnable {
+            true => self
+                .watch
+                .as_ref()
+                .and_then(|w| w.run_ns(tid))
+                .or_else(|| cpu_share::run_ns(self.pid, tid)),
+            false => None,
+        };
         self.cpu_share
             .counts(tid, runnable, run_ns, self.sample_interval_ns)
     }
