@@ -22,11 +22,18 @@
 // (`last_chain`, kept in the thread's entry by both programs: a hash of each frame's address,
 // code object, instruction pointer and caller, what its stack shows), the record carries no
 // frames and is flagged UNCHANGED too, and a chain that cannot be copied goes with its
-// failure's flag and no frames. When a watched thread is switched in, a record with no frames
-// flagged SWITCHED_IN (its id read from the task the CPU switches to, at `task_pid_at`, which
-// userspace finds in the kernel's BTF; 0: not told, and never in a pid namespace not the
-// host's, whose ids the task's `pid` is not). With both, userspace knows each thread's time
-// off its CPU and the stack it spent it in.
+// failure's flag and no frames. When a watched thread is switched in, the time is kept in its
+// entry (`switched_in_at`; its id read from the task the CPU switches to, at `task_pid_at`,
+// which userspace finds in the kernel's BTF; 0: not kept, and never in a pid namespace not
+// the host's, whose ids the task's `pid` is not) and goes out with its next record (an
+// interrupt of it on its CPU, or its next switch-out: within about one sampling period of CPU
+// time), not in a record of its own. With both, userspace knows each thread's time off its
+// CPU and the stack it spent it in.
+//
+// Whether the thread holds the GIL (gil mode, when userspace gives the GIL's address in the
+// thread's entry): every record of it says so, flagged HOLDS_GIL, read as the chain is. The
+// thread cannot take or drop the GIL while it is stopped here or off its CPU, so what a
+// switch-out record says holds until it is switched in again.
 //
 // Bounded: at most MAX_FRAMES frames (deeper chains are flagged truncated and counted as
 // failed samples by userspace), a record built in a per-CPU scratch value and sent with only
@@ -47,6 +54,7 @@ typedef unsigned long long __u64;
 
 enum {
     BPF_MAP_TYPE_HASH = 1,
+    BPF_MAP_TYPE_ARRAY = 2,
     BPF_MAP_TYPE_PERCPU_ARRAY = 6,
     BPF_MAP_TYPE_RINGBUF = 27,
 };
@@ -76,20 +84,29 @@ const volatile __u64 task_pid_at = 0;
 #define MAX_FRAMES 256
 #define FRAME_BYTES 80
 #define MAX_FINGERPRINT_BYTES 64
+// Most bytes of a thread's data-stack chunk read at once below its top frame (a power of 2),
+// and the chunk's head (`previous`, `size`, `top`) before its data.
+#define WINDOW_BYTES 16384
+#define CHUNK_HEAD 24
 #define MAX_THREADS 16384
 #define MAX_PROCESSES 16384
+// Words of the id bitmaps: ids up to 2^22 (Linux's largest pid_max); userspace sizes them by
+// the host's pid_max (map_max_entries).
+#define ID_WORDS 65536
 // Userspace sizes the ring by the number of CPUs (map_max_entries); this is the default.
 #define RING_BYTES (1 << 20)
 #define NO_INDIRECTION 0xffffffffffffffffULL
+// Userspace polls the ring at its ticks: no wakeup (an irq_work per record) is needed.
+#define BPF_RB_NO_WAKEUP 1
 
 #define FLAG_POINTER_UNREADABLE 1
 #define FLAG_FRAME_UNREADABLE 2
 #define FLAG_TRUNCATED 4
 #define FLAG_UNKNOWN_THREAD 8
 #define FLAG_SWITCHED_OUT 16
-#define FLAG_SWITCHED_IN 32
 #define FLAG_UNCHANGED 64
 #define FLAG_ENTERING 128
+#define FLAG_HOLDS_GIL 256
 
 // Where a watched thread's current frame is, and how frames link.
 struct thread_info {
@@ -119,6 +136,21 @@ struct thread_info {
     // With `second`: where the thread state holds its own C frame, the only one that names
     // no frame while current (an eval loop publishes its C frame before its current frame).
     __u64 root_cframe;
+    // gil mode: the address of the GIL's `locked` word (a 32-bit int; 0: not asked), and of
+    // its holder's thread state pointer (0: the word is the thread's own `holds_gil`).
+    __u64 gil_locked;
+    __u64 gil_holder;
+    // Offset in the thread state of its current data-stack chunk's address (0: not known).
+    __u64 chunk;
+    // When it was last switched in (0: not since it was watched).
+    __u64 switched_in_at;
+};
+
+// A chunk's bytes below a top frame, and room past them for the last frame's copy: frames
+// of one chunk lie side by side, so one read of it and a copy per frame from here cost far
+// less than a read per frame (each a helper call, and its own cache and TLB misses).
+struct window {
+    __u64 words[(WINDOW_BYTES + FRAME_BYTES) / 8];
 };
 
 struct frame_copy {
@@ -135,6 +167,8 @@ struct record {
     __u16 frames;
     __u16 flags;
     __u32 pad;
+    // The thread's last switch-in (its entry's `switched_in_at`; 0 when not known).
+    __u64 switched_in;
     struct frame_copy frame[MAX_FRAMES];
 };
 
@@ -144,6 +178,24 @@ struct {
     __type(key, __u32);
     __type(value, struct thread_info);
 } threads SEC(".maps");
+
+// One bit per id: whether `threads` (`processes`) may hold it. Looked at first: an array
+// lookup is inlined by the JIT and the words stay in cache, where a hash lookup of an id not
+// watched (most of a host's switches and interrupts) costs several times more. An id past the
+// bitmap (pid_max raised since) goes to the hash map.
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, ID_WORDS);
+    __type(key, __u32);
+    __type(value, __u64);
+} thread_bits SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, ID_WORDS);
+    __type(key, __u32);
+    __type(value, __u64);
+} process_bits SEC(".maps");
 
 // Watched processes (the value is unused).
 struct {
@@ -173,6 +225,48 @@ struct {
     __type(value, struct record);
 } scratch SEC(".maps");
 
+// Whether `id` may be in the hash map `bits` stands for (see `thread_bits`).
+static __attribute__((always_inline)) int may_hold(void *bits, __u32 id)
+{
+    __u32 w = id >> 6;
+    __u64 *word = bpf_map_lookup_elem(bits, &w);
+    return !word || ((*word >> (id & 63)) & 1);
+}
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct window);
+} windows SEC(".maps");
+
+// Reads the bytes from the start of `tstate`'s current data-stack chunk (or WINDOW_BYTES
+// below `hi`) up to `hi` (the top frame's end, inside that chunk) into `w`; the address of
+// the first byte, or 0 when the top frame is not in the chunk or the read failed.
+static __attribute__((always_inline)) __u64 read_window(struct thread_info *info,
+                                                        struct window *w, __u64 top)
+{
+    __u64 chunk = 0;
+    __u64 head[3] = {};
+    if (info->chunk == 0 || info->chunk > 65536)
+        return 0;
+    if (bpf_probe_read_user(&chunk, 8, (void *)(info->tstate + info->chunk)) < 0 || chunk == 0)
+        return 0;
+    if (bpf_probe_read_user(head, sizeof(head), (void *)chunk) < 0)
+        return 0;
+    __u64 lo = chunk + CHUNK_HEAD, hi = top + FRAME_BYTES;
+    if (top < lo || hi > chunk + head[1] || hi < top)
+        return 0;
+    if (hi - lo > WINDOW_BYTES)
+        lo = hi - WINDOW_BYTES;
+    __u64 size = hi - lo;
+    if (size == 0 || size > WINDOW_BYTES)
+        return 0;
+    if (bpf_probe_read_user(w->words, size, (void *)lo) < 0)
+        return 0;
+    return lo;
+}
+
 // FNV-1a over the code object's fingerprint bytes, 64-bit words (0 if they cannot be read).
 static __u64 code_fingerprint(struct thread_info *info, __u64 code)
 {
@@ -200,6 +294,23 @@ static void count_lost(void)
         *n += 1;
 }
 
+// FLAG_HOLDS_GIL if the thread of `info` holds the GIL (never when not asked, or when the
+// GIL cannot be read).
+static __u16 gil_flag(struct thread_info *info)
+{
+    if (info->gil_locked == 0)
+        return 0;
+    __u32 locked = 0;
+    if (bpf_probe_read_user(&locked, 4, (void *)info->gil_locked) < 0 || locked == 0)
+        return 0;
+    if (info->gil_holder == 0)
+        return FLAG_HOLDS_GIL;
+    __u64 holder = 0;
+    if (bpf_probe_read_user(&holder, 8, (void *)info->gil_holder) < 0)
+        return 0;
+    return holder == info->tstate ? FLAG_HOLDS_GIL : 0;
+}
+
 // Sends the first `frames` frames of `r` (a record with no frames when it failed early);
 // whether the ring took it.
 static int send(struct record *r, __u32 frames)
@@ -208,7 +319,7 @@ static int send(struct record *r, __u32 frames)
         + (__u64)frames * sizeof(struct frame_copy);
     if (size > sizeof(struct record))
         size = sizeof(struct record);
-    if (bpf_ringbuf_output(&records, r, size, 0) < 0) {
+    if (bpf_ringbuf_output(&records, r, size, BPF_RB_NO_WAKEUP) < 0) {
         count_lost();
         return 0;
     }
@@ -231,7 +342,10 @@ static __attribute__((always_inline)) int capture(int switched_out)
         tid = ns.pid;
         pid = ns.tgid;
     }
-    struct thread_info *info = bpf_map_lookup_elem(&threads, &tid);
+    int thread_watched = may_hold(&thread_bits, tid);
+    if (!thread_watched && (switched_out || !may_hold(&process_bits, pid)))
+        return 0;
+    struct thread_info *info = thread_watched ? bpf_map_lookup_elem(&threads, &tid) : 0;
     if (info && info->pid != pid)
         info = 0;
     if (!info && (switched_out || !bpf_map_lookup_elem(&processes, &pid)))
@@ -246,11 +360,13 @@ static __attribute__((always_inline)) int capture(int switched_out)
     r->frames = 0;
     r->flags = 0;
     r->pad = 0;
+    r->switched_in = info ? info->switched_in_at : 0;
     if (!info) {
         r->flags = FLAG_UNKNOWN_THREAD;
         send(r, 0);
         return 0;
     }
+    __u16 extra = gil_flag(info) | (switched_out ? FLAG_SWITCHED_OUT : 0);
     __u64 previous = info->previous;
     if (previous > FRAME_BYTES - 8)
         previous = 0;
@@ -265,26 +381,29 @@ static __attribute__((always_inline)) int capture(int switched_out)
     if (info->second != NO_INDIRECTION) {
         __u64 cframe = 0;
         if (bpf_probe_read_user(&cframe, 8, (void *)at) < 0 || cframe == 0) {
-            r->flags = FLAG_POINTER_UNREADABLE | (switched_out ? FLAG_SWITCHED_OUT : 0);
+            r->flags = FLAG_POINTER_UNREADABLE | extra;
             send(r, 0);
             return 0;
         }
         at = cframe + info->second;
         if (bpf_probe_read_user(&frame, 8, (void *)at) < 0) {
-            r->flags = FLAG_POINTER_UNREADABLE | (switched_out ? FLAG_SWITCHED_OUT : 0);
+            r->flags = FLAG_POINTER_UNREADABLE | extra;
             send(r, 0);
             return 0;
         }
         if (frame == 0 && cframe != info->tstate + info->root_cframe) {
-            r->flags = FLAG_ENTERING | (switched_out ? FLAG_SWITCHED_OUT : 0);
+            r->flags = FLAG_ENTERING | extra;
             send(r, 0);
             return 0;
         }
     } else if (bpf_probe_read_user(&frame, 8, (void *)at) < 0) {
-        r->flags = FLAG_POINTER_UNREADABLE | (switched_out ? FLAG_SWITCHED_OUT : 0);
+        r->flags = FLAG_POINTER_UNREADABLE | extra;
         send(r, 0);
         return 0;
     }
+    struct window *w = bpf_map_lookup_elem(&windows, &zero);
+    __u64 win_lo = w && frame != 0 ? read_window(info, w, frame) : 0;
+    __u64 win_hi = frame + FRAME_BYTES;
     __u32 i;
     __u64 chain = 0xcbf29ce484222325ULL;
     for (i = 0; i < MAX_FRAMES; i++) {
@@ -292,7 +411,13 @@ static __attribute__((always_inline)) int capture(int switched_out)
             break;
         struct frame_copy *f = &r->frame[i];
         f->addr = frame;
-        if (bpf_probe_read_user(f->bytes, FRAME_BYTES, (void *)frame) < 0) {
+        if (w && win_lo != 0 && frame >= win_lo && frame + FRAME_BYTES <= win_hi
+            && (frame & 7) == 0) {
+            __u64 word = ((frame - win_lo) >> 3) & (WINDOW_BYTES / 8 - 1);
+            __u64 *to = (__u64 *)f->bytes;
+            for (__u32 k = 0; k < FRAME_BYTES / 8; k++)
+                to[k] = w->words[word + k];
+        } else if (bpf_probe_read_user(f->bytes, FRAME_BYTES, (void *)frame) < 0) {
             r->flags = FLAG_FRAME_UNREADABLE;
             break;
         }
@@ -313,12 +438,12 @@ static __attribute__((always_inline)) int capture(int switched_out)
     r->frames = (__u16)i;
     if (switched_out) {
         if (r->flags != 0 || chain == info->last_chain) {
-            r->flags |= FLAG_SWITCHED_OUT | (r->flags == 0 ? FLAG_UNCHANGED : 0);
+            r->flags |= extra | (r->flags == 0 ? FLAG_UNCHANGED : 0);
             r->frames = 0;
             send(r, 0);
             return 0;
         }
-        r->flags = FLAG_SWITCHED_OUT;
+        r->flags = extra;
         // The count is read back from the record: the verifier then walks this loop once,
         // not once for each length the loop above may have ended at.
         __u32 n = *(volatile __u16 *)&r->frames;
@@ -330,9 +455,11 @@ static __attribute__((always_inline)) int capture(int switched_out)
             __builtin_memcpy(&code, f->bytes + code_at, 8);
             f->code_fingerprint = code_fingerprint(info, code & ~info->code_tag_mask);
         }
+    } else {
+        r->flags |= extra;
     }
     __u32 sent = *(volatile __u16 *)&r->frames;
-    if (send(r, sent) && (r->flags & ~FLAG_SWITCHED_OUT) == 0)
+    if (send(r, sent) && (r->flags & ~(FLAG_SWITCHED_OUT | FLAG_HOLDS_GIL)) == 0)
         info->last_chain = chain;
     return 0;
 }
@@ -343,23 +470,14 @@ int capture_python_frames(void *ctx)
     return capture(0);
 }
 
-// Tells userspace that watched thread `tid` (of the host's pid namespace) is switched in.
+// Keeps when watched thread `tid` (of the host's pid namespace) is switched in.
 static void switched_in(__u32 tid)
 {
+    if (!may_hold(&thread_bits, tid))
+        return;
     struct thread_info *info = bpf_map_lookup_elem(&threads, &tid);
-    if (!info)
-        return;
-    __u32 zero = 0;
-    struct record *r = bpf_map_lookup_elem(&scratch, &zero);
-    if (!r)
-        return;
-    r->pid = info->pid;
-    r->tid = tid;
-    r->time = bpf_ktime_get_ns();
-    r->frames = 0;
-    r->flags = FLAG_SWITCHED_IN;
-    r->pad = 0;
-    send(r, 0);
+    if (info)
+        info->switched_in_at = bpf_ktime_get_ns();
 }
 
 // sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next): runs in

@@ -52,7 +52,7 @@ print(f"{h:016x}")' "$source_file"
 }
 
 clang=$(find_clang)
-version=$("$clang" --version | head -n 1)
+version=$("$clang" --version | sed -n 1p)
 case "${1:-}" in
     --out)
         [ $# = 2 ] || die "usage: $0 --out FILE"

@@ -25,7 +25,7 @@ target/release/pyfleet run --pid "$pid" --duration 5 --snapshot-interval 2 \
 last=$(ls -d "$out"/snapshots/*/ | sort | tail -n 1)
 ls -l "$last"
 echo "-- the hottest stacks of $last/all.folded:"
-awk '{print $NF "\t" $0}' "$last/all.folded" | sort -rn | head -n 5 | cut -f2- \
+awk '{print $NF "\t" $0}' "$last/all.folded" | sort -rn | sed -n 1,5p | cut -f2- \
     | cut -c1-200
 
 echo

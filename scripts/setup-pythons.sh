@@ -110,7 +110,7 @@ make_venv() {
     local v=$1 dir=$2 py="$PYTHONS/$1/usr/bin/python$1"
     [ -x "$py" ] || die "python$v is not set up"
     local wheel
-    wheel=$(ls "$PYTHONS/$v"/usr/share/python-wheels/pip-*.whl 2>/dev/null | head -n 1)
+    wheel=$(ls "$PYTHONS/$v"/usr/share/python-wheels/pip-*.whl 2>/dev/null | sed -n 1p)
     [ -n "$wheel" ] || die "no pip wheel in $PYTHONS/$v/usr/share/python-wheels"
     "$py" -m venv --without-pip "$dir"
     "$dir/bin/python" "$wheel/pip" install -q --no-index "$wheel"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Venvs with gunicorn for the fleet daemon's end-to-end test, cached outside the repo:
-#   $PYFLEET_VENVS/gunicorn-3.15 (Debian unstable's 3.15, set up by setup-pythons.sh)
+#   $PYFLEET_VENVS/gunicorn-3.15 (Debian unstable's 3.15, set up by setup-pythons.sh), with
+#     uvicorn too (who is who among an ASGI server's workers)
 #   $PYFLEET_VENVS/gunicorn-3.11 (pyenv's newest 3.11)
 # PYFLEET_VENVS defaults to ~/.cache/pyfleet/venvs. Idempotent: seconds when cached.
 set -euo pipefail
@@ -9,6 +10,7 @@ cd "$(dirname "$0")/.."
 VENVS=${PYFLEET_VENVS:-$HOME/.cache/pyfleet/venvs}
 PYTHONS=${PYFLEET_PYTHONS:-$HOME/.cache/pyfleet/pythons}
 GUNICORN_SPEC=${PYFLEET_GUNICORN:-gunicorn>=23,<24}
+UVICORN_SPEC=${PYFLEET_UVICORN:-uvicorn>=0.30,<1}
 
 say() { echo "setup-venvs: $*" >&2; }
 die() { say "error: $*"; exit 1; }
@@ -33,6 +35,11 @@ else
     rm -rf "$dir"
     scripts/setup-pythons.sh --venv 3.15 "$dir"
     install_gunicorn "$dir"
+fi
+if ! "$dir/bin/python" -c 'import uvicorn' >/dev/null 2>&1; then
+    say "installing $UVICORN_SPEC into $dir"
+    "$dir/bin/python" -m pip install -q --disable-pip-version-check "$UVICORN_SPEC" \
+        || die "pip could not install $UVICORN_SPEC into $dir"
 fi
 
 dir="$VENVS/gunicorn-3.11"

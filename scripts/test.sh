@@ -54,5 +54,5 @@ export PYFLEET_EXACTNESS_BIN="$PWD/target/release/pyfleet"
 step "cargo test"
 cargo test --workspace --locked "$@"
 
-step "fuzzing (cargo-fuzz, each target's corpus and ${FUZZ_SECONDS:-20} s more)"
+step "fuzzing (cargo-fuzz, each target's corpus and ${FUZZ_SECONDS:-10} s more)"
 scripts/fuzz.sh

@@ -140,6 +140,10 @@ pub enum Command {
         /// Leave out processes whose label KEY matches REGEX (repeatable).
         #[arg(long, value_name = "KEY=REGEX")]
         exclude_label: Vec<String>,
+        /// Also every Python descendant of a matched process, however it was started (as
+        /// `record` and `run` take them in).
+        #[arg(long)]
+        subprocesses: bool,
     },
 }
 
@@ -164,7 +168,8 @@ pub fn run(cli: Cli) -> Result<()> {
             matches,
             match_label,
             exclude_label,
-        } => list(&matches, &match_label, &exclude_label),
+            subprocesses,
+        } => list(&matches, &match_label, &exclude_label, subprocesses),
         Command::Bench {
             pid,
             bare_pids,
@@ -249,14 +254,22 @@ fn dump(pid: i32, json: bool, blocking: bool) -> Result<()> {
     Ok(())
 }
 
-fn list(matches: &[String], match_label: &[String], exclude_label: &[String]) -> Result<()> {
+fn list(
+    matches: &[String],
+    match_label: &[String],
+    exclude_label: &[String],
+    subprocesses: bool,
+) -> Result<()> {
     use pyfleet_actors::Discovery;
     use pyfleet_policies::Role;
     let own = Some(std::process::id() as i32);
     let policy = MatchPolicy::new(matches, [] as [&str; 0], &[], own)?
         .with_label_rules(match_label, exclude_label)?;
     // The daemon's own scan: the same processes, names, roles and labels as it would list.
-    let found = pyfleet::discovery::HostDiscovery::new(policy).scan();
+    let mut discovery =
+        pyfleet::discovery::HostDiscovery::new(policy).with_subprocesses(subprocesses);
+    let found = discovery.scan();
+    let refused = pyfleet::discovery::refusal_line(&discovery.refused());
     outln!(
         "{:>7}  {:>7}  {:<9}  {:<24}  {:<6}  {:<20}  {:<24}  COMMAND",
         "PID",
@@ -301,8 +314,13 @@ fn list(matches: &[String], match_label: &[String], exclude_label: &[String]) ->
             for_terminal(&p.cmdline)
         );
     }
-    if found.is_empty() {
-        eprintln!("pyfleet: no matching Python process found");
+    // What could not be inspected is said, and with nothing else found it is the error: not
+    // "nothing found" when permission was the reason.
+    match (refused, found.is_empty()) {
+        (Some(line), true) => anyhow::bail!("{line}"),
+        (Some(line), false) => eprintln!("pyfleet: {line}"),
+        (None, true) => eprintln!("pyfleet: no matching Python process found"),
+        (None, false) => {}
     }
     Ok(())
 }

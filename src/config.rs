@@ -8,7 +8,7 @@
 use crate::output::format::Format;
 use crate::output::snapshot_dir::DEFAULT_FORMATS;
 use pyfleet_policies::{
-    parse_size, MatchPolicy, Mode, RatePolicy, RestartPolicy, RetentionPolicy, Role,
+    parse_size, FileMode, MatchPolicy, Mode, RatePolicy, RestartPolicy, RetentionPolicy, Role,
 };
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -93,7 +93,8 @@ pub struct RunOptions {
     #[arg(long, value_name = "KEY=REGEX")]
     pub exclude_label: Vec<String>,
     /// Never profile processes in this role: master (the parent of workers of its own name,
-    /// such as a gunicorn master), worker or single (repeatable; see `pyfleet list`).
+    /// such as a gunicorn master), worker, helper (multiprocessing's resource tracker or
+    /// forkserver) or single (repeatable; see `pyfleet list`).
     #[arg(long, value_name = "ROLE")]
     pub exclude_role: Vec<String>,
     /// Also profile every Python descendant of a matched process, however it was started
@@ -134,9 +135,55 @@ pub struct RunOptions {
     /// Most bytes of snapshots kept (e.g. 500M, 2G) [default: no limit].
     #[arg(long, value_name = "SIZE")]
     pub max_bytes: Option<String>,
+    /// Permission bits of snapshot files, octal: read and write bits only, the owner's
+    /// always; directories get search where read is allowed (0640 gives 0750). Set exactly,
+    /// whatever the umask [default: 0600, the owner only].
+    #[arg(long, value_name = "OCTAL")]
+    pub file_mode: Option<String>,
+    /// Fold snapshots' frames by function, without line numbers (one box per function).
+    #[arg(long)]
+    pub function: bool,
     /// Prometheus listener address, or `off` [default: 127.0.0.1:9464].
     #[arg(long, value_name = "ADDR|off")]
     pub metrics_addr: Option<String>,
+    /// Health and readiness (/healthz, /readyz) on a listener of their own, for probes: its
+    /// connections are its own, so no client of --metrics-addr can starve it (IP:PORT, or
+    /// off) [default: off; /healthz and /readyz are on --metrics-addr too].
+    #[arg(long, value_name = "ADDR|off")]
+    pub health_addr: Option<String>,
+    /// Profiles (/debug/pprof/*) need `Authorization: Bearer <token>`, the token this file
+    /// holds (one line, 16 characters or more); /metrics too with --listen-metrics-token.
+    /// Config file: [listen] token-file.
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub listen_token_file: Option<PathBuf>,
+    /// /metrics needs the token too (else it is open). Config file: [listen] metrics-token.
+    #[arg(long)]
+    #[serde(skip)]
+    pub listen_metrics_token: bool,
+    /// Serve --metrics-addr over TLS with this certificate chain (PEM, leaf first). Config
+    /// file: [listen] tls-cert.
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub listen_tls_cert: Option<PathBuf>,
+    /// The TLS certificate's private key (PEM). Config file: [listen] tls-key.
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub listen_tls_key: Option<PathBuf>,
+    /// With TLS, only clients with a certificate from this CA (PEM) are served. Config file:
+    /// [listen] client-ca.
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub listen_client_ca: Option<PathBuf>,
+    /// Serve profiles on an address other hosts reach without any credential (refused
+    /// otherwise). Config file: [listen] insecure.
+    #[arg(long)]
+    #[serde(skip)]
+    pub insecure_listen: bool,
+    /// The config file's [listen] table.
+    #[arg(skip)]
+    #[serde(rename = "listen")]
+    pub listen: Option<ListenFile>,
     /// Stop after this long (seconds, or 30s, 5m, 1h, ...; a final snapshot is written)
     /// [default: run until stopped].
     #[arg(long, value_name = "DURATION")]
@@ -154,13 +201,13 @@ pub struct RunOptions {
     #[arg(long)]
     pub switch_log: bool,
     /// How stacks are taken: kernel (the kernel copies a running thread's frames at its
-    /// CPU's sampling interrupt, and in wall mode a thread's as it leaves its CPU: one
-    /// instant each, never stopping it; cpu and wall modes; needs root), reads (pyfleet reads
+    /// CPU's sampling interrupt, and in wall and gil modes a thread's as it leaves its CPU:
+    /// one instant each, never stopping it; needs root), reads (pyfleet reads
     /// each target's memory at each tick), or auto (kernel where it can, else reads)
     /// [default: auto].
     #[arg(long, value_name = "auto|reads|kernel")]
     pub capture: Option<String>,
-    /// Push profiles to Grafana Pyroscope at this URL (http://host:port; see the README)
+    /// Push profiles to Grafana Pyroscope at this URL (http[s]://host:port; see the README)
     /// [default: no push]. Authentication and tenant: the config file's [pyroscope] table.
     #[arg(long = "pyroscope", value_name = "URL")]
     #[serde(skip)]
@@ -193,6 +240,62 @@ pub struct PyroscopeFile {
     pub tenant: Option<String>,
     /// Push windows held while Pyroscope does not take them [default: 64].
     pub queue: Option<usize>,
+    /// For `https` URLs: the CAs (PEM) the server's certificate must come from [default: the
+    /// system's].
+    pub ca_file: Option<PathBuf>,
+    /// Send credentials over plain `http` to a host other than this one (refused otherwise).
+    pub credentials_over_http: bool,
+}
+
+/// The config file's `[listen]` table: who may read what `metrics-addr` serves.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ListenFile {
+    /// A file holding the bearer token profiles need.
+    pub token_file: Option<PathBuf>,
+    /// `/metrics` needs the token too.
+    pub metrics_token: bool,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub client_ca: Option<PathBuf>,
+    /// Serve profiles off loopback without a credential.
+    pub insecure: bool,
+}
+
+/// Who may read what the daemon's listener serves, validated.
+#[derive(Debug, Clone, Default)]
+pub struct ListenSettings {
+    pub access: crate::listener::access::Access,
+    /// The listener's TLS, when it speaks TLS.
+    pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+    /// Clients must present a certificate from the client CA.
+    pub client_certs: bool,
+}
+
+impl ListenSettings {
+    /// How the listener is guarded, for the startup line: `(profiles need the token and a
+    /// client certificate; /metrics open)`.
+    pub fn describe(&self) -> String {
+        let mut needs = Vec::new();
+        if self.access.token.is_some() {
+            needs.push("the token");
+        }
+        if self.client_certs {
+            needs.push("a client certificate");
+        }
+        if needs.is_empty() {
+            return "(no credential needed)".to_string();
+        }
+        let metrics = match (self.access.metrics_need_token, self.client_certs) {
+            (true, _) => "the token",
+            (false, true) => "a client certificate",
+            (false, false) => "nothing",
+        };
+        format!(
+            "(profiles need {}; /metrics {metrics})",
+            needs.join(" and ")
+        )
+    }
 }
 
 /// Where and how often to push, validated.
@@ -219,8 +322,14 @@ pub struct RunSettings {
     pub snapshot_formats: Vec<Format>,
     pub out: PathBuf,
     pub retention: RetentionPolicy,
+    /// The bits of snapshot files and directories.
+    pub file_mode: FileMode,
+    /// Frames folded by function (`--function`).
+    pub by_function: bool,
     pub restart: RestartPolicy,
     pub metrics_addr: Option<SocketAddr>,
+    pub listen: ListenSettings,
+    pub health_addr: Option<SocketAddr>,
     pub duration: Option<Duration>,
     pub read_only: bool,
     pub blocking: bool,
@@ -292,7 +401,17 @@ impl RunOptions {
             out: self.out.or(file.out),
             keep: self.keep.or(file.keep),
             max_bytes: self.max_bytes.or(file.max_bytes),
+            file_mode: self.file_mode.or(file.file_mode),
+            function: self.function || file.function,
             metrics_addr: self.metrics_addr.or(file.metrics_addr),
+            health_addr: self.health_addr.or(file.health_addr),
+            listen_token_file: self.listen_token_file,
+            listen_metrics_token: self.listen_metrics_token,
+            listen_tls_cert: self.listen_tls_cert,
+            listen_tls_key: self.listen_tls_key,
+            listen_client_ca: self.listen_client_ca,
+            insecure_listen: self.insecure_listen,
+            listen: file.listen,
             duration: self.duration.or(file.duration),
             read_only: self.read_only || file.read_only,
             blocking: self.blocking || file.blocking,
@@ -336,7 +455,7 @@ impl RunOptions {
             .unwrap_or("auto")
             .parse()
             .map_err(|e| format!("capture {e}"))?;
-        let capture = capture.resolve(mode != Mode::Gil, o.blocking, o.switch_log, "capture")?;
+        let capture = capture.resolve(o.blocking, o.switch_log, "capture")?;
         let max_bytes = match &o.max_bytes {
             Some(s) => Some(parse_size(s).map_err(|e| format!("--max-bytes: {e}"))?),
             None => None,
@@ -355,12 +474,21 @@ impl RunOptions {
         if snapshot_formats.is_empty() {
             snapshot_formats = DEFAULT_FORMATS.to_vec();
         }
-        let metrics_addr = match o.metrics_addr.as_deref().unwrap_or(DEFAULT_METRICS_ADDR) {
-            "off" => None,
-            a => Some(a.parse::<SocketAddr>().map_err(|_| {
-                format!("--metrics-addr must be IP:PORT (e.g. {DEFAULT_METRICS_ADDR}) or off (got '{a}')")
-            })?),
-        };
+        let metrics_addr = address(
+            "metrics-addr",
+            o.metrics_addr.as_deref(),
+            DEFAULT_METRICS_ADDR,
+        )?;
+        let health_addr = address("health-addr", o.health_addr.as_deref(), "off")?;
+        let (listen, insecure) = listen_settings(&o)?;
+        if let Some(addr) = metrics_addr {
+            crate::listener::access::check_exposure(
+                addr,
+                listen.access.token.is_some(),
+                listen.client_certs,
+                insecure,
+            )?;
+        }
         let exclude_roles = parse_roles(&o.exclude_role)?;
         let push = push_settings(&o)?;
         Ok(RunSettings {
@@ -376,8 +504,15 @@ impl RunOptions {
             snapshot_formats,
             out: o.out.unwrap_or_else(|| PathBuf::from(DEFAULT_OUT)),
             retention,
+            file_mode: match &o.file_mode {
+                Some(m) => m.parse().map_err(|e| format!("--file-mode: {e}"))?,
+                None => FileMode::default(),
+            },
+            by_function: o.function,
             restart: RestartPolicy::default(),
             metrics_addr,
+            listen,
+            health_addr,
             duration: match o.duration {
                 Some(d) => Some(seconds("duration", Some(d), 0.0)?),
                 None => None,
@@ -389,6 +524,63 @@ impl RunOptions {
             push,
         })
     }
+}
+
+/// A listener's address option: IP:PORT or `off`.
+fn address(name: &str, given: Option<&str>, default: &str) -> Result<Option<SocketAddr>, String> {
+    match given.unwrap_or(default) {
+        "off" => Ok(None),
+        a => a.parse::<SocketAddr>().map(Some).map_err(|_| {
+            format!(
+                "--{name} must be IP:PORT (e.g. {DEFAULT_METRICS_ADDR}) or off (got '{}')",
+                a.escape_debug()
+            )
+        }),
+    }
+}
+
+/// The `--listen-*` options and the `[listen]` table, checked (the command line wins), and
+/// whether serving profiles without a credential was allowed.
+fn listen_settings(o: &RunOptions) -> Result<(ListenSettings, bool), String> {
+    let table = o.listen.clone().unwrap_or_default();
+    let token = match o.listen_token_file.as_ref().or(table.token_file.as_ref()) {
+        Some(f) => Some(crate::listener::access::Token::from_file(
+            f,
+            "--listen-token-file",
+        )?),
+        None => None,
+    };
+    let metrics_need_token = o.listen_metrics_token || table.metrics_token;
+    if metrics_need_token && token.is_none() {
+        return Err("--listen-metrics-token goes with --listen-token-file FILE".to_string());
+    }
+    let cert = o.listen_tls_cert.clone().or(table.tls_cert);
+    let key = o.listen_tls_key.clone().or(table.tls_key);
+    let client_ca = o.listen_client_ca.clone().or(table.client_ca);
+    let files = match (cert, key) {
+        (Some(cert), Some(key)) => Some(crate::tls::ServerFiles {
+            cert,
+            key,
+            client_ca,
+        }),
+        (None, None) if client_ca.is_none() => None,
+        (None, None) => {
+            return Err(
+                "--listen-client-ca goes with --listen-tls-cert and --listen-tls-key".into(),
+            )
+        }
+        _ => return Err("--listen-tls-cert and --listen-tls-key go together".to_string()),
+    };
+    let tls = files.as_ref().map(crate::tls::server_config).transpose()?;
+    let settings = ListenSettings {
+        access: crate::listener::access::Access {
+            token,
+            metrics_need_token,
+        },
+        tls,
+        client_certs: files.is_some_and(|f| f.client_ca.is_some()),
+    };
+    Ok((settings, o.insecure_listen || table.insecure))
 }
 
 /// `--pyroscope`, `--push-interval` and the `[pyroscope]` table, checked (the command line
@@ -422,6 +614,20 @@ fn push_settings(o: &RunOptions) -> Result<Option<PushSettings>, String> {
         }
         (None, Some(f)) => target = target.with_token(&read("token-file", f)?),
         (None, None) => {}
+    }
+    if target.is_https() {
+        let ca = table.ca_file.as_deref();
+        target = target.with_tls(crate::tls::client_config(ca, "[pyroscope] ca-file")?);
+    } else if table.ca_file.is_some() {
+        return Err("pyroscope ca-file goes with an https:// url".to_string());
+    } else if target.authorization.is_some()
+        && !target.is_loopback()
+        && !table.credentials_over_http
+    {
+        return Err(format!(
+            "pyroscope url {url}: the credentials would cross the network in clear: use \
+             https://, or set credentials-over-http = true in [pyroscope]"
+        ));
     }
     if let Some(t) = &table.tenant {
         if t.is_empty() || !t.bytes().all(|b| b.is_ascii_graphic()) {
@@ -458,6 +664,44 @@ mod tests {
         assert_eq!(s.duration, None);
         assert!(!s.read_only);
         assert_eq!(s.snapshot_formats, vec![Format::Folded, Format::Svg]);
+        assert_eq!(s.health_addr, None);
+        assert!(s.listen.access.token.is_none() && s.listen.tls.is_none());
+    }
+
+    #[test]
+    fn a_wide_listener_needs_a_credential_or_insecure_listen() {
+        let wide = |insecure: bool| RunOptions {
+            metrics_addr: Some("0.0.0.0:9464".into()),
+            insecure_listen: insecure,
+            ..Default::default()
+        };
+        assert!(wide(false).resolve(1).is_err());
+        assert!(wide(true).resolve(1).is_ok());
+        let dir = std::env::temp_dir().join(format!("pyfleet-listen-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let token = dir.join("token");
+        std::fs::write(&token, "0123456789abcdef0123\n").unwrap();
+        let config = dir.join("pyfleet.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "metrics-addr = \"0.0.0.0:9464\"\n[listen]\ntoken-file = \"{}\"\nmetrics-token = true\n",
+                token.display()
+            ),
+        )
+        .unwrap();
+        let s = RunOptions {
+            config: Some(config),
+            ..Default::default()
+        }
+        .resolve(1)
+        .unwrap();
+        assert!(s.listen.access.token.is_some() && s.listen.access.metrics_need_token);
+        assert_eq!(
+            s.listen.describe(),
+            "(profiles need the token; /metrics the token)"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -483,6 +727,56 @@ mod tests {
                     ..Default::default()
                 },
                 "--metrics-addr",
+            ),
+            (
+                RunOptions {
+                    metrics_addr: Some("0.0.0.0:9464".into()),
+                    ..Default::default()
+                },
+                "--insecure-listen",
+            ),
+            (
+                RunOptions {
+                    health_addr: Some("9465".into()),
+                    ..Default::default()
+                },
+                "--health-addr",
+            ),
+            (
+                RunOptions {
+                    listen_metrics_token: true,
+                    ..Default::default()
+                },
+                "--listen-token-file",
+            ),
+            (
+                RunOptions {
+                    listen_token_file: Some("/nonexistent/token".into()),
+                    ..Default::default()
+                },
+                "/nonexistent/token",
+            ),
+            (
+                RunOptions {
+                    listen_tls_cert: Some("/nonexistent/cert.pem".into()),
+                    ..Default::default()
+                },
+                "go together",
+            ),
+            (
+                RunOptions {
+                    listen_client_ca: Some("/nonexistent/ca.pem".into()),
+                    ..Default::default()
+                },
+                "--listen-tls-cert",
+            ),
+            (
+                RunOptions {
+                    listen_tls_cert: Some("/nonexistent/cert.pem".into()),
+                    listen_tls_key: Some("/nonexistent/key.pem".into()),
+                    ..Default::default()
+                },
+                "--listen-tls-cert /nonexistent/cert.pem",
             ),
             (
                 RunOptions {
@@ -564,7 +858,7 @@ mod tests {
         let path = dir.path().join("pyfleet.toml");
         std::fs::write(
             &path,
-            "match = [\"gunicorn\"]\nrate = 50\nmax-cpu = 2.5\nout = \"/var/lib/pyfleet\"\nread-only = true\nsnapshot-format = [\"pprof\", \"svg\", \"pprof\"]\n",
+            "match = [\"gunicorn\"]\nrate = 50\nmax-cpu = 2.5\nout = \"/var/lib/pyfleet\"\nread-only = true\nsnapshot-format = [\"pprof\", \"svg\", \"pprof\"]\nfile-mode = \"0640\"\n",
         )
         .unwrap();
         let cli = RunOptions {
@@ -579,6 +873,10 @@ mod tests {
         assert_eq!(s.out, PathBuf::from("/var/lib/pyfleet"));
         assert!(s.read_only);
         assert_eq!(s.snapshot_formats, vec![Format::Pprof, Format::Svg]);
+        assert_eq!(
+            (s.file_mode.file(), s.file_mode.directory()),
+            (0o640, 0o750)
+        );
         let cli = RunOptions {
             snapshot_format: vec!["speedscope".into()],
             config: Some(path.clone()),
@@ -621,7 +919,8 @@ mod tests {
             format!(
                 "match-label = [\"namespace=^prod$\"]\nexclude-label = [\"service=canary\"]\n\
                  [pyroscope]\nurl = \"http://pyro:4040\"\npush-interval = \"30s\"\n\
-                 basic-auth-file = \"{}\"\ntenant = \"team-a\"\nqueue = 8\n",
+                 basic-auth-file = \"{}\"\ntenant = \"team-a\"\nqueue = 8\n\
+                 credentials-over-http = true\n",
                 auth.display()
             ),
         )
@@ -649,13 +948,45 @@ mod tests {
         })
         .unwrap();
         assert_eq!(s.push.unwrap().target.authority, "other:4040");
+        // Credentials in clear to another host only when the table says so; over https with
+        // the system's CAs or a CA file.
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, text.replace("credentials-over-http = true\n", "")).unwrap();
+        let e = from(RunOptions::default()).unwrap_err();
+        assert!(e.contains("in clear") && e.lines().count() == 1, "{e}");
+        let local = from(RunOptions {
+            pyroscope_url: Some("http://127.0.0.1:4040".into()),
+            ..Default::default()
+        });
+        assert!(local.is_ok(), "{:?}", local.err());
+        // (A machine without CA certificates is told so, in one line.)
+        match from(RunOptions {
+            pyroscope_url: Some("https://pyro:4443".into()),
+            ..Default::default()
+        }) {
+            Ok(s) => {
+                let tls = s.push.unwrap();
+                assert!(tls.target.is_https() && tls.target.tls.is_some());
+            }
+            Err(e) => assert!(e.contains("no system CA certificate"), "{e}"),
+        }
+        std::fs::write(
+            &path,
+            "[pyroscope]\nurl = \"https://pyro\"\nca-file = \"/nonexistent/ca.pem\"\n",
+        )
+        .unwrap();
+        let e = from(RunOptions::default()).unwrap_err();
+        assert!(
+            e.contains("/nonexistent/ca.pem") && e.lines().count() == 1,
+            "{e}"
+        );
         for (cli, says) in [
             (
                 RunOptions {
-                    pyroscope_url: Some("https://x".into()),
+                    pyroscope_url: Some("ftp://x".into()),
                     ..Default::default()
                 },
-                "https is not supported",
+                "not http[s]://",
             ),
             (
                 RunOptions {

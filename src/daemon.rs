@@ -9,7 +9,7 @@ use metrics_util::MetricKindMask;
 use pyfleet::config::RunOptions;
 use pyfleet::discovery::HostDiscovery;
 use pyfleet::output::snapshot_dir::SnapshotDir;
-use pyfleet::stack_source::UnwinderFactory;
+use pyfleet::stack_source::{OffCpu, UnwinderFactory};
 use pyfleet_actors::{Fleet, FleetConfig};
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,11 +34,12 @@ async fn export_capture_state(
     shared: Option<Arc<pyfleet::stack_source::SharedCapture>>,
 ) {
     let (stacks, why_not_kernel) = how.codes();
-    let info = metrics::gauge!(CAPTURE_INFO, "stacks" => stacks, "why" => why_not_kernel);
     let mut every = tokio::time::interval(Duration::from_secs(1));
     loop {
         every.tick().await;
-        info.set(1.0);
+        // Looked up at every tick, not once: a series the exporter dropped anyway (its idle
+        // clock is not ours) comes back within a second rather than never.
+        metrics::gauge!(CAPTURE_INFO, "stacks" => stacks, "why" => why_not_kernel).set(1.0);
         let Some(shared) = &shared else {
             continue;
         };
@@ -67,13 +68,15 @@ pub fn run(opts: RunOptions) -> Result<()> {
     let settings = opts
         .resolve(std::process::id() as i32)
         .map_err(|e| anyhow!(e))?;
-    let writer = SnapshotDir::open(&settings.out, settings.retention)
+    let writer = SnapshotDir::open(&settings.out, settings.retention, settings.file_mode)
         .map_err(|e| anyhow!(e))?
         .with_formats(&settings.snapshot_formats)
+        .by_function(settings.by_function)
         .with_sampling(settings.mode, settings.rate.base_hz());
     let mut config = FleetConfig {
         scan_interval: settings.scan_interval,
         snapshot_interval: settings.snapshot_interval,
+        ends_after: settings.duration,
         mode: settings.mode,
         rate: settings.rate.clone(),
         restart: settings.restart.clone(),
@@ -85,7 +88,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
     let runtime = runtime()?;
     // Set once the fleet runs: /debug/pprof/profile takes its profiles through it.
     let profiler = Arc::new(std::sync::OnceLock::new());
-    let pull = pyfleet::metrics_server::Pull {
+    let pull = pyfleet::listener::Pull {
         profiler: profiler.clone(),
         mode: settings.mode,
         rate_hz: settings.rate.base_hz(),
@@ -108,13 +111,19 @@ pub fn run(opts: RunOptions) -> Result<()> {
                 )
                 .context("bad histogram buckets")?
                 .build_recorder();
-            let exporter = pyfleet::metrics_server::Exporter::new(recorder.handle());
+            let exporter = pyfleet::listener::Exporter::new(recorder.handle());
             metrics::set_global_recorder(recorder)
                 .map_err(|_| anyhow!("a metrics recorder is already installed"))?;
-            tokio::spawn(pyfleet::metrics_server::serve(
-                listener,
-                exporter.clone(),
+            let site = pyfleet::listener::Pages::Site {
+                exporter: exporter.clone(),
                 pull,
+                access: settings.listen.access.clone(),
+            };
+            tokio::spawn(pyfleet::listener::serve(
+                listener,
+                settings.listen.tls.clone(),
+                pyfleet::listener::SITE_LIMITS,
+                site,
             ));
             tokio::spawn(exporter.keep_tidy(config.metrics_idle_timeout() / 2));
             pyfleet_actors::metric_names::describe();
@@ -141,11 +150,25 @@ pub fn run(opts: RunOptions) -> Result<()> {
                 }
             });
         }
+        if let Some(addr) = settings.health_addr {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on --health-addr {addr}"))?;
+            let probes = pyfleet::listener::Pages::Health {
+                ready: profiler.clone(),
+            };
+            tokio::spawn(pyfleet::listener::serve(
+                listener,
+                None,
+                pyfleet::listener::HEALTH_LIMITS,
+                probes,
+            ));
+        }
         let (capture, how) = settings
             .capture
             .start(
                 settings.rate.base_hz(),
-                settings.mode == pyfleet_policies::Mode::Wall,
+                settings.mode != pyfleet_policies::Mode::Cpu,
             )
             .map_err(|e| anyhow!(e))?;
         let what = if settings.matches.is_empty() && settings.pids.is_empty() {
@@ -156,7 +179,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
             parts.join(", ")
         };
         eprintln!(
-            "pyfleet: profiling {what} at {} Hz ({} mode{}); {how}; snapshots ({}) every {} s in {}; metrics {}{}",
+            "pyfleet: profiling {what} at {} Hz ({} mode{}); {how}; snapshots ({}) every {} s in {}; metrics {}{}{}",
             settings.rate.base_hz(),
             settings.mode,
             if settings.read_only { ", read-only" } else { "" },
@@ -170,8 +193,16 @@ pub fn run(opts: RunOptions) -> Result<()> {
             settings.out.display(),
             settings
                 .metrics_addr
-                .map(|a| format!("on http://{a}/metrics"))
+                .map(|a| format!(
+                    "on {}://{a}/metrics {}",
+                    if settings.listen.tls.is_some() { "https" } else { "http" },
+                    settings.listen.describe()
+                ))
                 .unwrap_or_else(|| "off".into()),
+            settings
+                .health_addr
+                .map(|a| format!("; probes on http://{a}/healthz and /readyz"))
+                .unwrap_or_default(),
             settings
                 .push
                 .as_ref()
@@ -189,12 +220,17 @@ pub fn run(opts: RunOptions) -> Result<()> {
         }
         tokio::spawn(export_capture_state(how, capture.clone()));
         for &pid in &settings.pids {
-            let probed = pyfleet::discovery::probe_within(pid, pyfleet::discovery::PROBE_DEADLINE);
-            if !matches!(probed, pyfleet::discovery::Probed::Python(_)) {
-                eprintln!(
+            use pyfleet::discovery::Probed;
+            match pyfleet::discovery::probe_within(pid, pyfleet::discovery::PROBE_DEADLINE) {
+                Probed::Python(_) => {}
+                Probed::Refused(why) => eprintln!(
+                    "pyfleet: warning: pid {pid} cannot be read: {}",
+                    pyfleet::output::for_terminal(&why)
+                ),
+                _ => eprintln!(
                     "pyfleet: warning: pid {pid} is not a Python process that can be read now; \
                      it is profiled if it becomes one"
-                );
+                ),
             }
         }
         // Pushing to Pyroscope: windows go to a queue a task of its own sends.
@@ -215,14 +251,14 @@ pub fn run(opts: RunOptions) -> Result<()> {
             config,
             HostDiscovery::new(settings.policy.clone())
                 .with_subprocesses(settings.subprocesses)
-                .excluding_roles(&settings.exclude_roles),
+                .excluding_roles(&settings.exclude_roles)
+                .warning_of_refusals(),
             UnwinderFactory {
                 read_only: settings.read_only,
                 blocking: settings.blocking,
                 capture,
                 reads_if_deeper: settings.capture == pyfleet::stack_source::Capture::Auto,
-                wall_rate_hz: (settings.mode == pyfleet_policies::Mode::Wall)
-                    .then(|| settings.rate.base_hz()),
+                off_cpu: OffCpu::for_mode(settings.mode, settings.rate.base_hz()),
             },
             writer,
         )

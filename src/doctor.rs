@@ -252,18 +252,18 @@ fn kernel(
                 Status::Warn,
                 format!(
                     "Linux {release}: the capture starts for cpu mode (stacks copied by the \
-                     kernel at each interrupt), not for wall mode ({e}): wall mode reads"
+                     kernel at each interrupt), not for wall and gil modes ({e}): they read"
                 ),
-                "wall mode copies a thread's stack at the scheduler's switch tracepoint (a raw \
+                "wall and gil modes copy a thread's stack at the scheduler's switch tracepoint (a raw \
                  tracepoint, Linux 4.17+): check that the kernel allows BPF raw tracepoints",
             ),
             _ => Check::new(
                 "kernel capture",
                 Status::Ok,
                 format!(
-                    "Linux {release}: the capture starts; cpu- and wall-mode stacks are copied \
-                     by the kernel, at each interrupt and as a thread leaves its CPU (exact, \
-                     and cheaper than reading)"
+                    "Linux {release}: the capture starts; every mode's stacks are copied by \
+                     the kernel, at each interrupt and as a thread leaves its CPU (exact, and \
+                     cheaper than reading)"
                 ),
                 "",
             ),
@@ -454,9 +454,7 @@ fn verdict(
             .into();
     }
     let how = match (capture, off_cpu) {
-        (Ok(_), Some(Ok(()))) => {
-            "cpu and wall modes with the kernel capture (gil mode reads from outside)"
-        }
+        (Ok(_), Some(Ok(()))) => "every mode with the kernel capture",
         (Ok(_), _) => "cpu mode with the kernel capture (wall and gil modes read from outside)",
         (Err(_), _) => "every mode by reading from outside (no kernel capture)",
     };
@@ -512,10 +510,12 @@ fn json_report(
         Ok(namespaced) => serde_json::json!({
             "available": true, "reason": null, "why": null, "namespaced": namespaced,
             "wall": off_cpu.is_some_and(|w| w.is_ok()),
+            "gil": off_cpu.is_some_and(|w| w.is_ok()),
         }),
         Err(e) => serde_json::json!({
             "available": false, "reason": e.code(), "why": e.to_string(), "namespaced": false,
             "wall": false,
+            "gil": false,
         }),
     };
     let doc = serde_json::json!({

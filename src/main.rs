@@ -4,6 +4,7 @@
 mod cli;
 mod daemon;
 mod doctor;
+mod launched;
 mod record;
 
 use clap::Parser;

@@ -14,8 +14,11 @@
 //! did not fit, and one that comes back gets the rest. Every outcome is counted
 //! (`pyfleet_push_*`).
 //!
-//! Plain HTTP only (no TLS client is linked): for a store behind HTTPS, push to a local
-//! relay (Grafana Alloy's `pyroscope.receive_http`, or a TLS-terminating proxy).
+//! HTTP or HTTPS (rustls: the server's certificate checked against a CA file or the system's
+//! CAs, and its name against the URL's host). Whatever the store answers costs a bound: the
+//! whole exchange at most [`REQUEST_TIMEOUT`], and of an answer's body at most
+//! [`MAX_ANSWER_BYTES`] are read, within [`ANSWER_TIMEOUT`], and discarded (only the status
+//! counts).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,41 +37,44 @@ use crate::output::format::RenderContext;
 
 /// Longest wait between two tries of one request.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
-/// A request's whole time (connect, send, answer).
+/// A request's whole time (connect, handshake, send, answer).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
+/// Most bytes of an answer's body read (then the connection is dropped).
+pub const MAX_ANSWER_BYTES: usize = 4096;
+/// Longest wait for an answer's body once its status came.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
 /// Windows held by default while the store does not take them.
 pub const DEFAULT_QUEUE: usize = 64;
 const BOUNDARY: &str = "pyfleet-profile-boundary-5f1d0c";
 
 /// Where and how to push.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Target {
     /// `host:port` to connect to.
     pub authority: String,
+    /// The host alone (no brackets around an IPv6 address): the name a TLS server's
+    /// certificate must carry.
+    pub host: String,
+    /// With TLS: the client configuration (`https://` URLs).
+    pub tls: Option<Arc<rustls::ClientConfig>>,
     /// The path before `/ingest` (empty, or `/prefix`).
     pub prefix: String,
     /// The `Authorization` header's value, if any.
     pub authorization: Option<String>,
     /// `X-Scope-OrgID`, if any.
     pub tenant: Option<String>,
+    https: bool,
 }
 
 impl Target {
-    /// Parses `http://host[:port][/prefix]`; a one-line error otherwise.
+    /// Parses `http[s]://host[:port][/prefix]`; a one-line error otherwise. An `https` target
+    /// gets its TLS configuration from [`Target::with_tls`].
     pub fn parse(url: &str) -> Result<Target, String> {
-        let rest = match url.split_once("://") {
-            Some(("http", rest)) => rest,
-            Some(("https", _)) => {
-                return Err(format!(
-                    "pyroscope url {url}: https is not supported (push to a local relay such as \
-                     Grafana Alloy, or a TLS-terminating proxy, over http)"
-                ))
-            }
-            _ => {
-                return Err(format!(
-                    "pyroscope url {url}: not http://host[:port][/path]"
-                ))
-            }
+        let bad = || format!("pyroscope url {url}: not http[s]://host[:port][/path]");
+        let (rest, default_port) = match url.split_once("://") {
+            Some(("http", rest)) => (rest, 80),
+            Some(("https", rest)) => (rest, 443),
+            _ => return Err(bad()),
         };
         let (authority, path) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
@@ -79,24 +85,48 @@ impl Target {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b));
         if !host_ok || path.contains(['?', '#', ' ']) {
-            return Err(format!(
-                "pyroscope url {url}: not http://host[:port][/path]"
-            ));
+            return Err(bad());
         }
-        let authority = if authority
-            .rsplit_once(':')
-            .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
-        {
-            authority.to_string()
-        } else {
-            format!("{authority}:80")
+        let (host, authority) = match authority.rsplit_once(':') {
+            Some((host, port)) if port.parse::<u16>().is_ok() && !host.ends_with(':') => {
+                (host, authority.to_string())
+            }
+            _ => (authority, format!("{authority}:{default_port}")),
         };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() {
+            return Err(bad());
+        }
         Ok(Target {
             authority,
+            host: host.to_string(),
+            tls: None,
+            https: default_port == 443,
             prefix: path.trim_end_matches('/').to_string(),
             authorization: None,
             tenant: None,
         })
+    }
+
+    /// Whether the URL was `https://`.
+    pub fn is_https(&self) -> bool {
+        self.https
+    }
+
+    /// Whether the host is this machine's (a name or address of loopback): credentials sent
+    /// there in clear cross no network.
+    pub fn is_loopback(&self) -> bool {
+        self.host == "localhost"
+            || self
+                .host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    }
+
+    /// The TLS client configuration of an `https` target.
+    pub fn with_tls(mut self, config: Arc<rustls::ClientConfig>) -> Self {
+        self.tls = Some(config);
+        self
     }
 
     /// Basic authentication from a file holding `user:password` (one line).
@@ -321,6 +351,28 @@ async fn exchange(target: &Target, request: &IngestRequest) -> Result<(), Failur
     let stream = tokio::net::TcpStream::connect(&target.authority)
         .await
         .map_err(|e| retry(&e))?;
+    match (target.https, &target.tls) {
+        (false, _) => exchange_on(stream, target, request).await,
+        (true, Some(config)) => {
+            let name = rustls::pki_types::ServerName::try_from(target.host.clone())
+                .map_err(|e| retry(&e))?;
+            let stream = tokio_rustls::TlsConnector::from(config.clone())
+                .connect(name, stream)
+                .await
+                .map_err(|e| retry(&e))?;
+            exchange_on(stream, target, request).await
+        }
+        // Config validation gives every https target its TLS configuration.
+        (true, None) => Err(Failure::Retry("no TLS configuration".to_string())),
+    }
+}
+
+/// One request on an open connection (plain or TLS), its answer's status.
+async fn exchange_on<S>(stream: S, target: &Target, request: &IngestRequest) -> Result<(), Failure>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let retry = |e: &dyn std::fmt::Display| Failure::Retry(e.to_string());
     let (mut sender, connection) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
             .await
@@ -357,8 +409,7 @@ async fn exchange(target: &Target, request: &IngestRequest) -> Result<(), Failur
         .map_err(|e| retry(&e))?;
     let response = sender.send_request(req).await.map_err(|e| retry(&e))?;
     let status = response.status();
-    // Read the (small) answer so the connection ends cleanly.
-    let _ = response.into_body().collect().await;
+    discard_answer(response.into_body()).await;
     connection.abort();
     match status.as_u16() {
         200..=299 => Ok(()),
@@ -368,24 +419,54 @@ async fn exchange(target: &Target, request: &IngestRequest) -> Result<(), Failur
     }
 }
 
+/// Reads at most [`MAX_ANSWER_BYTES`] of an answer's body, for at most [`ANSWER_TIMEOUT`],
+/// and drops them: a store that answers with megabytes, or never ends its answer, costs no
+/// more.
+async fn discard_answer(mut body: hyper::body::Incoming) {
+    let read_some = async {
+        let mut read = 0;
+        while read < MAX_ANSWER_BYTES {
+            match body.frame().await {
+                Some(Ok(frame)) => read += frame.data_ref().map_or(0, Bytes::len),
+                _ => break,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(ANSWER_TIMEOUT, read_some).await;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn urls_are_http_with_a_port() {
+    fn urls_are_http_or_https_with_a_port() {
         let t = Target::parse("http://pyroscope:4040").unwrap();
         assert_eq!(
-            (t.authority.as_str(), t.prefix.as_str()),
-            ("pyroscope:4040", "")
+            (t.authority.as_str(), t.prefix.as_str(), t.host.as_str()),
+            ("pyroscope:4040", "", "pyroscope")
         );
+        assert!(!t.is_https() && !t.is_loopback());
         let t = Target::parse("http://10.0.0.1/pyro/").unwrap();
         assert_eq!(
             (t.authority.as_str(), t.prefix.as_str()),
             ("10.0.0.1:80", "/pyro")
         );
+        let t = Target::parse("https://profiles.example.com").unwrap();
+        assert_eq!(t.authority, "profiles.example.com:443");
+        assert!(t.is_https());
+        let t = Target::parse("https://[::1]:4040").unwrap();
+        assert_eq!(
+            (t.authority.as_str(), t.host.as_str()),
+            ("[::1]:4040", "::1")
+        );
+        assert!(t.is_loopback());
+        let t = Target::parse("http://[::1]").unwrap();
+        assert_eq!(t.authority, "[::1]:80");
+        for local in ["http://localhost:4040", "http://127.0.0.2:4040"] {
+            assert!(Target::parse(local).unwrap().is_loopback(), "{local}");
+        }
         for bad in [
-            "https://x",
             "ftp://x",
             "pyroscope:4040",
             "http://",

@@ -22,9 +22,9 @@ use pyfleet::discovery::HostDiscovery;
 use pyfleet::output::format::{Format, RenderContext};
 use pyfleet::output::record_file::RecordFile;
 use pyfleet::output::snapshot_dir::utc_name;
-use pyfleet::stack_source::{Counted, SampleCounters, UnwinderFactory};
+use pyfleet::stack_source::{Counted, OffCpu, SampleCounters, UnwinderFactory};
 use pyfleet_actors::{Fleet, FleetConfig, FleetStatus, ProcessState};
-use pyfleet_policies::{MatchPolicy, Mode, RatePolicy};
+use pyfleet_policies::{FileMode, MatchPolicy, Mode, RatePolicy};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -40,13 +40,16 @@ const WAIT_POLL: Duration = Duration::from_millis(500);
 const TOP_FUNCTIONS: usize = 5;
 /// How often the progress line is redrawn.
 const REDRAW: Duration = Duration::from_millis(250);
+/// How often the host is scanned for a program started by `record -- COMMAND` and its Python
+/// subprocesses.
+const LAUNCHED_SCAN: Duration = Duration::from_millis(50);
 
 #[derive(Debug, Clone, clap::Args)]
 #[command(group(
     clap::ArgGroup::new("target")
         .required(true)
         .multiple(true)
-        .args(["pids", "bare_pids", "matches", "match_label"])
+        .args(["pids", "bare_pids", "matches", "match_label", "command"])
 ))]
 pub struct RecordOptions {
     /// Record this process (repeatable).
@@ -88,7 +91,7 @@ pub struct RecordOptions {
     /// .svg, .json/.speedscope.json, .pb.gz/.pprof), else svg].
     #[arg(long, short = 'f', value_name = "FORMAT")]
     pub format: Option<String>,
-    /// Never record processes in this role: master, worker or single (repeatable; see
+    /// Never record processes in this role: master, worker, helper or single (repeatable; see
     /// `pyfleet list`).
     #[arg(long, value_name = "ROLE")]
     pub exclude_role: Vec<String>,
@@ -113,12 +116,25 @@ pub struct RecordOptions {
     #[arg(long)]
     pub switch_log: bool,
     /// How stacks are taken: `kernel` (the kernel copies a running thread's frames at its
-    /// CPU's sampling interrupt, and in wall mode a thread's as it leaves its CPU: each stack
-    /// one instant's, the target never stopped; cpu and wall modes; needs root), `reads`
+    /// CPU's sampling interrupt, and in wall and gil modes a thread's as it leaves its CPU:
+    /// each stack one instant's, the target never stopped; needs root), `reads`
     /// (pyfleet reads each target's memory at each tick), or `auto` (kernel where it can,
     /// else reads).
     #[arg(long, value_name = "auto|reads|kernel", default_value = "auto")]
     pub capture: String,
+    /// Permission bits of the output file, octal: read and write bits only, the owner's
+    /// always; set exactly, whatever the umask [default: 0600, the owner only].
+    #[arg(long, value_name = "OCTAL")]
+    pub file_mode: Option<String>,
+    /// Fold frames by function, without line numbers: one box per function however many of
+    /// its lines were sampled.
+    #[arg(long)]
+    pub function: bool,
+    /// After `--`: a program to start and record, with its Python subprocesses, from its start
+    /// until it exits (`pyfleet record -o out.svg -- python app.py`); Ctrl-C goes to it, and
+    /// its exit status becomes pyfleet's.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
 }
 
 /// Validated settings.
@@ -139,12 +155,31 @@ struct Plan {
     /// `--capture`, resolved for the mode.
     capture: pyfleet::stack_source::Capture,
     force: bool,
+    file_mode: FileMode,
     wait: bool,
     exclude_roles: Vec<pyfleet_policies::Role>,
     subprocesses: bool,
+    /// The program to start (`-- COMMAND`), if any.
+    command: Vec<String>,
+    /// `--function`.
+    by_function: bool,
 }
 
 fn plan(mut o: RecordOptions) -> Result<Plan> {
+    if !o.command.is_empty() {
+        if !(o.pids.is_empty()
+            && o.bare_pids.is_empty()
+            && o.matches.is_empty()
+            && o.match_label.is_empty())
+        {
+            bail!(
+                "give either a program after -- or processes to record (--pid, --match), not both"
+            );
+        }
+        if o.duration.is_some() || o.wait {
+            bail!("a program after -- is recorded until it exits: --duration and --wait go with processes");
+        }
+    }
     o.pids.append(&mut o.bare_pids);
     if let Some(bad) = o.pids.iter().find(|p| **p <= 0) {
         bail!("--pid must be a positive process id (got {bad})");
@@ -171,10 +206,26 @@ fn plan(mut o: RecordOptions) -> Result<Plan> {
     let capture: pyfleet::stack_source::Capture =
         o.capture.parse().map_err(|e| anyhow!("--capture {e}"))?;
     let capture = capture
-        .resolve(mode != Mode::Gil, o.blocking, o.switch_log, "--capture")
+        .resolve(o.blocking, o.switch_log, "--capture")
         .map_err(|e| anyhow!(e))?;
     let format = match (&o.format, &o.output) {
-        (Some(f), _) => f.parse::<Format>().map_err(|e| anyhow!("--format: {e}"))?,
+        (Some(f), out) => {
+            let format = f.parse::<Format>().map_err(|e| anyhow!("--format: {e}"))?;
+            // A name that says another format would mislead whoever opens the file.
+            let named = out.as_deref().and_then(Format::from_path);
+            if let (Some(named), Some(out)) = (named.filter(|n| *n != format), out) {
+                return Err(anyhow!(
+                    "--output {} is a {} file's name but --format is {}: give -o with .{}, or \
+                     --format {}",
+                    pyfleet::output::for_terminal(&out.display().to_string()),
+                    named.name(),
+                    format.name(),
+                    format.extension(),
+                    named.name()
+                ));
+            }
+            format
+        }
         (None, Some(out)) => Format::from_path(out).ok_or_else(|| {
             anyhow!(
                 "cannot tell the format of {} from its extension (.folded, .txt, .svg, .json, \
@@ -206,9 +257,15 @@ fn plan(mut o: RecordOptions) -> Result<Plan> {
         switch_log: o.switch_log,
         capture,
         force: o.force,
+        file_mode: match &o.file_mode {
+            Some(m) => m.parse().map_err(|e| anyhow!("--file-mode: {e}"))?,
+            None => FileMode::default(),
+        },
         wait: o.wait,
         exclude_roles: pyfleet::config::parse_roles(&o.exclude_role).map_err(|e| anyhow!(e))?,
-        subprocesses: o.subprocesses,
+        subprocesses: o.subprocesses || !o.command.is_empty(),
+        command: o.command,
+        by_function: o.function,
     })
 }
 
@@ -235,8 +292,13 @@ impl Target {
 }
 
 pub fn run(opts: RecordOptions) -> Result<()> {
-    let plan = plan(opts)?;
-    let what = describe_targets(&plan);
+    let mut plan = plan(opts)?;
+    let what = match plan.command.is_empty() {
+        true => describe_targets(&plan),
+        false => {
+            pyfleet::output::for_terminal(&format!("`{}`", plan.command.join(" "))).into_owned()
+        }
+    };
     let ctx = RenderContext {
         title: format!("pyfleet record: {what}"),
         rate_hz: Some(plan.rate.base_hz()),
@@ -244,8 +306,28 @@ pub fn run(opts: RecordOptions) -> Result<()> {
         duration: None,
     };
     // The output first: an unwritable file fails before anything else happens.
-    let writer =
-        RecordFile::open(&plan.output, plan.format, ctx, plan.force).map_err(|e| anyhow!(e))?;
+    let writer = RecordFile::open(&plan.output, plan.format, ctx, plan.force, plan.file_mode)
+        .map_err(|e| anyhow!(e))?
+        .by_function(plan.by_function);
+    // A program to start: started stopped (it runs once the recorder is ready), then recorded
+    // by its pid and its Python descendants.
+    let mut launched = match plan.command.is_empty() {
+        true => None,
+        false => {
+            let program = crate::launched::Launched::spawn(&plan.command)?;
+            plan.policy = MatchPolicy::new(
+                &[] as &[String],
+                [] as [&str; 0],
+                &[program.pid()],
+                Some(std::process::id() as i32),
+            )?;
+            Some(program)
+        }
+    };
+    let what = match &launched {
+        Some(program) => format!("{what} (pid {})", program.pid()),
+        None => what,
+    };
     // Each --pid must be a Python process we can read, now (one-line errors as `dump`'s).
     let mut targets = Vec::new();
     for &pid in &plan.pids {
@@ -271,6 +353,11 @@ pub fn run(opts: RecordOptions) -> Result<()> {
             .duration
             .map(|d| d + Duration::from_secs(60))
             .unwrap_or(Duration::from_secs(3600)),
+        // A program started here is looked for often: its first moments count.
+        scan_interval: match launched {
+            Some(_) => LAUNCHED_SCAN,
+            None => FleetConfig::default().scan_interval,
+        },
         mode: plan.mode,
         rate: plan.rate.clone(),
         stop_timeout: crate::daemon::STOP_GRACE,
@@ -279,7 +366,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
     config.validate().map_err(|e| anyhow!("{e}"))?;
     let (capture, how) = plan
         .capture
-        .start(plan.rate.base_hz(), plan.mode == Mode::Wall)
+        .start(plan.rate.base_hz(), plan.mode != Mode::Cpu)
         .map_err(|e| anyhow!(e))?;
     eprintln!(
         "pyfleet: recording {what} at {} Hz ({} mode{}); {how}",
@@ -314,7 +401,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
                     blocking: plan.blocking,
                     capture: capture.clone(),
                     reads_if_deeper: plan.capture == pyfleet::stack_source::Capture::Auto,
-                    wall_rate_hz: (plan.mode == Mode::Wall).then(|| plan.rate.base_hz()),
+                    off_cpu: OffCpu::for_mode(plan.mode, plan.rate.base_hz()),
                 },
                 counters: counters.clone(),
             },
@@ -322,6 +409,9 @@ pub fn run(opts: RecordOptions) -> Result<()> {
         )
         .await
         .map_err(|e| anyhow!("{e}"))?;
+        if let Some(program) = &launched {
+            program.release();
+        }
 
         let mut tick = tokio::time::interval(POLL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -330,10 +420,26 @@ pub fn run(opts: RecordOptions) -> Result<()> {
         let mut rate_changed = false;
         let mut status: Option<FleetStatus> = None;
         let why = loop {
+            // A program started here gets Ctrl-C from the terminal itself, and SIGTERM from
+            // pyfleet: the recording ends when it exits.
             tokio::select! {
-                _ = int.recv() => break Some("stopped by SIGINT".to_string()),
-                _ = term.recv() => break Some("stopped by SIGTERM".to_string()),
+                _ = int.recv() => match &launched {
+                    Some(_) => continue,
+                    None => break Some("stopped by SIGINT".to_string()),
+                },
+                _ = term.recv() => match &launched {
+                    Some(program) => {
+                        program.signal(nix::sys::signal::Signal::SIGTERM);
+                        continue;
+                    }
+                    None => break Some("stopped by SIGTERM".to_string()),
+                },
                 _ = tick.tick() => {}
+            }
+            if let Some(program) = launched.as_mut() {
+                if program.exited() {
+                    break Some(format!("the program exited ({})", program.exit_code()));
+                }
             }
             if plan.duration.is_some_and(|d| started.elapsed() >= d) {
                 break None;
@@ -348,8 +454,10 @@ pub fn run(opts: RecordOptions) -> Result<()> {
                     .any(|p| p.state == ProcessState::Sampling);
                 status = Some(s);
             }
-            if let Some(why) = ended(&plan, &targets, seen_any, status.as_ref()) {
-                break Some(why);
+            if launched.is_none() {
+                if let Some(why) = ended(&plan, &targets, seen_any, status.as_ref()) {
+                    break Some(why);
+                }
             }
             if progress && last_draw.is_none_or(|t| t.elapsed() >= REDRAW) {
                 last_draw = Some(Instant::now());
@@ -414,7 +522,20 @@ pub fn run(opts: RecordOptions) -> Result<()> {
         line.push_str("; ");
         line.push_str(&why);
     }
+    if written.samples == 0
+        && counters.errors() == 0
+        && plan.mode == Mode::Cpu
+        && launched.is_none()
+    {
+        line.push_str(
+            "; no thread ran on a CPU while recorded (cpu mode counts only those): \
+             --mode wall shows where idle threads wait",
+        );
+    }
     eprintln!("{}", pyfleet::output::for_terminal(&line));
+    if let Some(mut program) = launched {
+        std::process::exit(program.exit_code());
+    }
     Ok(())
 }
 
@@ -423,14 +544,24 @@ pub fn run(opts: RecordOptions) -> Result<()> {
 fn matches_now(plan: &Plan) -> Result<bool> {
     use pyfleet_actors::Discovery;
     // What the fleet would list: the same scan, rules and roles.
-    let found = !HostDiscovery::new(plan.policy.clone())
+    let mut discovery = HostDiscovery::new(plan.policy.clone())
         .with_subprocesses(plan.subprocesses)
-        .excluding_roles(&plan.exclude_roles)
-        .scan()
-        .is_empty();
+        .excluding_roles(&plan.exclude_roles);
+    let found = !discovery.scan().is_empty();
+    let refused = pyfleet::discovery::refusal_line(&discovery.refused());
     if found {
+        if let Some(line) = refused {
+            eprintln!("pyfleet: warning: {line}");
+        }
         note_left_out_subprocesses(plan);
         return Ok(true);
+    }
+    // Matches it may not read: the privilege is the error, not "no process matches".
+    if let Some(line) = refused {
+        bail!(
+            "no Python process matching {} can be read: {line}",
+            plan.rules()
+        );
     }
     if !plan.wait {
         bail!(
@@ -518,7 +649,7 @@ fn failed_note(errors: u64, samples: u64, reads: bool) -> String {
     if share > 1.0 && reads {
         note.push_str(
             ": stacks that moved while read; --capture kernel copies each at an interrupt \
-             (cpu and wall modes), --blocking pauses the target for each",
+             (as root), --blocking pauses the target for each",
         );
     }
     note.push(')');

@@ -11,14 +11,16 @@
 //! Its samples are the chains the kernel copied at interrupts of those threads since the
 //! last tick, as many per tick as there were (each one thread on a CPU at one instant); a
 //! process that ended hands out what was captured before, then reports its end. In wall
-//! mode ([`UnwinderFactory::wall_rate_hz`]) the kernel also copies a thread's chain as it
+//! and gil modes ([`UnwinderFactory::off_cpu`]) the kernel also copies a thread's chain as it
 //! leaves its CPU and tells when it comes back, and a call adds each thread's time off its
-//! CPU since the last (see [`crate::wall_time`]), at least every [`WALL_COUNT_EVERY`]. A
-//! capturing source is due ([`StackSource::due`]) only
-//! when records wait for it, or when its full read is due (while full reads fail, every
-//! [`CAPTURE_RETRY`]): an idle process costs a tick
-//! a look at the ring and its queue. Records are decoded at the first tick after they were
-//! taken, no later: a code object first seen in a record is read then, and the longer it
+//! CPU since the last (see [`crate::wall_time`]); the slot calls it before each batch
+//! ([`StackSource::counts_at_batch`]), so that a process whose threads sleep costs a call a
+//! batch, not one a tick. A capturing source is due ([`StackSource::due`]) only when records
+//! that make it due wait for it (all but a switch-out with the chain last sent, which waits
+//! for the next call: [`PendingRecord::prompt`]), or when its full read is due (while full
+//! reads fail, every [`CAPTURE_RETRY`]): an idle process costs a tick a look at the ring and
+//! its queue. Records with frames are decoded at the first tick after they were taken, no
+//! later: a code object first seen in a record is read then, and the longer it
 //! waited the likelier it is gone (a failed sample). The capture is one for the whole
 //! fleet: the source that drains it files every record under its pid, and each source takes
 //! its own (at most [`MAX_PENDING`] waiting per process; older ones are dropped and counted).
@@ -26,10 +28,10 @@
 //! Must not schedule anything (the actors decide when) nor format output (`output/` does).
 
 use crate::cpython::{self, Unwinder, UnwinderOptions};
-use crate::memory::kernel_capture::{frames_in, KernelCapture};
+use crate::memory::kernel_capture::{frames_in, GilAt, KernelCapture};
 use crate::memory::{ProcessMemory, RemoteMemory};
 use crate::process::host::PidNamespace;
-use crate::wall_time::{self, SwitchedOut, WallTime};
+use crate::wall_time::{self, Chain, Seen, SwitchedOut, WallTime};
 use pyfleet_actors::{
     CapturedCounts, FrameInfo, ProcessInfo, SampleError, SampleKind, SampledThread, SourceFactory,
     SourceStats, StackSource, ThreadStatus,
@@ -52,16 +54,16 @@ pub const CAPTURE_FULL_REFRESH: Duration = Duration::from_secs(10);
 /// again, records or not.
 pub const CAPTURE_RETRY: Duration = Duration::from_secs(1);
 
-/// How often a capturing source in wall mode counts its threads' time off the CPU though no
-/// record waits: a process whose threads sleep costs a call this often, not every tick.
-pub const WALL_COUNT_EVERY: Duration = Duration::from_millis(100);
-
 /// Most threads a capturing source remembers as not running Python.
 const MAX_NOT_PYTHON: usize = 8192;
 
 /// Most captured records waiting for one process's source (about 4 s of one busy thread at
 /// 1 kHz); past it the oldest are dropped and counted.
 pub const MAX_PENDING: usize = 4096;
+
+/// Records waiting for one process that make its source due though none is prompt (see
+/// [`PendingRecord::prompt`]).
+const PROMPT_AT: usize = MAX_PENDING / 4;
 
 /// How stacks are taken (`--capture`, `capture =`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,8 +72,9 @@ pub enum Capture {
     Reads,
     /// The kernel capture; failing to start it is an error.
     Kernel,
-    /// The kernel capture where it can be used (cpu mode, neither `--blocking` nor
-    /// `--switch-log`, and it starts: CAP_BPF and CAP_PERFMON, Linux 5.8), else reads.
+    /// The kernel capture where it can be used (neither `--blocking` nor `--switch-log`, and
+    /// it starts: CAP_BPF and CAP_PERFMON, Linux 5.8; in wall and gil mode it must follow
+    /// threads off their CPU too), else reads.
     Auto,
     /// What [`Capture::resolve`] makes of `Auto` (or of `Reads` with `--blocking`) where the
     /// capture does not apply: reads, for this reason.
@@ -81,8 +84,6 @@ pub enum Capture {
 /// Why the kernel capture does not apply to a profile, whatever the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NotApplicable {
-    /// gil mode: the capture gives cpu and wall mode.
-    Mode,
     /// `--blocking`: targets are paused and read.
     Blocking,
     /// `--switch-log` goes with reads.
@@ -120,7 +121,6 @@ impl HowStacks {
         match self {
             HowStacks::Kernel { .. } => ("kernel", ""),
             HowStacks::Reads(WhyReads::Asked) => ("reads", "asked"),
-            HowStacks::Reads(WhyReads::NotApplicable(NotApplicable::Mode)) => ("reads", "mode"),
             HowStacks::Reads(WhyReads::NotApplicable(NotApplicable::Blocking)) => {
                 ("paused", "blocking")
             }
@@ -149,9 +149,6 @@ impl std::fmt::Display for HowStacks {
                 f.write_str("stacks read from outside: ")?;
                 match why {
                     WhyReads::Asked => f.write_str("reads were asked for (capture: reads)"),
-                    WhyReads::NotApplicable(NotApplicable::Mode) => {
-                        f.write_str("the kernel capture gives cpu and wall mode, not gil mode")
-                    }
                     WhyReads::NotApplicable(_) => {
                         f.write_str("the context-switch log (--switch-log) goes with reads")
                     }
@@ -176,27 +173,16 @@ impl std::str::FromStr for Capture {
 }
 
 impl Capture {
-    /// What `self` comes to for a profile in a mode the capture gives (`capturable`: cpu or
-    /// wall) or not (gil), with or without pausing targets or the context-switch log: `Auto`
-    /// is reads where the capture does not apply.
-    /// An explicit `Kernel` where it does not apply is an error, in words for `flag` (the
-    /// command line's `--capture` or the config file's `capture`).
-    pub fn resolve(
-        self,
-        capturable: bool,
-        blocking: bool,
-        switch_log: bool,
-        flag: &str,
-    ) -> Result<Capture, String> {
+    /// What `self` comes to for a profile with or without pausing targets or the
+    /// context-switch log: `Auto` is reads where the capture does not apply. An explicit
+    /// `Kernel` where it does not apply is an error, in words for `flag` (the command line's
+    /// `--capture` or the config file's `capture`).
+    pub fn resolve(self, blocking: bool, switch_log: bool, flag: &str) -> Result<Capture, String> {
         let option = |name: &str| match flag.starts_with("--") {
             true => format!("--{name}"),
             false => name.to_string(),
         };
         match self {
-            Capture::Kernel if !capturable => Err(format!(
-                "{flag} kernel gives {} cpu and wall, not gil",
-                option("mode")
-            )),
             Capture::Kernel if blocking => Err(format!(
                 "{flag} kernel never stops the target: it does not go with {}",
                 option("blocking")
@@ -204,14 +190,14 @@ impl Capture {
             Capture::Auto | Capture::Reads if blocking => {
                 Ok(Capture::ReadsWhere(NotApplicable::Blocking))
             }
-            Capture::Auto if !capturable => Ok(Capture::ReadsWhere(NotApplicable::Mode)),
             Capture::Auto if switch_log => Ok(Capture::ReadsWhere(NotApplicable::SwitchLog)),
             other => Ok(other),
         }
     }
 
     /// Starts the kernel capture at `rate_hz` when `self` (resolved) asks for it (with
-    /// `off_cpu`, wall mode: threads off their CPU too), and says how stacks will be taken.
+    /// `off_cpu`, wall and gil modes: threads off their CPU too), and says how stacks will be
+    /// taken.
     /// `Kernel` fails with the reason; `Auto` falls back to reads and the second value says
     /// why.
     pub fn start(
@@ -265,9 +251,33 @@ pub struct UnwinderFactory {
     /// With the capture, a process whose stacks are deeper than it copies is read from
     /// outside instead from then on (`--capture auto`); else those samples fail.
     pub reads_if_deeper: bool,
-    /// Wall mode at this rate (the capture's): with the capture, each thread's samples on
-    /// its CPU and off it (see [`crate::wall_time`]).
-    pub wall_rate_hz: Option<f64>,
+    /// Wall and gil modes: with the capture, each thread's samples on its CPU and off it
+    /// (see [`crate::wall_time`]).
+    pub off_cpu: Option<OffCpu>,
+}
+
+/// How a capturing source counts threads off their CPU (wall and gil modes).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OffCpu {
+    /// The capture's rate: time off the CPU counts as this many samples a second.
+    pub rate_hz: f64,
+    /// gil mode: the capture reads with each chain whether the thread holds the GIL, and
+    /// only the holder's time counts (on its CPU or off it).
+    pub gil_holder_only: bool,
+}
+
+impl OffCpu {
+    /// What `mode` needs at `rate_hz`: nothing in cpu mode.
+    pub fn for_mode(mode: pyfleet_policies::Mode, rate_hz: f64) -> Option<OffCpu> {
+        use pyfleet_policies::Mode;
+        match mode {
+            Mode::Cpu => None,
+            Mode::Wall | Mode::Gil => Some(OffCpu {
+                rate_hz,
+                gil_holder_only: mode == Mode::Gil,
+            }),
+        }
+    }
 }
 
 /// One captured chain, copied out of the ring for its process's source.
@@ -276,10 +286,13 @@ struct PendingRecord {
     /// `CLOCK_MONOTONIC` nanoseconds of the record.
     time_ns: u64,
     /// Copied as the thread left its CPU (without frames when unchanged since the last chain
-    /// sent for it), or no chain: the thread was switched in.
+    /// sent for it).
     switched_out: bool,
     unchanged: bool,
-    switched_in: bool,
+    /// When the thread was last switched in (0: not known).
+    switched_in_ns: u64,
+    /// gil mode: the thread held the GIL.
+    holds_gil: bool,
     /// A thread the capture does not watch ran: no frames.
     unknown_thread: bool,
     /// Why the chain is not whole, if it is not.
@@ -290,14 +303,31 @@ struct PendingRecord {
     frames: Vec<u8>,
 }
 
+impl PendingRecord {
+    /// Whether it makes its source due: all but a switch-out with the chain last sent, which
+    /// names no code object that may go away and tells only when a stretch off the CPU began
+    /// (it waits for the source's next call, at the latest the one before its next batch).
+    fn prompt(&self) -> bool {
+        !self.unchanged
+    }
+}
+
+/// Records waiting for one process's source.
+#[derive(Default)]
+struct Queue {
+    records: Vec<PendingRecord>,
+    /// How many make the source due: prompt records, and one more once [`PROMPT_AT`] wait.
+    prompt: usize,
+}
+
 struct CaptureState {
     capture: KernelCapture,
     /// Records waiting per pid, for pids some source watches.
-    pending: FxHashMap<u32, Vec<PendingRecord>>,
+    pending: FxHashMap<u32, Queue>,
     /// Watched threads per pid.
     watched: FxHashMap<u32, Vec<u32>>,
     dropped: u64,
-    /// Records in `pending`, all processes together.
+    /// The queues' `prompt`, all processes together.
     waiting: usize,
 }
 
@@ -306,8 +336,9 @@ pub struct SharedCapture {
     /// See [`KernelCapture::namespace`].
     namespace: Option<PidNamespace>,
     state: Mutex<CaptureState>,
-    /// What an idle source's tick looks at without the lock: how many records wait (as of
-    /// the last drain) and when the ring was last drained (microseconds after `since`).
+    /// What an idle source's tick looks at without the lock: how many records that make a
+    /// source due wait (as of the last drain) and when the ring was last drained
+    /// (microseconds after `since`).
     waiting: AtomicUsize,
     drained_us: AtomicU64,
     since: Instant,
@@ -373,6 +404,7 @@ impl SharedCapture {
         pid: u32,
         threads: &[cpython::CapturedThread],
         layout: crate::memory::kernel_capture::CaptureLayout,
+        with_gil: bool,
     ) -> Result<(), String> {
         let mut s = self.lock();
         s.capture.watch_process(pid).map_err(|e| e.to_string())?;
@@ -386,7 +418,13 @@ impl SharedCapture {
         for t in threads {
             let tid = t.tid as u32;
             s.capture
-                .watch(pid, tid, t.tstate, layout)
+                .watch(
+                    pid,
+                    tid,
+                    t.tstate,
+                    layout,
+                    if with_gil { t.gil } else { GilAt::NotAsked },
+                )
                 .map_err(|e| e.to_string())?;
             now.push(tid);
         }
@@ -402,7 +440,7 @@ impl SharedCapture {
         for tid in s.watched.remove(&pid).unwrap_or_default() {
             s.capture.unwatch(tid);
         }
-        let forgotten = s.pending.remove(&pid).map_or(0, |q| q.len());
+        let forgotten = s.pending.remove(&pid).map_or(0, |q| q.prompt);
         s.waiting = s.waiting.saturating_sub(forgotten);
         self.waiting.store(s.waiting, Ordering::Relaxed);
     }
@@ -415,14 +453,15 @@ impl SharedCapture {
             pending, waiting, ..
         } = &mut *s;
         if let Some(queue) = pending.get_mut(&pid) {
-            *waiting = waiting.saturating_sub(queue.len());
-            out.append(queue);
+            *waiting = waiting.saturating_sub(queue.prompt);
+            queue.prompt = 0;
+            out.append(&mut queue.records);
         }
         self.waiting.store(s.waiting, Ordering::Relaxed);
     }
 
-    /// Whether records wait for `pid`, the ring drained first unless no record waited at the
-    /// last drain, less than [`DRAIN_EVERY`] before `now`.
+    /// Whether records that make `pid`'s source due wait, the ring drained first unless none
+    /// waited at the last drain, less than [`DRAIN_EVERY`] before `now`.
     fn has_records(&self, pid: u32, now: Instant) -> bool {
         let recent = self
             .micros(now)
@@ -432,7 +471,7 @@ impl SharedCapture {
             return false;
         }
         let s = self.drained(now);
-        s.pending.get(&pid).is_some_and(|q| !q.is_empty())
+        s.pending.get(&pid).is_some_and(|q| q.prompt > 0)
     }
 
     /// Microseconds from `since` to `now` (what `drained_us` holds).
@@ -465,25 +504,34 @@ impl CaptureState {
             let Some(queue) = pending.get_mut(&r.pid) else {
                 return;
             };
-            if queue.len() >= MAX_PENDING {
-                queue.remove(0);
+            if queue.records.len() >= MAX_PENDING {
+                let first = queue.records.remove(0);
                 *dropped += 1;
-            } else {
-                *waiting += 1;
+                if first.prompt() {
+                    queue.prompt = queue.prompt.saturating_sub(1);
+                    *waiting = waiting.saturating_sub(1);
+                }
             }
-            queue.push(PendingRecord {
+            let record = PendingRecord {
                 tid: r.tid,
                 time_ns: r.time_ns,
                 switched_out: r.switched_out(),
                 unchanged: r.unchanged(),
-                switched_in: r.switched_in(),
+                switched_in_ns: r.switched_in_ns(),
+                holds_gil: r.holds_gil(),
                 unknown_thread: r.unknown_thread(),
                 truncated: r.truncated(),
                 incomplete: r.unreadable().or(r
                     .truncated()
                     .then_some("a chain deeper than the capture copies")),
                 frames: r.frame_bytes().to_vec(),
-            });
+            };
+            let now_due = record.prompt() || queue.records.len() + 1 == PROMPT_AT;
+            if now_due {
+                queue.prompt += 1;
+                *waiting += 1;
+            }
+            queue.records.push(record);
         });
     }
 }
@@ -530,8 +578,9 @@ impl SourceFactory for UnwinderFactory {
                 last: CapturedCounts::default(),
                 gone: None,
                 deeper: false,
-                wall: self.wall_rate_hz.map(WallTime::new),
-                wall_counted: None,
+                wall: self
+                    .off_cpu
+                    .map(|o| WallTime::new(o.rate_hz, o.gil_holder_only)),
             }),
         })
     }
@@ -557,10 +606,15 @@ struct CaptureLink {
     /// The process ended: reported at the call after the one that handed out what was
     /// captured before.
     gone: Option<SampleError>,
-    /// Wall mode (see [`UnwinderFactory::wall_rate_hz`]), and when time off the CPU was last
-    /// counted.
+    /// Wall and gil modes (see [`UnwinderFactory::off_cpu`]).
     wall: Option<WallTime>,
-    wall_counted: Option<Instant>,
+}
+
+impl CaptureLink {
+    /// gil mode: the capture tells whether each thread holds the GIL.
+    fn gil(&self) -> bool {
+        self.wall.as_ref().is_some_and(WallTime::gil_holder_only)
+    }
 }
 
 impl Drop for CaptureLink {
@@ -604,10 +658,7 @@ impl UnwinderSource {
         // Wall mode: time off the CPU is counted up to this, taken before the ring is drained
         // (a switch-in recorded before it is then in the drain).
         let now_ns = wall_time::now_ns();
-        // Wall mode calls at every tick: the ring is looked at as by an idle source's `due`.
-        if link.wall.is_none() || link.shared.has_records(link.pid, now) {
-            link.shared.take(link.pid, &mut records);
-        }
+        link.shared.take(link.pid, &mut records);
         if !link.not_python.is_empty() {
             link.not_python
                 .retain(|_, at| now.duration_since(*at) < CAPTURE_RECHECK);
@@ -666,7 +717,10 @@ impl UnwinderSource {
                     if first || threads != link.threads {
                         link.threads = threads;
                         let layout = unwinder.capture_layout();
-                        if let Err(message) = link.shared.watch(link.pid, &link.threads, layout) {
+                        if let Err(message) =
+                            link.shared
+                                .watch(link.pid, &link.threads, layout, link.gil())
+                        {
                             // Watched again at the next read, due after CAPTURE_RETRY.
                             link.threads.clear();
                             link.refreshed = None;
@@ -698,13 +752,15 @@ impl UnwinderSource {
         for r in records.drain(..) {
             link.deeper |= r.truncated;
             let thread = known(&link.threads, r.tid);
+            let seen = Seen {
+                tid: r.tid,
+                at_ns: r.time_ns,
+                switched_in_ns: r.switched_in_ns,
+                holds_gil: r.holds_gil,
+            };
             if let Some(wall) = link.wall.as_mut().filter(|_| thread.is_some()) {
-                if r.switched_in {
-                    failed += wall.switched_in(r.tid, r.time_ns, out) as usize;
-                    continue;
-                }
                 if r.unchanged {
-                    wall.switched_out(r.tid, r.time_ns, SwitchedOut::Unchanged);
+                    failed += wall.switched_out(seen, SwitchedOut::Unchanged, out) as usize;
                     continue;
                 }
             }
@@ -726,36 +782,44 @@ impl UnwinderSource {
                 (false, None, Some(t)) => unwinder.sample_captured(t, frames_in(&r.frames), false),
             };
             decoded += 1;
-            let stack = match sampled {
-                Ok(t) => Some(SampledThread {
+            // The kernel copied the chain (and took it as the thread's last) unless it said
+            // it could not, or did not know the thread yet.
+            let copied = !r.unknown_thread && r.incomplete.is_none();
+            let chain = match sampled {
+                Ok(t) => Chain::Stack(SampledThread {
                     thread_id: t.thread_id,
                     status: ThreadStatus {
                         on_cpu: !r.switched_out,
-                        holds_gil: t.holds_gil,
+                        holds_gil: match link.gil() {
+                            true => r.holds_gil,
+                            false => t.holds_gil,
+                        },
                     },
                     stack: u64::from(t.stack),
                     samples: 1,
                 }),
                 Err(e) => {
                     first_error.get_or_insert(e);
-                    None
+                    match copied {
+                        true => Chain::Undecoded,
+                        false => Chain::NotCopied,
+                    }
                 }
             };
             match link.wall.as_mut() {
                 Some(wall) if r.switched_out => {
-                    wall.switched_out(r.tid, r.time_ns, SwitchedOut::With(stack));
+                    failed += wall.switched_out(seen, SwitchedOut::With(chain), out) as usize;
                 }
-                Some(wall) => failed += wall.on_cpu(r.tid, r.time_ns, stack, out) as usize,
-                None => match stack {
-                    Some(s) => out.push(s),
-                    None => failed += 1,
+                Some(wall) => failed += wall.on_cpu(seen, chain, out) as usize,
+                None => match chain {
+                    Chain::Stack(s) => out.push(s),
+                    _ => failed += 1,
                 },
             }
         }
         link.records = records;
         if let Some(wall) = link.wall.as_mut() {
             failed += wall.until(now_ns, out) as usize;
-            link.wall_counted = Some(now);
         }
         let taken: usize = out[out_before..].iter().map(|s| s.samples as usize).sum();
         // Chains decoded from what the kernel copied alone are `checked`; a call that read
@@ -788,16 +852,10 @@ impl StackSource for UnwinderSource {
         let Some(link) = self.capture.as_ref() else {
             return true;
         };
-        let now = Instant::now();
-        // Wall mode: time off the CPU is counted every WALL_COUNT_EVERY at least (the
-        // samples it comes to are the same, counted later).
-        let count_due = link.wall.is_some()
-            && link
-                .wall_counted
-                .is_none_or(|t| now.duration_since(t) >= WALL_COUNT_EVERY);
-        if link.gone.is_some() || count_due {
+        if link.gone.is_some() {
             return true;
         }
+        let now = Instant::now();
         link.next_call.is_none_or(|t| now >= t) || link.shared.has_records(link.pid, now)
     }
 
@@ -859,6 +917,10 @@ impl StackSource for UnwinderSource {
 
     fn captured_in_last(&self) -> Option<CapturedCounts> {
         self.capture.as_ref().map(|l| l.last).or(self.switched_last)
+    }
+
+    fn counts_at_batch(&self) -> bool {
+        self.capture.as_ref().is_some_and(|l| l.wall.is_some())
     }
 
     fn stats(&self) -> SourceStats {
@@ -962,29 +1024,27 @@ mod tests {
     #[test]
     fn auto_is_the_kernel_capture_only_where_it_applies() {
         let auto: Capture = "auto".parse().expect("parses");
-        // cpu mode, neither blocking nor the switch log.
-        assert_eq!(
-            auto.resolve(true, false, false, "--capture"),
-            Ok(Capture::Auto)
-        );
-        for (cpu, blocking, switch_log, why) in [
-            (false, false, false, NotApplicable::Mode),
-            (true, true, false, NotApplicable::Blocking),
-            (true, false, true, NotApplicable::SwitchLog),
+        // Neither blocking nor the switch log, in any mode.
+        assert_eq!(auto.resolve(false, false, "--capture"), Ok(Capture::Auto));
+        for (blocking, switch_log, why) in [
+            (true, false, NotApplicable::Blocking),
+            (false, true, NotApplicable::SwitchLog),
         ] {
             assert_eq!(
-                auto.resolve(cpu, blocking, switch_log, "--capture"),
+                auto.resolve(blocking, switch_log, "--capture"),
                 Ok(Capture::ReadsWhere(why))
             );
         }
         assert_eq!(
-            Capture::Reads.resolve(true, true, false, "--capture"),
+            Capture::Reads.resolve(true, false, "--capture"),
             Ok(Capture::ReadsWhere(NotApplicable::Blocking))
         );
         let kernel: Capture = "kernel".parse().expect("parses");
-        let gil = kernel.resolve(false, false, false, "--capture");
-        assert!(gil.is_err_and(|e| e.contains("--mode cpu and wall, not gil")));
-        let paused = kernel.resolve(true, true, false, "capture");
+        assert_eq!(
+            kernel.resolve(false, false, "--capture"),
+            Ok(Capture::Kernel)
+        );
+        let paused = kernel.resolve(true, false, "capture");
         assert!(paused.is_err_and(|e| e.contains("does not go with blocking")));
         assert!("bpf".parse::<Capture>().is_err());
     }
@@ -1002,9 +1062,9 @@ mod tests {
         for (how, code, words) in [
             (HowStacks::Reads(WhyReads::Asked), "asked", "asked for"),
             (
-                HowStacks::Reads(WhyReads::NotApplicable(NotApplicable::Mode)),
-                "mode",
-                "not gil mode",
+                HowStacks::Reads(WhyReads::NotApplicable(NotApplicable::SwitchLog)),
+                "switch_log",
+                "--switch-log",
             ),
             (
                 HowStacks::Reads(WhyReads::CannotStart {

@@ -1,15 +1,24 @@
-//! Wall mode from the kernel capture: a thread's samples on its CPU and off it, each kind at
-//! the sampling rate, so that its share of the samples is its share of the time.
+//! Wall and gil modes from the kernel capture: a thread's samples on its CPU and off it, each
+//! kind at the sampling rate, so that its share of the samples is its share of the time.
 //!
 //! On its CPU a thread is sampled by the capture's interrupts, at the rate per CPU second:
 //! each chain copied there is one sample, as in cpu mode. Off its CPU its stack cannot change,
 //! and the kernel told which it left with (copied as it was switched out, or unchanged since
-//! the last chain sent for it): its time off the CPU, from the switch-out to the switch-in
-//! (or to now, while it stays off), counts at the rate in that stack, a fraction carried to
-//! the next count. A thread learnt by a read of its process and not heard of since counts as
-//! off its CPU since then, in the stack the read found; a chain copied at an interrupt of a
-//! thread counted off its CPU ends that (its switch-in came before the capture watched it).
-//! A stretch off the CPU whose stack could not be copied counts as failed samples.
+//! the last chain sent for it): its time off the CPU, from the switch-out to the switch-in,
+//! counts at the rate in that stack, a fraction carried to the next count. The switch-in is
+//! told by the thread's next record (each carries its last switch-in), which comes within a
+//! sampling period or so of its CPU time (an interrupt on its CPU, or its next switch-out): a
+//! stretch not ended by a record yet counts only up to [`WallTime::settle_ns`] before now,
+//! the rest once a record ends it or that time has passed. A thread learnt by a read of its
+//! process and not heard of since counts as off its CPU since then, in the stack the read
+//! found. A record that does not tell a switch-in after the stretch began (not known) ends it
+//! at its own time. A stretch off the CPU whose stack could not be copied or decoded counts
+//! as failed samples, and so does one unchanged from a chain copied but not decoded (see
+//! [`Chain`]: one the kernel could not copy leaves its last chain as it was).
+//!
+//! gil mode (`gil_holder_only`): only time the thread held the GIL counts, samples and
+//! failures alike; each record says whether it held it (a thread cannot take or drop the GIL
+//! off its CPU, so a stretch off it is held or not throughout, as its switch-out said).
 //!
 //! Times are the kernel's `CLOCK_MONOTONIC` nanoseconds (the records', and [`now_ns`]). A
 //! stretch off the CPU goes out as one entry standing for its samples
@@ -22,6 +31,11 @@ use rustc_hash::FxHashMap;
 /// Most threads followed per process (the capture watches no more).
 pub const MAX_THREADS: usize = 16384;
 
+/// Sampling periods a record of a switched-in thread may take to come (see the module
+/// documentation), and the least time.
+const SETTLE_PERIODS: f64 = 3.0;
+const MIN_SETTLE_NS: u64 = 20_000_000;
+
 /// `CLOCK_MONOTONIC` now, in nanoseconds (the clock of the capture's records).
 pub fn now_ns() -> u64 {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
@@ -31,39 +45,101 @@ pub fn now_ns() -> u64 {
     })
 }
 
+/// What a record tells of its thread besides its stack: which, when, its last switch-in (0:
+/// not known) and whether it held the GIL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    pub tid: u32,
+    pub at_ns: u64,
+    pub switched_in_ns: u64,
+    pub holds_gil: bool,
+}
+
+/// A record's chain, as far as it went. The kernel takes a chain it sent as the thread's last
+/// (what a later switch-out is unchanged from) whether pyfleet decodes it or not, and keeps
+/// the one before when it could not copy one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Chain {
+    /// Copied and decoded.
+    Stack(SampledThread),
+    /// Copied, not decoded (a failed sample).
+    Undecoded,
+    /// Not copied (a failed sample).
+    NotCopied,
+}
+
+impl Chain {
+    fn stack(&self) -> Option<&SampledThread> {
+        match self {
+            Chain::Stack(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
 /// How a thread left its CPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SwitchedOut {
-    /// With this stack (None: the copy failed).
-    With(Option<SampledThread>),
-    /// With the stack of the last chain sent for it.
+    /// With this chain.
+    With(Chain),
+    /// With the last chain sent for it.
     Unchanged,
 }
 
 #[derive(Debug, Default)]
 struct Thread {
-    /// Its newest stack known.
+    /// The stack of the last chain the kernel sent for it (None: not decoded).
     last: Option<SampledThread>,
-    /// While it is off its CPU: the stack it is off in (None: not known), and up to when that
-    /// time has been counted.
-    off: Option<(Option<SampledThread>, u64)>,
+    /// While it is off its CPU: the stack it is off in (None: not known), up to when that
+    /// time has been counted, and whether it counts (see `gil_holder_only`).
+    off: Option<Off>,
     /// Samples owed below one.
     carry: f64,
+}
+
+#[derive(Debug)]
+struct Off {
+    stack: Option<SampledThread>,
+    /// When it left its CPU (or was read off it), and up to when its time has been counted.
+    since_ns: u64,
+    counted_ns: u64,
+    counts: bool,
 }
 
 /// The samples of one process's threads (see the module documentation).
 #[derive(Debug)]
 pub struct WallTime {
     rate_hz: f64,
+    gil_holder_only: bool,
+    settle_ns: u64,
     threads: FxHashMap<u32, Thread>,
 }
 
 impl WallTime {
-    pub fn new(rate_hz: f64) -> WallTime {
+    pub fn new(rate_hz: f64, gil_holder_only: bool) -> WallTime {
+        let rate_hz = rate_hz.max(0.0);
+        let period_ns = if rate_hz > 0.0 { 1e9 / rate_hz } else { 0.0 };
         WallTime {
-            rate_hz: rate_hz.max(0.0),
+            rate_hz,
+            gil_holder_only,
+            settle_ns: ((SETTLE_PERIODS * period_ns) as u64).max(MIN_SETTLE_NS),
             threads: FxHashMap::default(),
         }
+    }
+
+    /// gil mode: only time holding the GIL counts.
+    pub fn gil_holder_only(&self) -> bool {
+        self.gil_holder_only
+    }
+
+    /// How long before now a stretch off the CPU not ended by a record is counted to.
+    pub fn settle_ns(&self) -> u64 {
+        self.settle_ns
+    }
+
+    /// Whether time of a thread that holds the GIL or not counts.
+    fn counts(&self, holds_gil: bool) -> bool {
+        holds_gil || !self.gil_holder_only
     }
 
     /// Thread `tid` was read at `at_ns` with `stack`: off its CPU since then, unless it was
@@ -72,9 +148,15 @@ impl WallTime {
         if self.threads.len() >= MAX_THREADS && !self.threads.contains_key(&tid) {
             return;
         }
+        let counts = self.counts(stack.status.holds_gil);
         self.threads.entry(tid).or_insert_with(|| Thread {
             last: Some(stack.clone()),
-            off: Some((Some(stack), at_ns)),
+            off: Some(Off {
+                stack: Some(stack),
+                since_ns: at_ns,
+                counted_ns: at_ns,
+                counts,
+            }),
             carry: 0.0,
         });
     }
@@ -84,72 +166,105 @@ impl WallTime {
         self.threads.retain(|&tid, _| keep(tid));
     }
 
-    /// A chain copied at an interrupt of `tid` at `at_ns`: one sample of `stack` into `out`
-    /// (None: the copy failed, a failed sample). Returns the failed samples.
-    pub fn on_cpu(
-        &mut self,
-        tid: u32,
-        at_ns: u64,
-        stack: Option<SampledThread>,
-        out: &mut Vec<SampledThread>,
-    ) -> u64 {
-        let rate = self.rate_hz;
-        let t = self.threads.entry(tid).or_default();
-        let mut failed = count_off(t, rate, at_ns, out);
-        t.off = None;
-        match stack {
-            Some(s) => {
+    /// A chain of an interrupt of a thread: one sample of its stack into `out` (a failed one,
+    /// if it counts, when there is none). Returns the failed samples.
+    pub fn on_cpu(&mut self, seen: Seen, chain: Chain, out: &mut Vec<SampledThread>) -> u64 {
+        let counts = self.counts(seen.holds_gil);
+        let mut failed = self.back_on(seen, out);
+        let t = self.threads.entry(seen.tid).or_default();
+        match chain {
+            Chain::Stack(s) => {
                 t.last = Some(s.clone());
                 out.push(s);
             }
-            None => failed += 1,
+            Chain::Undecoded => {
+                t.last = None;
+                failed += u64::from(counts);
+            }
+            Chain::NotCopied => failed += u64::from(counts),
         }
         failed
     }
 
-    /// `tid` left its CPU at `at_ns`.
-    pub fn switched_out(&mut self, tid: u32, at_ns: u64, how: SwitchedOut) {
-        let t = self.threads.entry(tid).or_default();
-        let stack = match how {
-            SwitchedOut::With(s) => s,
-            SwitchedOut::Unchanged => t.last.clone(),
+    /// A thread left its CPU: the stretch before it ran is counted into `out`. Returns the
+    /// failed samples.
+    pub fn switched_out(
+        &mut self,
+        seen: Seen,
+        how: SwitchedOut,
+        out: &mut Vec<SampledThread>,
+    ) -> u64 {
+        let counts = self.counts(seen.holds_gil);
+        let failed = self.back_on(seen, out);
+        let t = self.threads.entry(seen.tid).or_default();
+        let stack = match &how {
+            SwitchedOut::With(chain) => chain.stack().cloned(),
+            SwitchedOut::Unchanged => t.last.clone().map(|mut s| {
+                s.status.holds_gil = seen.holds_gil;
+                s.status.on_cpu = false;
+                s
+            }),
         };
-        if stack.is_some() {
+        if !matches!(how, SwitchedOut::With(Chain::NotCopied)) {
             t.last.clone_from(&stack);
         }
-        t.off = Some((stack, at_ns));
+        t.off = Some(Off {
+            stack,
+            since_ns: seen.at_ns,
+            counted_ns: seen.at_ns,
+            counts,
+        });
+        failed
     }
 
-    /// `tid` was switched in at `at_ns`: its time off the CPU is counted into `out`. Returns
-    /// the failed samples.
-    pub fn switched_in(&mut self, tid: u32, at_ns: u64, out: &mut Vec<SampledThread>) -> u64 {
+    /// A record says its thread ran since its last switch-in: its stretch off the CPU, if
+    /// one is open, ends there (at the record's time when that is not after the stretch
+    /// began).
+    fn back_on(&mut self, seen: Seen, out: &mut Vec<SampledThread>) -> u64 {
         let rate = self.rate_hz;
-        let Some(t) = self.threads.get_mut(&tid) else {
+        let Some(t) = self.threads.get_mut(&seen.tid) else {
             return 0;
         };
-        let failed = count_off(t, rate, at_ns, out);
+        let Some(off) = t.off.as_ref() else {
+            return 0;
+        };
+        let end = match seen.switched_in_ns > off.since_ns {
+            true => seen.switched_in_ns.min(seen.at_ns),
+            false => seen.at_ns,
+        };
+        let failed = count_off(t, rate, end, out);
         t.off = None;
         failed
     }
 
-    /// Counts every thread's time off its CPU up to `now_ns` into `out`. Returns the failed
-    /// samples.
+    /// Counts every thread's time off its CPU up to [`settle_ns`](Self::settle_ns) before
+    /// `now_ns` into `out`. Returns the failed samples.
     pub fn until(&mut self, now_ns: u64, out: &mut Vec<SampledThread>) -> u64 {
         let rate = self.rate_hz;
+        let to_ns = now_ns.saturating_sub(self.settle_ns);
         self.threads
             .values_mut()
-            .map(|t| count_off(t, rate, now_ns, out))
+            .map(|t| count_off(t, rate, to_ns, out))
             .sum()
     }
 }
 
 /// Counts `t`'s time off its CPU up to `to_ns`, if it is off, at `rate` samples a second.
 fn count_off(t: &mut Thread, rate: f64, to_ns: u64, out: &mut Vec<SampledThread>) -> u64 {
-    let Some((stack, from)) = t.off.as_mut() else {
+    let Some(Off {
+        stack,
+        counted_ns,
+        counts,
+        ..
+    }) = t.off.as_mut()
+    else {
         return 0;
     };
-    let span = to_ns.saturating_sub(*from);
-    *from = (*from).max(to_ns);
+    let span = to_ns.saturating_sub(*counted_ns);
+    *counted_ns = (*counted_ns).max(to_ns);
+    if !*counts {
+        return 0;
+    }
     let owed = span as f64 * rate / 1e9 + t.carry;
     let whole = owed.floor();
     t.carry = owed - whole;
@@ -184,6 +299,15 @@ mod tests {
         }
     }
 
+    fn seen(tid: u32, at_ns: u64, switched_in_ns: u64, holds_gil: bool) -> Seen {
+        Seen {
+            tid,
+            at_ns,
+            switched_in_ns,
+            holds_gil,
+        }
+    }
+
     fn count(out: &[SampledThread], id: u64) -> usize {
         out.iter()
             .filter(|s| s.stack == id)
@@ -193,48 +317,156 @@ mod tests {
 
     #[test]
     fn time_off_the_cpu_counts_at_the_rate_in_the_stack_left_with() {
-        let mut w = WallTime::new(100.0);
+        use SwitchedOut::*;
+        let mut w = WallTime::new(100.0, false);
+        assert_eq!(w.settle_ns(), 30 * MS);
         let mut out = Vec::new();
         // On its CPU: one sample per interrupt.
-        assert_eq!(w.on_cpu(7, 0, Some(stack(1)), &mut out), 0);
-        // Off 35 ms in stack 2, then back: 3.5 samples (3, half carried).
-        w.switched_out(7, 10 * MS, SwitchedOut::With(Some(stack(2))));
-        assert_eq!(w.switched_in(7, 45 * MS, &mut out), 0);
-        assert_eq!((count(&out, 1), count(&out, 2)), (1, 3));
-        // Off again, unchanged (stack 2 again), counted up to now while it stays off.
-        w.switched_out(7, 50 * MS, SwitchedOut::Unchanged);
-        assert_eq!(w.until(65 * MS, &mut out), 0);
-        assert_eq!(count(&out, 2), 5); // 1.5 + the carried half
-        assert_eq!(w.until(65 * MS, &mut out), 0);
-        assert_eq!(count(&out, 2), 5);
-        assert_eq!(w.switched_in(7, 75 * MS, &mut out), 0);
-        assert_eq!(count(&out, 2), 6);
+        assert_eq!(
+            w.on_cpu(seen(7, 0, 0, false), Chain::Stack(stack(1)), &mut out),
+            0
+        );
+        // Off at 10 ms in stack 2, switched in at 45 ms (told by an interrupt at 50 ms, in
+        // stack 3): 3.5 samples (3, half carried).
+        w.switched_out(
+            seen(7, 10 * MS, 0, false),
+            With(Chain::Stack(stack(2))),
+            &mut out,
+        );
+        assert_eq!(
+            w.on_cpu(
+                seen(7, 50 * MS, 45 * MS, false),
+                Chain::Stack(stack(3)),
+                &mut out
+            ),
+            0
+        );
+        assert_eq!((count(&out, 1), count(&out, 2), count(&out, 3)), (1, 3, 1));
+        // Off again, unchanged (the last chain sent: stack 3): while no record ends it,
+        // counted up to 30 ms before now, once.
+        w.switched_out(seen(7, 60 * MS, 45 * MS, false), Unchanged, &mut out);
+        assert_eq!(w.until(105 * MS, &mut out), 0);
+        assert_eq!(count(&out, 3), 3); // 1.5 + the carried half
+        assert_eq!(w.until(105 * MS, &mut out), 0);
+        assert_eq!(count(&out, 3), 3);
+        // Its next switch-out tells it was switched in at 95 ms: counted to there.
+        w.switched_out(seen(7, 120 * MS, 95 * MS, false), Unchanged, &mut out);
+        assert_eq!(count(&out, 3), 5);
+        // A record that tells no switch-in after the stretch began ends it at its own time.
+        assert_eq!(
+            w.on_cpu(
+                seen(7, 150 * MS, 95 * MS, false),
+                Chain::Stack(stack(1)),
+                &mut out
+            ),
+            0
+        );
+        assert_eq!((count(&out, 1), count(&out, 3)), (2, 8));
         // Nothing counts while it runs.
-        assert_eq!(w.until(500 * MS, &mut out), 0);
-        assert_eq!(count(&out, 1) + count(&out, 2), 7);
+        assert_eq!(w.until(900 * MS, &mut out), 0);
+        assert_eq!(count(&out, 1) + count(&out, 2) + count(&out, 3), 13);
     }
 
     #[test]
     fn an_unknown_stack_off_the_cpu_is_failed_samples_and_a_read_thread_is_off_since() {
-        let mut w = WallTime::new(100.0);
+        use SwitchedOut::*;
+        let mut w = WallTime::new(100.0, false);
         let mut out = Vec::new();
-        w.switched_out(3, 0, SwitchedOut::With(None));
-        assert_eq!(w.switched_in(3, 50 * MS, &mut out), 5);
-        assert!(out.is_empty());
+        w.switched_out(seen(3, 0, 0, false), With(Chain::NotCopied), &mut out);
+        assert_eq!(
+            w.on_cpu(
+                seen(3, 60 * MS, 50 * MS, false),
+                Chain::Stack(stack(6)),
+                &mut out
+            ),
+            5
+        );
+        assert_eq!(count(&out, 6), 1);
+        // A chain the kernel could not copy leaves its last chain as it was: a switch-out
+        // unchanged from that is its stack (stack 6, 10 ms: one sample).
+        assert_eq!(
+            w.on_cpu(
+                seen(3, 100 * MS, 50 * MS, false),
+                Chain::NotCopied,
+                &mut out
+            ),
+            1
+        );
+        w.switched_out(seen(3, 110 * MS, 50 * MS, false), Unchanged, &mut out);
+        let on = |at, since| seen(3, at * MS, since * MS, false);
+        assert_eq!(w.on_cpu(on(140, 120), Chain::Stack(stack(6)), &mut out), 0);
+        assert_eq!(count(&out, 6), 3);
+        // One copied that pyfleet could not decode is its last chain: a switch-out unchanged
+        // from it counts failed samples, not the stack before it.
+        assert_eq!(w.on_cpu(on(150, 120), Chain::Undecoded, &mut out), 1);
+        w.switched_out(on(160, 120), Unchanged, &mut out);
+        assert_eq!(w.on_cpu(on(190, 180), Chain::Stack(stack(6)), &mut out), 2);
+        assert_eq!(count(&out, 6), 4);
         // Learnt by a read at 100 ms, asleep: counted from then in the stack read.
         w.learnt(4, stack(9), 100 * MS);
         w.learnt(4, stack(8), 120 * MS); // known already: kept as it was
-        assert_eq!(w.until(200 * MS, &mut out), 0);
+        assert_eq!(w.until(230 * MS, &mut out), 0);
         assert_eq!(count(&out, 9), 10);
-        // An interrupt of it: it was running (switched in before it was watched).
-        assert_eq!(w.on_cpu(4, 210 * MS, Some(stack(5)), &mut out), 0);
+        // An interrupt of it, switched in before the read (it ran then): ends it there.
+        assert_eq!(
+            w.on_cpu(
+                seen(4, 210 * MS, 90 * MS, false),
+                Chain::Stack(stack(5)),
+                &mut out
+            ),
+            0
+        );
         assert_eq!((count(&out, 9), count(&out, 5)), (11, 1));
         assert_eq!(w.until(400 * MS, &mut out), 0);
         assert_eq!(count(&out, 9) + count(&out, 5), 12);
         // Forgotten threads count no more.
-        w.switched_out(4, 400 * MS, SwitchedOut::Unchanged);
+        assert_eq!(
+            w.switched_out(seen(4, 400 * MS, 0, false), Unchanged, &mut out),
+            0
+        );
         w.retain(|tid| tid != 4);
         assert_eq!(w.until(900 * MS, &mut out), 0);
         assert_eq!(count(&out, 9) + count(&out, 5), 12);
+    }
+
+    #[test]
+    fn gil_mode_counts_only_time_holding_the_gil() {
+        use SwitchedOut::*;
+        let mut w = WallTime::new(100.0, true);
+        let mut out = Vec::new();
+        let holding = |id| SampledThread {
+            status: ThreadStatus {
+                on_cpu: false,
+                holds_gil: true,
+            },
+            ..stack(id)
+        };
+        // Off 50 ms holding the GIL (blocked in C without giving it up): 5 samples, counted
+        // when its next switch-out tells its switch-in; off again without it: nothing.
+        w.switched_out(
+            seen(1, 0, 0, true),
+            With(Chain::Stack(holding(1))),
+            &mut out,
+        );
+        w.switched_out(seen(1, 60 * MS, 50 * MS, false), Unchanged, &mut out);
+        assert_eq!(count(&out, 1), 5);
+        // Unchanged but holding it: the last stack, marked as holding it; an unknown stack
+        // without it is no failure either.
+        w.switched_out(seen(1, 200 * MS, 160 * MS, true), Unchanged, &mut out);
+        assert_eq!(count(&out, 1), 5);
+        w.switched_out(seen(2, 0, 0, false), With(Chain::NotCopied), &mut out);
+        assert_eq!(w.until(260 * MS, &mut out), 0);
+        assert_eq!(count(&out, 1), 8);
+        assert!(out.iter().all(|s| s.status.holds_gil));
+        // A failed copy on the CPU counts only while holding it; a read thread, as read.
+        assert_eq!(
+            w.on_cpu(seen(3, 0, 0, false), Chain::NotCopied, &mut out),
+            0
+        );
+        assert_eq!(w.on_cpu(seen(3, 1, 0, true), Chain::NotCopied, &mut out), 1);
+        w.learnt(4, stack(9), 0);
+        w.learnt(5, holding(10), 0);
+        assert_eq!(w.until(330 * MS, &mut out), 0);
+        assert_eq!((count(&out, 9), count(&out, 10)), (0, 30));
     }
 }

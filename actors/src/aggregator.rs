@@ -59,8 +59,8 @@ pub(crate) enum AggregatorMsg {
         push: bool,
         reply: RpcReplyPort<(Option<Snapshot>, Option<Snapshot>)>,
     },
-    /// Opens a tap; `None` when [`MAX_TAPS`] are open.
-    OpenTap(TapFilter, RpcReplyPort<Option<u64>>),
+    /// Opens a tap, or says why not.
+    OpenTap(TapFilter, RpcReplyPort<Result<u64, TapRefused>>),
     /// Closes a tap and hands over what it counted (`None` if it is not open).
     CloseTap(u64, RpcReplyPort<Option<Snapshot>>),
     /// Closes a tap whose requester went away.
@@ -71,6 +71,15 @@ pub(crate) enum AggregatorMsg {
 pub const MAX_TAPS: usize = 8;
 /// A tap open longer than this is dropped (its requester is gone).
 pub const MAX_TAP_AGE: Duration = Duration::from_secs(600);
+
+/// Why a tap was not opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TapRefused {
+    /// [`MAX_TAPS`] are open.
+    Busy,
+    /// The filter's pid has no sampler (none sent a batch lately).
+    NotProfiled(i32),
+}
 
 /// Which processes a tap counts.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -97,6 +106,7 @@ struct Tap {
 }
 
 struct Life {
+    pid: i32,
     epoch: u64,
     stacks: HashMap<u64, Frames>,
     /// Windows taken since its last batch: a life whose last batch was lost (its sampler
@@ -151,6 +161,7 @@ impl Aggregation {
 
     pub(crate) fn add(&mut self, mut batch: Batch) {
         let life = self.lives.entry(batch.life).or_insert_with(|| Life {
+            pid: batch.pid,
             epoch: batch.epoch,
             stacks: HashMap::new(),
             idle_windows: 0,
@@ -207,14 +218,24 @@ impl Aggregation {
         })
     }
 
-    /// Opens a tap (see the module documentation); `None` when [`MAX_TAPS`] are open.
-    pub(crate) fn open_tap(&mut self, filter: TapFilter, now: SystemTime) -> Option<u64> {
+    /// Opens a tap (see the module documentation): refused when [`MAX_TAPS`] are open, or
+    /// when the filter's pid has no sampler that sent a batch lately.
+    pub(crate) fn open_tap(
+        &mut self,
+        filter: TapFilter,
+        now: SystemTime,
+    ) -> Result<u64, TapRefused> {
         self.taps.retain(|_, t| {
             now.duration_since(t.opened)
                 .is_ok_and(|age| age <= MAX_TAP_AGE)
         });
+        if let Some(pid) = filter.pid {
+            if !self.lives.values().any(|life| life.pid == pid) {
+                return Err(TapRefused::NotProfiled(pid));
+            }
+        }
         if self.taps.len() >= MAX_TAPS {
-            return None;
+            return Err(TapRefused::Busy);
         }
         self.next_tap += 1;
         self.taps.insert(
@@ -225,7 +246,7 @@ impl Aggregation {
                 window: BTreeMap::new(),
             },
         );
-        Some(self.next_tap)
+        Ok(self.next_tap)
     }
 
     /// Closes a tap and hands over what it counted.
@@ -371,7 +392,7 @@ impl Actor for AggregatorActor {
             AggregatorMsg::OpenTap(filter, reply) => {
                 let id = state.open_tap(filter, SystemTime::now());
                 if reply.send(id).is_err() {
-                    if let Some(id) = id {
+                    if let Ok(id) = id {
                         state.close_tap(id, SystemTime::now());
                     }
                 }
@@ -423,6 +444,27 @@ mod tests {
             new_stacks: Vec::new(),
             last: false,
         }
+    }
+
+    #[test]
+    fn a_tap_of_a_pid_needs_its_sampler() {
+        let mut agg = Aggregation::new(100, SystemTime::UNIX_EPOCH);
+        let of = |pid| TapFilter {
+            pid: Some(pid),
+            service: None,
+        };
+        let now = SystemTime::UNIX_EPOCH;
+        assert_eq!(agg.open_tap(of(7), now), Err(TapRefused::NotProfiled(7)));
+        agg.add(batch(1, vec![]));
+        assert!(agg.open_tap(of(7), now).is_ok(), "a batch of pid 7 came");
+        assert_eq!(agg.open_tap(of(8), now), Err(TapRefused::NotProfiled(8)));
+        // Its last batch: pid 7 is not profiled any more.
+        let mut last = batch(1, vec![]);
+        last.last = true;
+        agg.add(last);
+        assert_eq!(agg.open_tap(of(7), now), Err(TapRefused::NotProfiled(7)));
+        // Without a pid, a tap is for whatever comes.
+        assert!(agg.open_tap(TapFilter::default(), now).is_ok());
     }
 
     #[test]

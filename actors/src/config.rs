@@ -18,6 +18,10 @@ pub struct FleetConfig {
     pub scan_interval: Duration,
     /// How often a snapshot is written (default 60 s); one more is written at shutdown.
     pub snapshot_interval: Duration,
+    /// How long the run will last from the fleet's start, when known (`--duration`): a
+    /// snapshot or push due less than a tenth of its interval before the end is left to the
+    /// final one, so that no window at the end is that short (default: not known).
+    pub ends_after: Option<Duration>,
     /// How often each sampler sends its counts to the aggregator (default 1 s).
     pub batch_interval: Duration,
     /// How often pyfleet's own CPU is measured and the rate adjusted (default 2 s: soon
@@ -70,6 +74,7 @@ impl Default for FleetConfig {
         FleetConfig {
             scan_interval: Duration::from_secs(1),
             snapshot_interval: Duration::from_secs(60),
+            ends_after: None,
             batch_interval: Duration::from_secs(1),
             rate_interval: Duration::from_secs(2),
             mode: Mode::default(),

@@ -28,7 +28,7 @@ use std::time::Duration;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 
-use crate::aggregator::{AggregatorActor, AggregatorMsg, TapFilter};
+use crate::aggregator::{AggregatorActor, AggregatorMsg, TapFilter, TapRefused};
 use crate::config::FleetConfig;
 use crate::error::FleetError;
 use crate::sampling::SamplingPool;
@@ -96,6 +96,7 @@ impl Fleet {
             aggregator: aggregator.clone(),
             interval: config.snapshot_interval,
             push: config.push.clone(),
+            ends_at: config.ends_after.map(|d| tokio::time::Instant::now() + d),
         };
         let (sink, sink_handle) = match Actor::spawn(None, SinkActor::<W>::new(), sink_args).await {
             Ok(s) => s,
@@ -202,6 +203,8 @@ pub enum PullError {
     Busy(usize),
     #[error("the fleet is stopping")]
     Stopped,
+    #[error("pid {0} is not profiled by this daemon")]
+    NotProfiled(i32),
 }
 
 /// Which processes a pull counts: one pid, one service, or every one.
@@ -234,9 +237,12 @@ impl Profiler {
             .call(|reply| AggregatorMsg::OpenTap(filter, reply), None)
             .await;
         let id = match opened {
-            Ok(CallResult::Success(Some(id))) => id,
-            Ok(CallResult::Success(None)) => {
+            Ok(CallResult::Success(Ok(id))) => id,
+            Ok(CallResult::Success(Err(TapRefused::Busy))) => {
                 return Err(PullError::Busy(crate::aggregator::MAX_TAPS))
+            }
+            Ok(CallResult::Success(Err(TapRefused::NotProfiled(pid)))) => {
+                return Err(PullError::NotProfiled(pid))
             }
             _ => return Err(PullError::Stopped),
         };

@@ -339,7 +339,7 @@ impl SamplingThread {
             if now < p.next_flush {
                 continue;
             }
-            if let Some(end) = p.slot.flush_if_due(now, &self.aggregator) {
+            if let Some(end) = p.slot.flush_if_due(now, &self.aggregator, &mut self.out) {
                 self.ending.push((i, end));
             }
             p.next_flush = p.slot.next_flush();
@@ -549,10 +549,12 @@ mod tests {
         assert_eq!(calls.load(Ordering::SeqCst), before + 10);
     }
 
-    /// Holds two samples a call and is due at every fourth tick: a capturing source's shape.
+    /// Holds two samples a call and is due at every fourth tick: a capturing source's shape;
+    /// with `at_batch`, one that counts at batches too (wall mode's).
     struct Collecting {
         ticks: u64,
         calls: Arc<AtomicU64>,
+        at_batch: bool,
     }
 
     impl StackSource for Collecting {
@@ -585,6 +587,38 @@ mod tests {
                 failed_kind: "",
             })
         }
+        fn counts_at_batch(&self) -> bool {
+            self.at_batch
+        }
+    }
+
+    /// A slot of process `pid` over a [`Collecting`] source; its calls and how it ended.
+    #[allow(clippy::type_complexity)]
+    fn collecting_slot(
+        pid: i32,
+        at_batch: bool,
+    ) -> (
+        Slot,
+        oneshot::Receiver<()>,
+        Arc<AtomicU64>,
+        Arc<Mutex<Vec<String>>>,
+    ) {
+        let calls = Arc::new(AtomicU64::new(0));
+        let (info, settings) = slot_args(pid, "collecting");
+        let source = Collecting {
+            ticks: 0,
+            calls: calls.clone(),
+            at_batch,
+        };
+        let ends = Arc::default();
+        let (slot, done) = Slot::new(
+            next_life(),
+            &info,
+            &settings,
+            Box::new(source),
+            recorder(&ends),
+        );
+        (slot, done, calls, ends)
     }
 
     #[tokio::test]
@@ -592,20 +626,7 @@ mod tests {
         let (aggregator, _) = Actor::spawn(None, AggregatorActor, (100, false))
             .await
             .unwrap();
-        let calls = Arc::new(AtomicU64::new(0));
-        let (info, settings) = slot_args(1, "collecting");
-        let source = Collecting {
-            ticks: 0,
-            calls: calls.clone(),
-        };
-        let ends = Arc::default();
-        let (mut slot, _done) = Slot::new(
-            next_life(),
-            &info,
-            &settings,
-            Box::new(source),
-            recorder(&ends),
-        );
+        let (mut slot, _done, calls, ends) = collecting_slot(1, false);
         let mut out = Vec::new();
         for _ in 0..15 {
             assert!(slot.sample(&mut out).is_none());
@@ -626,6 +647,48 @@ mod tests {
         assert_eq!(calls.load(Ordering::SeqCst), 5);
         assert_eq!(*ends.lock().unwrap(), ["Removed"]);
         aggregator.stop(None);
+    }
+
+    #[tokio::test]
+    async fn a_source_counting_at_batches_is_called_before_each_batch_though_not_due() {
+        let (aggregator, _) = Actor::spawn(None, AggregatorActor, (100, false))
+            .await
+            .unwrap();
+        let (mut slot, _done, calls, _) = collecting_slot(2, true);
+        let mut out = Vec::new();
+        for _ in 0..3 {
+            assert!(slot.sample(&mut out).is_none());
+        }
+        // Not due yet, and no batch due: not called.
+        assert!(slot
+            .flush_if_due(Instant::now(), &aggregator, &mut out)
+            .is_none());
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+        // A batch due: called first, though not due, and what it returned goes out with it.
+        let at = slot.next_flush();
+        assert!(slot.flush_if_due(at, &aggregator, &mut out).is_none());
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        let snap = take_snapshot(&aggregator).await;
+        assert_eq!(total(&snap, 2), 2);
+        aggregator.stop(None);
+    }
+
+    /// The aggregator's window, taken as a snapshot.
+    async fn take_snapshot(aggregator: &ActorRef<AggregatorMsg>) -> Snapshot {
+        let taken = aggregator
+            .call(
+                |reply| AggregatorMsg::TakeWindows {
+                    snapshot: true,
+                    push: false,
+                    reply,
+                },
+                None,
+            )
+            .await;
+        match taken {
+            Ok(CallResult::Success((Some(snap), _))) => snap,
+            _ => panic!("no snapshot"),
+        }
     }
 
     async fn until(cond: impl Fn() -> bool) {
@@ -679,20 +742,7 @@ mod tests {
         // Shutdown finishes the slot left (final batch first) and joins the thread.
         pool.shutdown(Duration::from_secs(5)).await;
         assert!(stays.dropped.load(Ordering::SeqCst));
-        let taken = aggregator
-            .call(
-                |reply| AggregatorMsg::TakeWindows {
-                    snapshot: true,
-                    push: false,
-                    reply,
-                },
-                None,
-            )
-            .await;
-        let snap = match taken {
-            Ok(CallResult::Success((Some(snap), _))) => snap,
-            _ => panic!("no snapshot"),
-        };
+        let snap = take_snapshot(&aggregator).await;
         for f in [&removed, &abandoned, &panics, &stays] {
             assert_eq!(total(&snap, f.pid), f.samples.load(Ordering::SeqCst));
         }

@@ -3,6 +3,10 @@
 //! interval (and at shutdown) it takes the push window and hands it to the pusher, which
 //! queues it (both windows in one message when both are due).
 //!
+//! When the run's end is known (`FleetConfig::ends_after`), a snapshot or push falling due
+//! less than a tenth of its interval before the end is skipped: the final one takes its
+//! window, a little longer than the interval, instead of leaving a sliver at the end.
+//!
 //! Owns the snapshot schedule and `pyfleet_snapshots_written_total`. An empty window is
 //! written too: "nothing was sampled" is information (no process matched, or every process
 //! was idle in `cpu` mode). Writing and retention run on a blocking thread, one at a time; a
@@ -31,6 +35,8 @@ pub(crate) struct SinkArgs<W> {
     pub aggregator: ActorRef<AggregatorMsg>,
     pub interval: Duration,
     pub push: Option<PushSchedule>,
+    /// When the run ends, if known.
+    pub ends_at: Option<tokio::time::Instant>,
 }
 
 pub(crate) enum SinkMsg {
@@ -54,6 +60,7 @@ pub(crate) struct SinkState<W> {
     aggregator: ActorRef<AggregatorMsg>,
     interval: Duration,
     push: Option<PushSchedule>,
+    ends_at: Option<tokio::time::Instant>,
     ticker: Option<JoinHandle<()>>,
     push_ticker: Option<JoinHandle<()>>,
     finished: bool,
@@ -75,6 +82,7 @@ impl<W: SnapshotWriter> Actor for SinkActor<W> {
             aggregator: args.aggregator,
             interval: args.interval,
             push: args.push,
+            ends_at: args.ends_at,
             ticker: None,
             push_ticker: None,
             finished: false,
@@ -127,7 +135,13 @@ impl<W: SnapshotWriter> Actor for SinkActor<W> {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             SinkMsg::Tick { snapshot, push } => {
-                if !state.finished {
+                let snapshot = snapshot && !state.near_the_end(state.interval);
+                let push = push
+                    && !state
+                        .push
+                        .as_ref()
+                        .is_some_and(|p| state.near_the_end(p.interval));
+                if !state.finished && (snapshot || push) {
                     if let Err(e) = state.take(snapshot, push).await {
                         tracing::warn!("snapshot not written: {e}");
                     }
@@ -145,6 +159,15 @@ impl<W: SnapshotWriter> Actor for SinkActor<W> {
             }
         }
         Ok(())
+    }
+}
+
+impl<W> SinkState<W> {
+    /// Whether the run ends less than a tenth of `interval` from now (see the module doc).
+    fn near_the_end(&self, interval: Duration) -> bool {
+        self.ends_at.is_some_and(|end| {
+            end.saturating_duration_since(tokio::time::Instant::now()) < interval / 10
+        })
     }
 }
 

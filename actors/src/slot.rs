@@ -14,7 +14,8 @@
 //!   samples and errors by kind. A sample slower than [`SLOW_SAMPLE`] costs its own process
 //!   the next ticks, never the other slots;
 //! - every `batch_interval` (checked after each tick), and once more when the slot ends
-//!   however it ends ([`Slot::flush_if_due`], [`Slot::finish`]): sends the aggregator a
+//!   however it ends ([`Slot::flush_if_due`], [`Slot::finish`]): calls a source that
+//!   [counts at batches](StackSource::counts_at_batch) once more, then sends the aggregator a
 //!   batch: the counts, plus the frames of stack ids not sent before in this life (resolved
 //!   once per stack id; past a cap of remembered ids it forgets them all, bumps an epoch and
 //!   resends, which bounds memory here and in the aggregator), and turns the increases of
@@ -254,6 +255,14 @@ impl Slot {
             return None;
         }
         w.not_due = 0;
+        w.last_due = Instant::now();
+        self.collect(out)
+    }
+
+    /// Calls the source and tallies what it returns (a tick's sample, or the call before a
+    /// batch). `Some` when the slot must end.
+    fn collect(&mut self, out: &mut Vec<SampledThread>) -> Option<SlotEnd> {
+        let w = &mut self.work;
         out.clear();
         if w.skip > 0 {
             w.skip -= 1;
@@ -261,7 +270,6 @@ impl Slot {
             return None;
         }
         let began = Instant::now();
-        w.last_due = began;
         let result = guard(|| w.source.sample(out));
         let took = began.elapsed();
         w.metrics.took(took);
@@ -332,17 +340,24 @@ impl Slot {
         self.work.metrics.missed.increment(ticks);
     }
 
-    /// Sends a batch if one is due at `now`. `Some` when the slot must end (a panic in the
-    /// source while resolving stacks or reading its stats; the batch went out regardless).
+    /// Sends a batch if one is due at `now`, a source that [counts at
+    /// batches](StackSource::counts_at_batch) called first (into `out`). `Some` when the slot
+    /// must end (that call ended it, or a panic in the source while resolving stacks or
+    /// reading its stats; the batch went out regardless).
     pub(crate) fn flush_if_due(
         &mut self,
         now: Instant,
         aggregator: &ActorRef<AggregatorMsg>,
+        out: &mut Vec<SampledThread>,
     ) -> Option<SlotEnd> {
-        let w = &mut self.work;
-        if now < w.next_flush {
+        if now < self.work.next_flush {
             return None;
         }
+        let ended = match self.work.source.counts_at_batch() {
+            true => self.collect(out),
+            false => None,
+        };
+        let w = &mut self.work;
         w.next_flush = later(w.next_flush, w.batch_interval);
         if w.next_flush <= now {
             w.next_flush = later(now, w.batch_interval);
@@ -354,7 +369,7 @@ impl Slot {
             aggregator,
             false,
         );
-        flushed.err().map(SlotEnd::Failed)
+        ended.or(flushed.err().map(SlotEnd::Failed))
     }
 
     /// Ends the slot: a removed capturing source collects once more; sends the final batch,
@@ -364,7 +379,7 @@ impl Slot {
         if matches!(end, SlotEnd::Removed) && self.work.source.captured_in_last().is_some() {
             // A capturing source holds what was taken since its last tick: collected once
             // more, so that stopping loses none of it.
-            let _ = self.sample(&mut Vec::new());
+            let _ = self.collect(&mut Vec::new());
         }
         let Slot {
             id: _,

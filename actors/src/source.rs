@@ -198,6 +198,15 @@ pub trait StackSource: Send + 'static {
     fn captured_in_last(&self) -> Option<CapturedCounts> {
         None
     }
+
+    /// Whether a call also hands out samples owed for time up to the call (the kernel
+    /// capture in wall and gil modes: threads' time off their CPU): the slot then calls it
+    /// right before each batch, even when it is not [`due`](Self::due), so that a batch
+    /// holds every sample owed up to its time and the source need not be due just to count.
+    /// By default, no.
+    fn counts_at_batch(&self) -> bool {
+        false
+    }
 }
 
 /// What one call of a capturing source held (see [`StackSource::captured_in_last`]).

@@ -6,10 +6,13 @@
 //! - [`Family::name`]: a child started by multiprocessing (`spawn`, `forkserver`: its command
 //!   line is `python -c "from multiprocessing..."`) is named after the nearest ancestor that
 //!   is not such a child (`mpjob`, not `python-c`);
-//! - [`Family::role`]: a Python process whose parent is a Python process of the same name is a
-//!   [`Role::Worker`] (gunicorn's and uvicorn's workers, Celery's prefork pool,
-//!   multiprocessing's pool), and that parent a [`Role::Master`]; any other is
-//!   [`Role::Single`];
+//! - [`Family::role`]: multiprocessing's resource tracker and forkserver (by their command
+//!   lines) are [`Role::Helper`]s of the program that started them; a Python process whose
+//!   parent is a Python process of the same name is a [`Role::Worker`] (gunicorn's and
+//!   uvicorn's workers, Celery's prefork pool, multiprocessing's pool, a forkserver's
+//!   children), and that parent a [`Role::Master`]; any other is [`Role::Single`];
+//! - [`Family::named_after`]: the process a multiprocessing child is named after, whose
+//!   command line the rules match it by;
 //! - [`Family::descends_from`]: whether a process has an ancestor in a set (any process in
 //!   between, Python or not), for `--subprocesses`.
 //!
@@ -32,10 +35,13 @@ pub enum Role {
     Master,
     /// The child of a Python process of its own name.
     Worker,
+    /// A process multiprocessing starts to serve its program (the resource tracker, the
+    /// forkserver), not to run its work.
+    Helper,
 }
 
 impl Role {
-    pub const ALL: [Role; 3] = [Role::Single, Role::Master, Role::Worker];
+    pub const ALL: [Role; 4] = [Role::Single, Role::Master, Role::Worker, Role::Helper];
 
     /// The role's name in `list`, the `role` metric label and `--exclude-role`.
     pub fn as_str(self) -> &'static str {
@@ -43,6 +49,7 @@ impl Role {
             Role::Single => "single",
             Role::Master => "master",
             Role::Worker => "worker",
+            Role::Helper => "helper",
         }
     }
 }
@@ -80,6 +87,10 @@ pub struct PythonFacts {
     pub name: String,
     /// Started by multiprocessing (`python -c "from multiprocessing..."`).
     pub multiprocessing_child: bool,
+    /// One of multiprocessing's helpers (resource tracker, forkserver) by its command line
+    /// (see [`is_multiprocessing_helper`](crate::is_multiprocessing_helper)); a forkserver's
+    /// children share its command line.
+    pub multiprocessing_helper: bool,
 }
 
 /// The host's processes as one family tree, for one scan.
@@ -89,6 +100,9 @@ pub struct Family {
     parents: HashMap<i32, i32>,
     python: HashMap<i32, PythonFacts>,
     names: HashMap<i32, String>,
+    /// The process each Python process is named after (itself, or for a multiprocessing
+    /// child its nearest ancestor that is none).
+    origins: HashMap<i32, i32>,
     masters: HashSet<i32>,
 }
 
@@ -100,18 +114,27 @@ impl Family {
             parents: parents.into_iter().collect(),
             python: python.into_iter().map(|p| (p.pid, p)).collect(),
             names: HashMap::new(),
+            origins: HashMap::new(),
             masters: HashSet::new(),
         };
-        let names: HashMap<i32, String> = f
+        let origins: HashMap<i32, i32> = f
             .python
             .keys()
-            .map(|&pid| (pid, f.resolve_name(pid)))
+            .map(|&pid| (pid, f.resolve_origin(pid)))
             .collect();
+        let names: HashMap<i32, String> = origins
+            .iter()
+            .map(|(&pid, origin)| {
+                let name = f.python.get(origin).or(f.python.get(&pid));
+                (pid, name.map(|p| p.name.clone()).unwrap_or_default())
+            })
+            .collect();
+        f.origins = origins;
         f.names = names;
         let masters: HashSet<i32> = f
             .python
             .keys()
-            .filter(|&&pid| f.same_name_as_parent(pid))
+            .filter(|&&pid| f.same_name_as_parent(pid) && !f.is_helper(pid))
             .filter_map(|pid| f.parents.get(pid).copied())
             .collect();
         f.masters = masters;
@@ -125,8 +148,16 @@ impl Family {
         self.names.get(&pid).map(String::as_str)
     }
 
+    /// The process `pid` is named after: itself, or for a multiprocessing child the nearest
+    /// ancestor that is not one. `None` for a pid that is not a known Python process.
+    pub fn named_after(&self, pid: i32) -> Option<i32> {
+        self.origins.get(&pid).copied()
+    }
+
     pub fn role(&self, pid: i32) -> Role {
-        if self.same_name_as_parent(pid) {
+        if self.is_helper(pid) {
+            Role::Helper
+        } else if self.same_name_as_parent(pid) {
             Role::Worker
         } else if self.masters.contains(&pid) {
             Role::Master
@@ -157,6 +188,13 @@ impl Family {
         false
     }
 
+    /// A helper by its command line whose parent is not one (a forkserver's children share
+    /// its command line: they are its workers).
+    fn is_helper(&self, pid: i32) -> bool {
+        let helper = |p: &i32| self.python.get(p).is_some_and(|f| f.multiprocessing_helper);
+        helper(&pid) && !self.parents.get(&pid).is_some_and(helper)
+    }
+
     fn same_name_as_parent(&self, pid: i32) -> bool {
         let Some(&parent) = self.parents.get(&pid) else {
             return false;
@@ -168,12 +206,9 @@ impl Family {
             && self.names.get(&pid) == self.names.get(&parent)
     }
 
-    fn resolve_name(&self, pid: i32) -> String {
-        let own = self
-            .python
-            .get(&pid)
-            .map(|p| p.name.clone())
-            .unwrap_or_default();
+    /// The process `pid` is named after (see [`Family::named_after`]): itself when no
+    /// Python ancestor that is not a multiprocessing child is found.
+    fn resolve_origin(&self, pid: i32) -> i32 {
         let mut at = pid;
         for _ in 0..MAX_GENERATIONS {
             match self.python.get(&at) {
@@ -181,7 +216,7 @@ impl Family {
                     Some(&q) if q > 0 && q != at => at = q,
                     _ => break,
                 },
-                Some(p) => return p.name.clone(),
+                Some(_) => return at,
                 // A non-Python process in between: go on up (a shell that started it).
                 None => match self.parents.get(&at) {
                     Some(&q) if q > 0 && q != at => at = q,
@@ -189,7 +224,7 @@ impl Family {
                 },
             }
         }
-        own
+        pid
     }
 }
 
@@ -210,9 +245,60 @@ mod tests {
                 pid,
                 name: name.into(),
                 multiprocessing_child: mp,
+                multiprocessing_helper: false,
             })
             .collect();
         Family::new(parents, facts)
+    }
+
+    #[test]
+    fn multiprocessing_helpers_are_helpers_and_a_forkservers_children_workers() {
+        // uvicorn (10) with spawned workers (11, 12) and a resource tracker (13); a job (20)
+        // with a forkserver (21) and the forkserver's children (22, 23).
+        let fact = |pid, name: &str, mp, helper| PythonFacts {
+            pid,
+            name: name.into(),
+            multiprocessing_child: mp,
+            multiprocessing_helper: helper,
+        };
+        let f = Family::new(
+            [
+                (10, 1),
+                (11, 10),
+                (12, 10),
+                (13, 10),
+                (20, 1),
+                (21, 20),
+                (22, 21),
+                (23, 21),
+            ],
+            vec![
+                fact(10, "uvicorn", false, false),
+                fact(11, "python-c", true, false),
+                fact(12, "python-c", true, false),
+                fact(13, "python-c", true, true),
+                fact(20, "job", false, false),
+                fact(21, "python-c", true, true),
+                fact(22, "python-c", true, true),
+                fact(23, "python-c", true, true),
+            ],
+        );
+        for (pid, role, name, after) in [
+            (10, Role::Master, "uvicorn", 10),
+            (11, Role::Worker, "uvicorn", 10),
+            (12, Role::Worker, "uvicorn", 10),
+            (13, Role::Helper, "uvicorn", 10),
+            // The forkserver, not the job, is its workers' parent.
+            (20, Role::Single, "job", 20),
+            (21, Role::Helper, "job", 20),
+            (22, Role::Worker, "job", 20),
+            (23, Role::Worker, "job", 20),
+        ] {
+            assert_eq!(f.role(pid), role, "pid {pid}");
+            assert_eq!(f.name(pid), Some(name), "pid {pid}");
+            assert_eq!(f.named_after(pid), Some(after), "pid {pid}");
+        }
+        assert_eq!(Role::from_str("helper"), Ok(Role::Helper));
     }
 
     #[test]

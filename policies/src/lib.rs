@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod family;
+pub mod file_mode;
 pub mod matching;
 pub mod mode;
 pub mod naming;
@@ -13,9 +14,10 @@ pub mod restart;
 pub mod retention;
 
 pub use family::{Family, PythonFacts, Role, RoleError};
+pub use file_mode::{FileMode, FileModeError};
 pub use matching::{LabelRuleError, MatchError, MatchPolicy, ProcessFacts, LABEL_KEYS};
 pub use mode::{Mode, ModeError};
-pub use naming::{is_multiprocessing_child, sanitize, short_name};
+pub use naming::{is_multiprocessing_child, is_multiprocessing_helper, sanitize, short_name};
 pub use rate::{RateError, RatePolicy};
 pub use restart::{RestartDecision, RestartPolicy, RestartState};
 pub use retention::{parse_size, RetentionError, RetentionPolicy, SizeError, SnapshotEntry};

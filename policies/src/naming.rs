@@ -74,6 +74,18 @@ pub fn is_multiprocessing_child(argv: &[String]) -> bool {
     })
 }
 
+/// Whether a command line is one of multiprocessing's helpers: the resource tracker
+/// (`from multiprocessing.resource_tracker import main`; `semaphore_tracker` before 3.8) or
+/// the forkserver (`from multiprocessing.forkserver import main`).
+pub fn is_multiprocessing_helper(argv: &[String]) -> bool {
+    argv.iter().take(MAX_ARGS_LOOKED_AT).any(|a| {
+        let a = a.trim_start();
+        ["resource_tracker", "semaphore_tracker", "forkserver"]
+            .iter()
+            .any(|m| a.starts_with(&format!("from multiprocessing.{m} import")))
+    })
+}
+
 /// Arguments [`is_multiprocessing_child`] looks at.
 const MAX_ARGS_LOOKED_AT: usize = 8;
 

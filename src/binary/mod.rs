@@ -37,6 +37,13 @@ pub enum BinaryError {
     BadElf { path: PathBuf, msg: String },
 }
 
+impl BinaryError {
+    /// Whether the process, or its files, refused to be read (no privilege over it).
+    pub fn is_permission_denied(&self) -> bool {
+        matches!(self, BinaryError::Process(e) if e.is_permission_denied())
+    }
+}
+
 /// Where CPython's globals are, in one mapped ELF file (addresses are file vaddrs, unbiased).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PythonSymbols {

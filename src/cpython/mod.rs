@@ -115,6 +115,18 @@ pub enum AttachError {
     BadDebugOffsets(String),
 }
 
+impl AttachError {
+    /// Whether the target refused to be read (no permission): it may be Python all the same.
+    pub fn is_permission_denied(&self) -> bool {
+        match self {
+            AttachError::Memory(e) => matches!(e, MemoryError::PermissionDenied(_)),
+            AttachError::Process(e) => e.is_permission_denied(),
+            AttachError::Binary(e) => e.is_permission_denied(),
+            _ => false,
+        }
+    }
+}
+
 impl From<UnwindError> for AttachError {
     fn from(e: UnwindError) -> Self {
         match e {

@@ -266,13 +266,15 @@ pub fn captured_record(
         n += 1;
         frame = at_word(layout.previous);
     }
-    let mut record = Vec::with_capacity(24 + frames.len());
+    // The head: pid, tid, time, frames, flags, padding, last switch-in (not known).
+    let mut record = Vec::with_capacity(32 + frames.len());
     record.extend(pid.to_le_bytes());
     record.extend(tid.to_le_bytes());
     record.extend(0u64.to_le_bytes());
     record.extend(n.to_le_bytes());
     record.extend(0u16.to_le_bytes());
     record.extend(0u32.to_le_bytes());
+    record.extend(0u64.to_le_bytes());
     record.extend(frames);
     record
 }

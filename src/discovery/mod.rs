@@ -12,6 +12,11 @@
 //! `policies::Family` name each Python process and give it its role; the match policy,
 //! `--subprocesses` and `--exclude-role` decide the list. It must not schedule anything (the
 //! actors decide when).
+//!
+//! A process pyfleet may not look at (another user's, without the privilege) is not "not
+//! Python": when its command line says Python, or a probe was refused, it is kept as
+//! [`Refused`], with why, and [`HostDiscovery::refused`] lists those the rules would match, so
+//! that every command can say what it could not inspect and which privilege would let it.
 
 pub mod labels;
 pub mod probe;
@@ -22,7 +27,8 @@ use crate::cpython::Version;
 use crate::process;
 use pyfleet_actors::{Discovery, Labels, ProcessInfo};
 use pyfleet_policies::{
-    is_multiprocessing_child, short_name, Family, MatchPolicy, ProcessFacts, PythonFacts, Role,
+    is_multiprocessing_child, is_multiprocessing_helper, short_name, Family, MatchPolicy,
+    ProcessFacts, PythonFacts, Role,
 };
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -45,6 +51,54 @@ const STAT_REFRESH: Duration = Duration::from_secs(10);
 
 /// A process whose probe did not return in time is probed again after this long.
 const PROBE_RETRY: Duration = Duration::from_secs(30);
+
+/// A process that may be Python but that pyfleet may not inspect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub pid: i32,
+    /// Its command line (untrusted: escape before display).
+    pub cmdline: String,
+    /// Why it could not be read, and what would let pyfleet (one clause).
+    pub why: String,
+}
+
+/// One line (no `pyfleet:` prefix) saying which processes could not be inspected and why,
+/// or `None` when there are none: `2 Python processes could not be inspected (pid 4242
+/// "python app.py", pid 4250 "..."): <why the first was refused>`.
+pub fn refusal_line(refused: &[Refused]) -> Option<String> {
+    const SHOWN: usize = 4;
+    let first = refused.first()?;
+    let mut shown: Vec<String> = refused
+        .iter()
+        .take(SHOWN)
+        .map(|r| {
+            let cmd: String = crate::output::for_terminal(&r.cmdline)
+                .chars()
+                .take(48)
+                .collect();
+            format!("pid {} \"{cmd}\"", r.pid)
+        })
+        .collect();
+    if refused.len() > SHOWN {
+        shown.push(format!("{} more", refused.len() - SHOWN));
+    }
+    let n = refused.len();
+    Some(format!(
+        "{n} process{} that may be Python could not be inspected ({}): {}",
+        if n == 1 { "" } else { "es" },
+        shown.join(", "),
+        crate::output::for_terminal(&first.why)
+    ))
+}
+
+/// Whether a command line, or a command name, names a Python interpreter.
+fn names_python(argv: &[String], comm: &[u8]) -> bool {
+    let first = argv
+        .first()
+        .map(|a| a.rsplit('/').next().unwrap_or(a).to_string())
+        .unwrap_or_default();
+    first.contains("python") || String::from_utf8_lossy(comm).contains("python")
+}
 
 /// What a scan learned about one process, kept while the process lives.
 struct Known {
@@ -79,6 +133,11 @@ pub struct HostDiscovery {
     /// Processes seen at the last scan: what their `stat` said, and their command name's
     /// file kept open.
     kept: HashMap<i32, Kept>,
+    /// Processes that may be Python and may not be read, by pid: their start time and why.
+    refused: HashMap<i32, (u64, Refused)>,
+    /// Say on stderr when processes the rules match are refused (the daemon: nothing else
+    /// would), and the pids already said.
+    warn_refused: Option<HashSet<i32>>,
 }
 
 /// A process's `stat` facts, when they were read, and its `/proc/PID/comm` open: a read of it
@@ -99,7 +158,68 @@ impl HostDiscovery {
             subprocesses: false,
             exclude_roles: Vec::new(),
             kept: HashMap::new(),
+            refused: HashMap::new(),
+            warn_refused: None,
         }
+    }
+
+    /// After each scan, says on stderr (one line) when processes the rules match newly could
+    /// not be inspected.
+    pub fn warning_of_refusals(mut self) -> Self {
+        self.warn_refused = Some(HashSet::new());
+        self
+    }
+
+    fn warn_of_new_refusals(&mut self) {
+        let Some(said) = self.warn_refused.as_ref() else {
+            return;
+        };
+        let refused = self.refused();
+        if refused.iter().all(|r| said.contains(&r.pid)) {
+            return;
+        }
+        if let Some(line) = refusal_line(&refused) {
+            eprintln!("pyfleet: warning: {line}");
+        }
+        self.warn_refused = Some(refused.iter().map(|r| r.pid).collect());
+    }
+
+    /// The processes of the last scan that may be Python, that the rules would match by
+    /// pid or command line, and that pyfleet may not inspect.
+    pub fn refused(&self) -> Vec<Refused> {
+        let mut refused: Vec<Refused> = self
+            .refused
+            .values()
+            .map(|(_, r)| r)
+            .filter(|r| {
+                let f = ProcessFacts {
+                    pid: r.pid,
+                    cmdline: &r.cmdline,
+                    exe_name: "",
+                    labels: &[],
+                };
+                self.policy.matches(&f) && !self.policy.excludes(&f)
+            })
+            .cloned()
+            .collect();
+        refused.sort_by_key(|r| r.pid);
+        refused
+    }
+
+    /// Keeps `pid` as refused when it may be Python (a probe refused, or its command line
+    /// names Python), else as a process without an executable to look at.
+    fn note_refused(&mut self, pid: i32, start: u64, comm: Vec<u8>, why: Option<String>) {
+        let argv = process::cmdline(pid).unwrap_or_default();
+        if why.is_none() && !names_python(&argv, &comm) {
+            self.no_exe.insert(pid, (start, comm));
+            return;
+        }
+        let refused = Refused {
+            pid,
+            cmdline: argv.join(" "),
+            why: why.unwrap_or_else(|| process::access::why_denied(pid)),
+        };
+        self.refused.insert(pid, (start, refused));
     }
 
     /// Lists every Python descendant of a matched process too, however it was started.
@@ -208,6 +328,8 @@ impl HostDiscovery {
         let (version, retry_at) = match probed {
             probe::Probed::Python(p) => (Some(p.version), None),
             probe::Probed::NotPython => (None, None),
+            // Not probed again while it lives: it stays refused (see `refused`).
+            probe::Probed::Refused(_) => (None, None),
             probe::Probed::TimedOut | probe::Probed::Busy => {
                 (None, Some(Instant::now() + PROBE_RETRY))
             }
@@ -253,6 +375,9 @@ impl Discovery for HostDiscovery {
             };
             let start = facts.start;
             parents.push((pid, facts.ppid));
+            if self.refused.get(&pid).is_some_and(|(s, _)| *s != start) {
+                self.refused.remove(&pid);
+            }
             if self
                 .no_exe
                 .get(&pid)
@@ -267,9 +392,19 @@ impl Discovery for HostDiscovery {
             {
                 Some(k) => k.exe.clone(),
                 None => {
-                    let Some(exe) = process::exe_path(pid) else {
-                        self.no_exe.insert(pid, (start, facts.comm));
+                    if self.refused.get(&pid).is_some_and(|(s, _)| *s == start) {
                         continue;
+                    }
+                    let exe = match process::exe_link(pid) {
+                        Ok(exe) => exe,
+                        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                            self.note_refused(pid, start, facts.comm, None);
+                            continue;
+                        }
+                        Err(_) => {
+                            self.no_exe.insert(pid, (start, facts.comm));
+                            continue;
+                        }
                     };
                     // The same program renamed itself: the name is remembered with it.
                     if let Some(k) = self
@@ -293,6 +428,11 @@ impl Discovery for HostDiscovery {
         let probed = probe::probe_many(&probe_pids, probe::PROBE_DEADLINE);
         for (&i, probed) in unknown.iter().zip(probed) {
             let (pid, exe, start, comm) = &alive[i];
+            if let Probed::Refused(why) = &probed {
+                self.note_refused(*pid, *start, comm.clone(), Some(why.clone()));
+            } else {
+                self.refused.remove(pid);
+            }
             self.learn(*pid, *start, comm, exe, probed);
         }
         // Every Python process, then who is who among them.
@@ -318,6 +458,7 @@ impl Discovery for HostDiscovery {
                     pid: *pid,
                     name: short_name(argv, exe_name),
                     multiprocessing_child: is_multiprocessing_child(argv),
+                    multiprocessing_helper: is_multiprocessing_helper(argv),
                 })
                 .collect(),
         );
@@ -332,15 +473,31 @@ impl Discovery for HostDiscovery {
                 (pid, start, version, argv.join(" "), exe_name, name, labels)
             })
             .collect();
+        // A multiprocessing child (`python -c "from multiprocessing..."`) is matched by its
+        // own command line or by that of the program it is named after.
+        let cmdlines: HashMap<i32, String> = python
+            .iter()
+            .map(|(pid, _, _, cmdline, ..)| (*pid, cmdline.clone()))
+            .collect();
         let facts = |pid: i32, cmdline: &str, exe_name: &str, labels: &Labels| -> (bool, bool) {
             let labels: Vec<(&str, &str)> = labels.iter().collect();
-            let f = ProcessFacts {
-                pid,
-                cmdline,
-                exe_name,
-                labels: &labels,
-            };
-            (self.policy.matches(&f), self.policy.excludes(&f))
+            let origin = family
+                .named_after(pid)
+                .filter(|&o| o != pid)
+                .and_then(|o| cmdlines.get(&o));
+            let mut hit = false;
+            let mut excluded = false;
+            for cmdline in std::iter::once(cmdline).chain(origin.map(String::as_str)) {
+                let f = ProcessFacts {
+                    pid,
+                    cmdline,
+                    exe_name,
+                    labels: &labels,
+                };
+                hit |= self.policy.matches(&f);
+                excluded |= self.policy.excludes(&f);
+            }
+            (hit, excluded)
         };
         let matched: HashSet<i32> = python
             .iter()
@@ -375,6 +532,9 @@ impl Discovery for HostDiscovery {
         }
         self.known.retain(|pid, _| pids.binary_search(pid).is_ok());
         self.no_exe.retain(|pid, _| pids.binary_search(pid).is_ok());
+        self.refused
+            .retain(|pid, _| pids.binary_search(pid).is_ok());
+        self.warn_of_new_refusals();
         found
     }
 }

@@ -32,8 +32,10 @@ static STUCK: AtomicUsize = AtomicUsize::new(0);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Probed {
     Python(PythonProcess),
-    /// Not a Python process pyfleet can read (or gone, or refused, or its probe panicked).
+    /// Not a Python process (or gone, or its probe panicked).
     NotPython,
+    /// It may be Python, but pyfleet may not read it: why, in one clause.
+    Refused(String),
     /// The probe did not return within the deadline: try again later.
     TimedOut,
     /// Too many probes are stuck already: not probed, try again later.
@@ -70,24 +72,38 @@ fn looks_like_python(p: &Process) -> bool {
         })
 }
 
-/// Examines one pid; `None` when it is not a (readable) Python process.
-pub fn probe(pid: i32) -> Option<PythonProcess> {
-    let p = Process::new(pid).ok()?;
+/// Examines one pid: Python (and which), not Python, or refused (its files or memory may
+/// not be read: then whether it is Python is not known).
+pub fn probe(pid: i32) -> Probed {
+    let Ok(p) = Process::new(pid) else {
+        return Probed::NotPython;
+    };
     if !looks_like_python(&p) {
-        return None;
+        return Probed::NotPython;
     }
-    let loc = binary::locate_runtime(&p).ok()?;
-    let version = cpython::detect_version(&ProcessMemory::new(pid), &loc, pid).ok()?;
-    let cmdline = p.cmdline().ok()?.join(" ");
+    let refused = |e: &dyn std::fmt::Display| Probed::Refused(e.to_string());
+    let loc = match binary::locate_runtime(&p) {
+        Ok(loc) => loc,
+        Err(e) if e.is_permission_denied() => return refused(&e),
+        Err(_) => return Probed::NotPython,
+    };
+    let version = match cpython::detect_version(&ProcessMemory::new(pid), &loc, pid) {
+        Ok(v) => v,
+        Err(e) if e.is_permission_denied() => return refused(&e),
+        Err(_) => return Probed::NotPython,
+    };
+    let Ok(argv) = p.cmdline() else {
+        return Probed::NotPython;
+    };
     let exe_name = p
         .exe()
         .ok()
         .and_then(|e| Some(e.file_name()?.to_string_lossy().into_owned()))
         .unwrap_or_default();
-    Some(PythonProcess {
+    Probed::Python(PythonProcess {
         pid,
         version,
-        cmdline,
+        cmdline: argv.join(" "),
         exe_name,
     })
 }
@@ -95,7 +111,7 @@ pub fn probe(pid: i32) -> Option<PythonProcess> {
 /// A [`probe`] under way on a thread of its own.
 struct PendingProbe {
     pid: i32,
-    rx: mpsc::Receiver<Option<PythonProcess>>,
+    rx: mpsc::Receiver<Probed>,
     /// Whether the probe returned, and whether its waiter gave up on it (under one lock, so
     /// that exactly one of them counts a stuck probe's end).
     state: Arc<Mutex<(bool, bool)>>,
@@ -103,7 +119,7 @@ struct PendingProbe {
 
 /// Starts `probe` of `pid` on a thread of its own; `Err(Probed::Busy)` when too many probes
 /// are stuck already (or no thread can be made).
-fn start_probe(pid: i32, probe: fn(i32) -> Option<PythonProcess>) -> Result<PendingProbe, Probed> {
+fn start_probe(pid: i32, probe: fn(i32) -> Probed) -> Result<PendingProbe, Probed> {
     if STUCK.load(Ordering::Relaxed) >= MAX_STUCK_PROBES {
         return Err(Probed::Busy);
     }
@@ -113,7 +129,7 @@ fn start_probe(pid: i32, probe: fn(i32) -> Option<PythonProcess>) -> Result<Pend
     std::thread::Builder::new()
         .name(format!("probe-{pid}"))
         .spawn(move || {
-            let found = std::panic::catch_unwind(|| probe(pid)).ok().flatten();
+            let found = std::panic::catch_unwind(|| probe(pid)).unwrap_or(Probed::NotPython);
             let _ = tx.send(found);
             let mut s = theirs.lock().unwrap_or_else(PoisonError::into_inner);
             s.0 = true;
@@ -131,16 +147,13 @@ impl PendingProbe {
         let pid = self.pid;
         let left = until.saturating_duration_since(Instant::now());
         match self.rx.recv_timeout(left) {
-            Ok(Some(p)) => Probed::Python(p),
-            Ok(None) | Err(mpsc::RecvTimeoutError::Disconnected) => Probed::NotPython,
+            Ok(found) => found,
+            Err(mpsc::RecvTimeoutError::Disconnected) => Probed::NotPython,
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
                 if s.0 {
                     // It returned just now.
-                    return match self.rx.try_recv() {
-                        Ok(Some(p)) => Probed::Python(p),
-                        _ => Probed::NotPython,
-                    };
+                    return self.rx.try_recv().unwrap_or(Probed::NotPython);
                 }
                 s.1 = true;
                 STUCK.fetch_add(1, Ordering::Relaxed);
@@ -166,11 +179,7 @@ pub fn probe_many(pids: &[i32], deadline: Duration) -> Vec<Probed> {
     probe_many_with(pids, deadline, probe)
 }
 
-fn probe_many_with(
-    pids: &[i32],
-    deadline: Duration,
-    probe: fn(i32) -> Option<PythonProcess>,
-) -> Vec<Probed> {
+fn probe_many_with(pids: &[i32], deadline: Duration, probe: fn(i32) -> Probed) -> Vec<Probed> {
     let mut out = Vec::with_capacity(pids.len());
     for wave in pids.chunks(PROBE_WAVE) {
         let started: Vec<Result<PendingProbe, Probed>> =
@@ -194,11 +203,11 @@ mod tests {
     use super::*;
 
     /// Odd pids hang for a while, even ones answer at once.
-    fn half_hang(pid: i32) -> Option<PythonProcess> {
+    fn half_hang(pid: i32) -> Probed {
         if pid % 2 == 1 {
             std::thread::sleep(Duration::from_millis(1500));
         }
-        None
+        Probed::NotPython
     }
 
     #[test]

@@ -11,9 +11,10 @@
 //! each in proportion to the CPU time it uses (a cpu-mode profile). Started for wall mode
 //! (`off_cpu`), a second program at the scheduler's switch tracepoint copies a watched
 //! thread's chain as it leaves its CPU ([`CapturedRecord::switched_out`]; none when it is the
-//! chain last sent for that thread: [`CapturedRecord::unchanged`]) and tells when it is
-//! switched in again ([`CapturedRecord::switched_in`]): each thread's time off its CPU and the
-//! stack it spent it in. A thread not
+//! chain last sent for that thread: [`CapturedRecord::unchanged`]) and keeps when it is
+//! switched in again, which the thread's next record tells ([`CapturedRecord::switched_in_ns`]:
+//! it comes within about one sampling period of the thread's CPU time): each thread's time
+//! off its CPU and the stack it spent it in. A thread not
 //! watched of a watched process ([`KernelCapture::watch_process`]) gets a record without
 //! frames ([`CapturedRecord::unknown_thread`]) at each of its interrupts: a thread started
 //! since its process was last read, or one that does not run Python.
@@ -27,7 +28,7 @@
 
 use crate::process::host::{self, PidNamespace};
 use crate::process::kernel_types;
-use aya::maps::{HashMap as BpfMap, MapData, PerCpuArray, RingBuf};
+use aya::maps::{Array, HashMap as BpfMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{
     PerfEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent,
 };
@@ -44,6 +45,48 @@ pub const MAX_WATCHED: usize = 16384;
 /// Most processes watched at once (`MAX_PROCESSES`).
 pub const MAX_WATCHED_PROCESSES: usize = 16384;
 
+/// Most words of the id bitmaps (`ID_WORDS`: ids below 2^22, Linux's largest pid_max).
+const MAX_ID_WORDS: u32 = 65536;
+
+/// Words of the id bitmaps for this host: every id below its pid_max.
+fn id_words() -> u32 {
+    let pid_max = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .unwrap_or(1 << 22);
+    (pid_max / 64 + 1).min(MAX_ID_WORDS)
+}
+
+/// One bit per id (thread or process) in the program's array of words (`thread_bits`,
+/// `process_bits`), mirrored here: set while the id is in the matching hash map. An id past
+/// the array (pid_max raised since the start) is not in it, and the program then looks in the
+/// hash map.
+struct IdBits {
+    map: Array<MapData, u64>,
+    words: Vec<u64>,
+}
+
+impl IdBits {
+    fn new(map: Array<MapData, u64>) -> IdBits {
+        let words = vec![0; map.len() as usize];
+        IdBits { map, words }
+    }
+
+    fn set(&mut self, id: u32, on: bool) -> Result<(), aya::maps::MapError> {
+        let at = (id / 64) as usize;
+        let Some(&old) = self.words.get(at) else {
+            return Ok(());
+        };
+        let bit = 1u64 << (id % 64);
+        let new = if on { old | bit } else { old & !bit };
+        if new != old {
+            self.map.set(at as u32, new, 0)?;
+            self.words[at] = new;
+        }
+        Ok(())
+    }
+}
+
 /// How long of sampling the ring holds, at the capture's rate on every CPU in 8 KiB records:
 /// a drain later than this after the last loses samples.
 const RING_HOLDS: std::time::Duration = std::time::Duration::from_millis(200);
@@ -59,7 +102,8 @@ const TID_AT: usize = 4;
 const TIME_AT: usize = 8;
 const FRAMES_AT: usize = 16;
 const FLAGS_AT: usize = 18;
-const HEAD_BYTES: usize = 24;
+const SWITCHED_IN_AT: usize = 24;
+const HEAD_BYTES: usize = 32;
 // `struct frame_copy`: the frame's address, its code object's fingerprint, its first bytes.
 const ADDR_AT: usize = 0;
 const FINGERPRINT_AT: usize = 8;
@@ -71,9 +115,9 @@ const FLAG_FRAME_UNREADABLE: u16 = 2;
 const FLAG_TRUNCATED: u16 = 4;
 const FLAG_UNKNOWN_THREAD: u16 = 8;
 const FLAG_SWITCHED_OUT: u16 = 16;
-const FLAG_SWITCHED_IN: u16 = 32;
 const FLAG_UNCHANGED: u16 = 64;
 const FLAG_ENTERING: u16 = 128;
+const FLAG_HOLDS_GIL: u16 = 256;
 
 static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/capture.bpf.o"));
 
@@ -104,6 +148,22 @@ pub struct CaptureLayout {
     /// most [`MAX_FINGERPRINT_BYTES`]) at `fingerprint_at`.
     pub fingerprint_at: u64,
     pub fingerprint_bytes: u64,
+    /// Offset in the thread state of its current data-stack chunk's address: the program
+    /// reads the chunk below the top frame at once (none: frame by frame).
+    pub chunk: Option<u64>,
+}
+
+/// Where the program finds whether a thread holds the GIL (gil mode), read with each chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GilAt {
+    /// Not asked (cpu and wall mode) or not known: every record says it does not.
+    #[default]
+    NotAsked,
+    /// The thread's own `int`, nonzero while it holds the GIL (3.15+: `holds_gil`).
+    OwnFlag(u64),
+    /// The GIL's `locked` `int` and its holder's thread-state pointer: the thread holds it
+    /// when it is locked and the holder is the thread's state.
+    Holder { locked: u64, holder: u64 },
 }
 
 #[repr(C)]
@@ -123,9 +183,17 @@ struct ThreadInfo {
     last_chain: u64,
     instr: u64,
     root_cframe: u64,
+    /// The GIL's `locked` word (0: not asked) and holder pointer (0: the word is the
+    /// thread's own), see [`GilAt`].
+    gil_locked: u64,
+    gil_holder: u64,
+    /// See [`CaptureLayout::chunk`] (0: none).
+    chunk: u64,
+    /// The program's: when the thread was last switched in (0 when watched).
+    switched_in_at: u64,
 }
 
-// SAFETY: two u32 then eleven u64 fields, `repr(C)`, no padding: every bit pattern is a valid value, which
+// SAFETY: two u32 then fifteen u64 fields, `repr(C)`, no padding: every bit pattern is a valid value, which
 // is what `Pod` asks of types copied to and from BPF maps.
 unsafe impl Pod for ThreadInfo {}
 
@@ -160,7 +228,9 @@ pub enum CaptureError {
     WatchProcess { pid: u32, why: String },
     #[error("the frame layout does not fit the capture: {0}")]
     Layout(String),
-    #[error("the kernel capture cannot follow threads off their CPU here (wall mode): {0}")]
+    #[error(
+        "the kernel capture cannot follow threads off their CPU here (wall and gil modes): {0}"
+    )]
     OffCpu(&'static str),
 }
 
@@ -189,6 +259,8 @@ pub struct KernelCapture {
     unparsable: u64,
     threads: BpfMap<MapData, u32, ThreadInfo>,
     processes: BpfMap<MapData, u32, u32>,
+    thread_bits: IdBits,
+    process_bits: IdBits,
     ring: RingBuf<MapData>,
     lost: PerCpuArray<MapData, u64>,
     watched: usize,
@@ -273,6 +345,13 @@ impl KernelCapture {
             BpfMap::try_from(map("threads")?).map_err(|e| CaptureError::Load(e.to_string()))?;
         let processes =
             BpfMap::try_from(map("processes")?).map_err(|e| CaptureError::Load(e.to_string()))?;
+        let mut bits = |name: &str| -> Result<IdBits, CaptureError> {
+            let array =
+                Array::try_from(map(name)?).map_err(|e| CaptureError::Load(e.to_string()))?;
+            Ok(IdBits::new(array))
+        };
+        let thread_bits = bits("thread_bits")?;
+        let process_bits = bits("process_bits")?;
         let ring =
             RingBuf::try_from(map("records")?).map_err(|e| CaptureError::Load(e.to_string()))?;
         let lost =
@@ -282,6 +361,8 @@ impl KernelCapture {
             unparsable: 0,
             threads,
             processes,
+            thread_bits,
+            process_bits,
             ring,
             lost,
             watched: 0,
@@ -309,13 +390,13 @@ impl KernelCapture {
                 why: format!("at most {MAX_WATCHED_PROCESSES} processes are watched"),
             });
         }
-        self.processes
-            .insert(pid, 0, 0)
-            .map_err(|e| CaptureError::WatchProcess {
-                pid,
-                why: e.to_string(),
-            })?;
+        let why = |e: aya::maps::MapError| CaptureError::WatchProcess {
+            pid,
+            why: e.to_string(),
+        };
+        self.processes.insert(pid, 0, 0).map_err(why)?;
         self.watched_processes += 1;
+        self.process_bits.set(pid, true).map_err(why)?;
         Ok(())
     }
 
@@ -325,17 +406,20 @@ impl KernelCapture {
         if self.processes.remove(&pid).is_ok() {
             self.watched_processes = self.watched_processes.saturating_sub(1);
         }
+        // Nothing more to undo if it fails: the program then finds the id not in the map.
+        let _ = self.process_bits.set(pid, false);
     }
 
     /// Captures thread `tid` of process `pid` (pyfleet's ids) from now on, its chain copied
-    /// from its thread state at `tstate` as `layout` says. Watching a watched thread again
-    /// updates it.
+    /// from its thread state at `tstate` as `layout` says, and whether it holds the GIL from
+    /// `gil`. Watching a watched thread again updates it.
     pub fn watch(
         &mut self,
         pid: u32,
         tid: u32,
         tstate: u64,
         layout: CaptureLayout,
+        gil: GilAt,
     ) -> Result<(), CaptureError> {
         layout.check()?;
         let known = self.threads.get(&tid, 0).is_ok();
@@ -359,17 +443,26 @@ impl KernelCapture {
             last_chain: 0,
             instr: layout.instr,
             root_cframe: layout.root_cframe,
+            gil_locked: match gil {
+                GilAt::NotAsked => 0,
+                GilAt::OwnFlag(at) | GilAt::Holder { locked: at, .. } => at,
+            },
+            gil_holder: match gil {
+                GilAt::Holder { holder, .. } => holder,
+                _ => 0,
+            },
+            chunk: layout.chunk.unwrap_or(0),
+            switched_in_at: 0,
         };
-        self.threads
-            .insert(tid, info, 0)
-            .map_err(|e| CaptureError::Watch {
-                tid,
-                why: e.to_string(),
-            })?;
+        let why = |e: aya::maps::MapError| CaptureError::Watch {
+            tid,
+            why: e.to_string(),
+        };
+        self.threads.insert(tid, info, 0).map_err(why)?;
         if !known {
             self.watched += 1;
         }
-        Ok(())
+        self.thread_bits.set(tid, true).map_err(why)
     }
 
     /// Stops capturing thread `tid` (nothing if it was not watched).
@@ -377,6 +470,7 @@ impl KernelCapture {
         if self.threads.remove(&tid).is_ok() {
             self.watched = self.watched.saturating_sub(1);
         }
+        let _ = self.thread_bits.set(tid, false);
     }
 
     /// Hands every record captured since the last drain to `f`, oldest first.
@@ -451,8 +545,11 @@ fn load(
     task_pid_at: u64,
 ) -> Result<Ebpf, CaptureError> {
     let (dev, inode) = namespace.map_or((0, 0), |ns| (ns.dev, ns.inode));
+    let words = id_words();
     aya::EbpfLoader::new()
         .map_max_entries("records", ring)
+        .map_max_entries("thread_bits", words)
+        .map_max_entries("process_bits", words)
         .override_global("pidns_dev", &dev, true)
         .override_global("pidns_ino", &inode, true)
         .override_global("task_pid_at", &task_pid_at, true)
@@ -544,6 +641,7 @@ pub struct CapturedRecord<'a> {
     /// `CLOCK_MONOTONIC` nanoseconds of the interrupt.
     pub time_ns: u64,
     flags: u16,
+    switched_in_ns: u64,
     frames: &'a [u8],
 }
 
@@ -561,6 +659,11 @@ impl<'a> CapturedRecord<'a> {
             tid: u32_at(TID_AT)?,
             time_ns: u64::from_le_bytes(head.get(TIME_AT..TIME_AT + 8)?.try_into().ok()?),
             flags: u16_at(FLAGS_AT)?,
+            switched_in_ns: u64::from_le_bytes(
+                head.get(SWITCHED_IN_AT..SWITCHED_IN_AT + 8)?
+                    .try_into()
+                    .ok()?,
+            ),
             frames,
         })
     }
@@ -593,9 +696,16 @@ impl<'a> CapturedRecord<'a> {
         self.flags & FLAG_UNCHANGED != 0
     }
 
-    /// The thread was switched in at `time_ns` (no frames).
-    pub fn switched_in(&self) -> bool {
-        self.flags & FLAG_SWITCHED_IN != 0
+    /// When the thread was last switched in (`CLOCK_MONOTONIC` nanoseconds; 0: not known,
+    /// the capture not following threads off their CPU, or not since it was watched).
+    pub fn switched_in_ns(&self) -> u64 {
+        self.switched_in_ns
+    }
+
+    /// The thread held the GIL (as of the record; always false unless it was watched with
+    /// [`GilAt`] other than `NotAsked`).
+    pub fn holds_gil(&self) -> bool {
+        self.flags & FLAG_HOLDS_GIL != 0
     }
 
     /// The chain is deeper than [`MAX_FRAMES`]: the oldest frames are missing.
@@ -630,6 +740,7 @@ mod tests {
         v.extend((frames.len() as u16).to_le_bytes());
         v.extend(flags.to_le_bytes());
         v.extend(0u32.to_le_bytes());
+        v.extend(5u64.to_le_bytes());
         for &(addr, fill) in frames {
             v.extend(addr.to_le_bytes());
             v.extend((addr + 1).to_le_bytes());
@@ -655,9 +766,11 @@ mod tests {
             "CONST(MAX_THREADS); CONST(MAX_PROCESSES); CONST(NO_INDIRECTION);",
             "CONST(FLAG_POINTER_UNREADABLE); CONST(FLAG_FRAME_UNREADABLE);",
             "CONST(FLAG_TRUNCATED); CONST(FLAG_UNKNOWN_THREAD); CONST(FLAG_SWITCHED_OUT);",
-            "CONST(FLAG_SWITCHED_IN); CONST(FLAG_UNCHANGED); CONST(FLAG_ENTERING);",
+            "CONST(FLAG_UNCHANGED); CONST(FLAG_ENTERING);",
+            "CONST(FLAG_HOLDS_GIL);",
             "AT(record, pid); AT(record, tid); AT(record, time); AT(record, frames);",
-            "AT(record, flags); AT(record, frame);",
+            "AT(record, flags); AT(record, switched_in); AT(record, frame);",
+            "AT(thread_info, switched_in_at);",
             "AT(frame_copy, addr); AT(frame_copy, code_fingerprint); AT(frame_copy, bytes);",
             "SIZE(frame_copy); SIZE(thread_info);",
             "AT(thread_info, pid); AT(thread_info, tstate); AT(thread_info, first);",
@@ -665,6 +778,8 @@ mod tests {
             "AT(thread_info, code_tag_mask); AT(thread_info, fingerprint_at);",
             "AT(thread_info, fingerprint_bytes); AT(thread_info, last_chain);",
             "AT(thread_info, instr); AT(thread_info, root_cframe);",
+            "AT(thread_info, gil_locked); AT(thread_info, gil_holder);",
+            "AT(thread_info, chunk); CONST(CHUNK_HEAD);",
         ] {
             c.push_str(line);
             c.push('\n');
@@ -714,14 +829,15 @@ mod tests {
             ("FLAG_TRUNCATED", u64::from(FLAG_TRUNCATED)),
             ("FLAG_UNKNOWN_THREAD", u64::from(FLAG_UNKNOWN_THREAD)),
             ("FLAG_SWITCHED_OUT", u64::from(FLAG_SWITCHED_OUT)),
-            ("FLAG_SWITCHED_IN", u64::from(FLAG_SWITCHED_IN)),
             ("FLAG_UNCHANGED", u64::from(FLAG_UNCHANGED)),
             ("FLAG_ENTERING", u64::from(FLAG_ENTERING)),
+            ("FLAG_HOLDS_GIL", u64::from(FLAG_HOLDS_GIL)),
             ("record.pid", PID_AT as u64),
             ("record.tid", TID_AT as u64),
             ("record.time", TIME_AT as u64),
             ("record.frames", FRAMES_AT as u64),
             ("record.flags", FLAGS_AT as u64),
+            ("record.switched_in", SWITCHED_IN_AT as u64),
             ("record.frame", HEAD_BYTES as u64),
             ("frame_copy.addr", ADDR_AT as u64),
             ("frame_copy.code_fingerprint", FINGERPRINT_AT as u64),
@@ -776,6 +892,23 @@ mod tests {
                 "thread_info.root_cframe",
                 std::mem::offset_of!(ThreadInfo, root_cframe) as u64,
             ),
+            (
+                "thread_info.gil_locked",
+                std::mem::offset_of!(ThreadInfo, gil_locked) as u64,
+            ),
+            (
+                "thread_info.gil_holder",
+                std::mem::offset_of!(ThreadInfo, gil_holder) as u64,
+            ),
+            (
+                "thread_info.chunk",
+                std::mem::offset_of!(ThreadInfo, chunk) as u64,
+            ),
+            (
+                "thread_info.switched_in_at",
+                std::mem::offset_of!(ThreadInfo, switched_in_at) as u64,
+            ),
+            ("CHUNK_HEAD", crate::cpython::layout::CHUNK_DATA),
         ];
         for (name, value) in rust {
             assert_eq!(
@@ -796,7 +929,10 @@ mod tests {
     fn records_parse_into_their_frames() {
         let bytes = record(10, 11, FLAG_TRUNCATED, &[(0x1000, 1), (0x2000, 2)]);
         let r = CapturedRecord::parse(&bytes).expect("parses");
-        assert_eq!((r.pid, r.tid, r.time_ns), (10, 11, 7));
+        assert_eq!(
+            (r.pid, r.tid, r.time_ns, r.switched_in_ns()),
+            (10, 11, 7, 5)
+        );
         assert!(r.truncated());
         assert_eq!(r.unreadable(), None);
         let frames: Vec<_> = r.frames().collect();
@@ -819,6 +955,7 @@ mod tests {
             code_tag_mask: 1,
             fingerprint_at: 96,
             fingerprint_bytes: 32,
+            chunk: Some(200),
         };
         assert!(fits.check().is_ok());
         let refused = [

@@ -11,15 +11,27 @@ pub mod record_file;
 pub mod snapshot_dir;
 pub mod speedscope;
 pub mod svg;
+pub mod views;
+
+pub use pyfleet_policies::FileMode;
 
 /// Writes `data` to `path` atomically: into a new temporary file beside it (see
 /// [`create_beside`]), fsynced, renamed over `path` (a symlink there is replaced, not
 /// followed), and the directory fsynced, so a reader sees the old file or the whole new one.
-/// On failure the temporary file is removed.
-pub fn write_atomically(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
+/// The file has `mode`'s bits, and is handed to `owner` when one is given. On failure the
+/// temporary file is removed.
+pub fn write_atomically(
+    path: &std::path::Path,
+    data: &[u8],
+    mode: FileMode,
+    owner: Option<Owner>,
+) -> std::io::Result<()> {
     use std::io::Write;
-    let (tmp, mut f) = create_beside(path)?;
+    let (tmp, mut f) = create_beside(path, mode)?;
     let r = (|| {
+        if let Some(o) = owner {
+            std::os::unix::fs::fchown(&f, Some(o.uid), Some(o.gid))?;
+        }
         f.write_all(data)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)?;
@@ -34,13 +46,37 @@ pub fn write_atomically(path: &std::path::Path, data: &[u8]) -> std::io::Result<
     r
 }
 
-/// Creates a new file `.<name>.<random>.tmp` in `path`'s directory: never an existing one,
-/// never through a symlink, under a name nobody can guess beforehand.
+/// Who a written file is handed to: `record` run through sudo gives its file to the user who
+/// ran sudo, as if they had written it (files are created for their owner).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Owner {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Owner {
+    /// The user who ran sudo (`SUDO_UID` and `SUDO_GID`, both ids), when pyfleet runs as root
+    /// through it; else none.
+    pub fn sudo_invoker() -> Option<Owner> {
+        if !nix::unistd::geteuid().is_root() {
+            return None;
+        }
+        let id = |var: &str| std::env::var(var).ok()?.trim().parse::<u32>().ok();
+        Some(Owner {
+            uid: id("SUDO_UID")?,
+            gid: id("SUDO_GID")?,
+        })
+        .filter(|o| o.uid != 0)
+    }
+}
+
+/// Creates a new file `.<name>.<random>.tmp` in `path`'s directory, with `mode`'s bits: never
+/// an existing one, never through a symlink, under a name nobody can guess beforehand.
 pub fn create_beside(
     path: &std::path::Path,
+    mode: FileMode,
 ) -> std::io::Result<(std::path::PathBuf, std::fs::File)> {
     use std::hash::{BuildHasher, Hasher};
-    use std::os::unix::fs::OpenOptionsExt;
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let dir = path.parent().unwrap_or(std::path::Path::new(""));
     let mut last = None;
@@ -53,13 +89,7 @@ pub fn create_beside(
                 .map_or(0, |d| d.as_nanos()),
         );
         let tmp = dir.join(format!(".{name}.{:016x}.tmp", h.finish()));
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .mode(0o644)
-            .open(&tmp)
-        {
+        match create_new_file(&tmp, mode) {
             Ok(f) => return Ok((tmp, f)),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
             Err(e) => return Err(e),
@@ -68,10 +98,39 @@ pub fn create_beside(
     Err(last.unwrap_or_else(|| std::io::Error::other("no temporary name")))
 }
 
-/// Creates the directory `dir` unless it is one already. Only `dir` itself: a missing parent
-/// is a mistake in the path (an error), not a tree to make. The error names `dir` and says
-/// what is wrong in words.
-pub fn create_last_component(dir: &std::path::Path) -> Result<(), String> {
+/// Creates the new file `path` (never an existing one, never through a symlink) with exactly
+/// `mode`'s file bits, whatever the umask: created with them (the umask can only take bits
+/// away), then set.
+pub fn create_new_file(path: &std::path::Path, mode: FileMode) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .mode(mode.file())
+        .open(path)?;
+    f.set_permissions(std::fs::Permissions::from_mode(mode.file()))?;
+    Ok(f)
+}
+
+/// Creates the new directory `path` with exactly `mode`'s directory bits, whatever the umask
+/// (set through the directory itself, opened without following a symlink).
+pub fn create_dir_with_mode(path: &std::path::Path, mode: FileMode) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .mode(mode.directory())
+        .create(path)?;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_DIRECTORY)
+        .open(path)?
+        .set_permissions(std::fs::Permissions::from_mode(mode.directory()))
+}
+
+/// Creates the directory `dir` (with `mode`'s directory bits) unless it is one already, whose
+/// bits are left as they are. Only `dir` itself: a missing parent is a mistake in the path
+/// (an error), not a tree to make. The error names `dir` and says what is wrong in words.
+pub fn create_last_component(dir: &std::path::Path, mode: FileMode) -> Result<(), String> {
     let shown = dir.display();
     match std::fs::metadata(dir) {
         Ok(m) if m.is_dir() => return Ok(()),
@@ -81,7 +140,7 @@ pub fn create_last_component(dir: &std::path::Path) -> Result<(), String> {
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
         existing_directory(parent).map_err(|e| format!("{shown}: {e}"))?;
     }
-    std::fs::create_dir(dir).map_err(|e| format!("{shown}: cannot create it: {e}"))
+    create_dir_with_mode(dir, mode).map_err(|e| format!("{shown}: cannot create it: {e}"))
 }
 
 /// That `dir` exists and is a directory, or what is wrong, in words ("directory /x does not
@@ -160,13 +219,13 @@ mod tests {
         std::fs::write(&victim, b"keep").unwrap();
         let out = dir.path().join("profile.svg");
         std::os::unix::fs::symlink(&victim, &out).unwrap();
-        super::write_atomically(&out, b"profile").unwrap();
+        super::write_atomically(&out, b"profile", super::FileMode::default(), None).unwrap();
         assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
         assert_eq!(std::fs::read(&out).unwrap(), b"profile");
         assert!(!std::fs::symlink_metadata(&out).unwrap().is_symlink());
         // Temporary names differ from one call to the next, and none is left behind.
-        let (a, _) = super::create_beside(&out).unwrap();
-        let (b, _) = super::create_beside(&out).unwrap();
+        let (a, _) = super::create_beside(&out, super::FileMode::default()).unwrap();
+        let (b, _) = super::create_beside(&out, super::FileMode::default()).unwrap();
         assert_ne!(a, b);
         std::fs::remove_file(a).unwrap();
         std::fs::remove_file(b).unwrap();

@@ -11,6 +11,7 @@
 //! any sampling starts.
 
 use super::format::{render, Format, RenderContext};
+use super::{FileMode, Owner};
 use pyfleet_actors::{ProcessProfile, Snapshot, SnapshotWriter, ThreadStatus};
 use std::collections::HashMap;
 use std::fs;
@@ -50,6 +51,8 @@ struct State {
     recording: Snapshot,
     ctx: RenderContext,
     written: Option<Written>,
+    /// Frames folded by function (`--function`: see `views::by_function`).
+    by_function: bool,
 }
 
 /// Writes a whole recording into one file; see the module documentation. Clones share the
@@ -62,6 +65,9 @@ pub struct RecordFile {
 struct Inner {
     path: PathBuf,
     format: Format,
+    file_mode: FileMode,
+    /// Whom the file is handed to (`Owner::sudo_invoker`).
+    owner: Option<Owner>,
     started: Instant,
     state: Mutex<State>,
 }
@@ -76,16 +82,24 @@ impl std::fmt::Debug for RecordFile {
 }
 
 impl RecordFile {
+    /// Folds frames by function, without line numbers (`--function`), in what it writes.
+    pub fn by_function(self, on: bool) -> Self {
+        self.lock().by_function = on;
+        self
+    }
+
     /// Checks that `path` can be written (its directory exists, and a temporary file can be
     /// created in it and removed) and returns the writer. An existing file at `path` is
     /// replaced only when it is a profile in `format` (one pyfleet could have written: see
     /// [`looks_like_profile`](super::looks_like_profile)) or with `force`. The file itself is
-    /// not touched until the first write.
+    /// not touched until the first write; it gets `file_mode`'s bits, and goes to the user who
+    /// ran sudo when pyfleet runs through it (`Owner::sudo_invoker`).
     pub fn open(
         path: &Path,
         format: Format,
         ctx: RenderContext,
         force: bool,
+        file_mode: FileMode,
     ) -> Result<Self, String> {
         let shown = path.display();
         let Some(name) = path.file_name() else {
@@ -117,13 +131,15 @@ impl RecordFile {
             }
             _ => {}
         }
-        let (tmp, _) = super::create_beside(&dir.join(name))
+        let (tmp, _) = super::create_beside(&dir.join(name), file_mode)
             .map_err(|e| format!("cannot write the output {shown}: {e}"))?;
         let _ = fs::remove_file(&tmp);
         Ok(RecordFile {
             inner: Arc::new(Inner {
                 path: path.to_path_buf(),
                 format,
+                file_mode,
+                owner: Owner::sudo_invoker(),
                 started: Instant::now(),
                 state: Mutex::new(State {
                     recording: Snapshot {
@@ -133,6 +149,7 @@ impl RecordFile {
                     },
                     ctx,
                     written: None,
+                    by_function: false,
                 }),
             }),
         })
@@ -196,14 +213,22 @@ impl RecordFile {
     }
 
     fn write_atomically(&self, data: &[u8]) -> std::io::Result<()> {
-        super::write_atomically(&self.inner.path, data)
+        super::write_atomically(
+            &self.inner.path,
+            data,
+            self.inner.file_mode,
+            self.inner.owner,
+        )
     }
 }
 
 impl SnapshotWriter for RecordFile {
     fn write(&self, snap: &Snapshot) -> Result<PathBuf, String> {
         let mut state = self.lock();
-        merge(&mut state.recording, snap);
+        match state.by_function {
+            true => merge(&mut state.recording, &super::views::by_function(snap)),
+            false => merge(&mut state.recording, snap),
+        }
         state.ctx.duration = Some(self.inner.started.elapsed());
         let data = render(self.inner.format, &state.recording, &state.ctx)?;
         self.write_atomically(&data)
@@ -319,11 +344,23 @@ mod tests {
         assert_eq!(acc.processes[0].total(), 4);
     }
 
+    /// A folded recording into `path`, with the defaults.
+    fn folded_recording(path: &Path) -> RecordFile {
+        RecordFile::open(
+            path,
+            Format::Folded,
+            RenderContext::default(),
+            false,
+            FileMode::default(),
+        )
+        .unwrap()
+    }
+
     #[test]
     fn every_write_holds_the_whole_recording() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("out.folded");
-        let rec = RecordFile::open(&path, Format::Folded, RenderContext::default(), false).unwrap();
+        let rec = folded_recording(&path);
         assert!(!path.exists(), "nothing written before the first snapshot");
         rec.write(&window(1, 9, "a", 2)).unwrap();
         rec.write(&window(2, 9, "a", 3)).unwrap();
@@ -352,7 +389,7 @@ mod tests {
     fn top_functions_rank_own_samples() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("out.folded");
-        let rec = RecordFile::open(&path, Format::Folded, RenderContext::default(), false).unwrap();
+        let rec = folded_recording(&path);
         rec.write(&window(1, 9, "slow", 6)).unwrap();
         rec.write(&window(2, 4, "fast", 2)).unwrap();
         rec.write(&window(3, 9, "slow", 2)).unwrap();
@@ -379,8 +416,14 @@ mod tests {
             (missing.clone(), "does not exist"),
         ] {
             for force in [false, true] {
-                let e = RecordFile::open(&bad, Format::Svg, RenderContext::default(), force)
-                    .unwrap_err();
+                let e = RecordFile::open(
+                    &bad,
+                    Format::Svg,
+                    RenderContext::default(),
+                    force,
+                    FileMode::default(),
+                )
+                .unwrap_err();
                 assert!(e.starts_with("cannot write the output"), "{e}");
                 assert!(e.contains(why), "{e}");
                 assert_eq!(e.lines().count(), 1);
@@ -398,9 +441,9 @@ mod tests {
         fs::write(&empty, "").unwrap();
         let ctx = RenderContext::default;
         for (path, format) in [(&source, Format::Folded), (&empty, Format::Folded)] {
-            let e = RecordFile::open(path, format, ctx(), false).unwrap_err();
+            let e = RecordFile::open(path, format, ctx(), false, FileMode::default()).unwrap_err();
             assert!(e.contains("--force"), "{e}");
-            assert!(RecordFile::open(path, format, ctx(), true).is_ok());
+            assert!(RecordFile::open(path, format, ctx(), true, FileMode::default()).is_ok());
         }
         assert_eq!(
             fs::read_to_string(&source).unwrap(),
@@ -408,14 +451,17 @@ mod tests {
         );
         // What pyfleet writes, it may write again.
         let folded = dir.path().join("old.folded");
-        let rec = RecordFile::open(&folded, Format::Folded, ctx(), false).unwrap();
+        let rec =
+            RecordFile::open(&folded, Format::Folded, ctx(), false, FileMode::default()).unwrap();
         rec.write(&window(1, 9, "a", 2)).unwrap();
-        assert!(RecordFile::open(&folded, Format::Folded, ctx(), false).is_ok());
+        assert!(
+            RecordFile::open(&folded, Format::Folded, ctx(), false, FileMode::default()).is_ok()
+        );
         let svg = dir.path().join("old.svg");
-        let rec = RecordFile::open(&svg, Format::Svg, ctx(), false).unwrap();
+        let rec = RecordFile::open(&svg, Format::Svg, ctx(), false, FileMode::default()).unwrap();
         rec.write(&window(1, 9, "a", 2)).unwrap();
-        assert!(RecordFile::open(&svg, Format::Svg, ctx(), false).is_ok());
+        assert!(RecordFile::open(&svg, Format::Svg, ctx(), false, FileMode::default()).is_ok());
         // But not as another format.
-        assert!(RecordFile::open(&svg, Format::Folded, ctx(), false).is_err());
+        assert!(RecordFile::open(&svg, Format::Folded, ctx(), false, FileMode::default()).is_err());
     }
 }

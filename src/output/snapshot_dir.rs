@@ -18,6 +18,7 @@
 
 use super::folded;
 use super::format::{self, Format, RenderContext};
+use super::FileMode;
 use pyfleet_actors::{Snapshot, SnapshotWriter};
 use pyfleet_policies::{Mode, RetentionPolicy, SnapshotEntry};
 use std::fs;
@@ -35,6 +36,10 @@ pub struct SnapshotDir {
     mode: Mode,
     /// The rate asked for (the rate controller may have lowered it for a while).
     rate_hz: Option<f64>,
+    /// The bits of every file and directory written.
+    file_mode: FileMode,
+    /// Frames folded by function (`--function`: see `views::by_function`).
+    by_function: bool,
 }
 
 /// The file in each snapshot that describes it.
@@ -58,13 +63,19 @@ impl SnapshotDir {
     /// Creates `out` if needed (only `out` itself: a missing parent is a mistake, not a
     /// directory tree to make) and checks that snapshots can be written there (a probe file is
     /// written and removed), so an unusable directory fails at startup, not an hour later.
-    pub fn open(out: &Path, retention: RetentionPolicy) -> Result<Self, String> {
+    /// Files and directories are created with `file_mode`'s bits (`out` too when it is
+    /// created here; an existing `out` keeps its own).
+    pub fn open(
+        out: &Path,
+        retention: RetentionPolicy,
+        file_mode: FileMode,
+    ) -> Result<Self, String> {
         let fail = |what: &str, e: std::io::Error| {
             format!("unusable --out {}: {what}: {e}", out.display())
         };
-        super::create_last_component(out).map_err(|e| format!("unusable --out {e}"))?;
+        super::create_last_component(out, file_mode).map_err(|e| format!("unusable --out {e}"))?;
         let probe = out.join(format!("{PARTIAL}probe-{}", std::process::id()));
-        fs::write(&probe, b"probe").map_err(|e| fail("cannot write in it", e))?;
+        super::create_new_file(&probe, file_mode).map_err(|e| fail("cannot write in it", e))?;
         let _ = fs::remove_file(&probe);
         // Leftovers of a run that died mid-write.
         if let Ok(entries) = fs::read_dir(out) {
@@ -80,6 +91,8 @@ impl SnapshotDir {
             formats: DEFAULT_FORMATS.to_vec(),
             mode: Mode::default(),
             rate_hz: None,
+            file_mode,
+            by_function: false,
         })
     }
 
@@ -87,6 +100,12 @@ impl SnapshotDir {
     pub fn with_sampling(mut self, mode: Mode, rate_hz: f64) -> Self {
         self.mode = mode;
         self.rate_hz = Some(rate_hz);
+        self
+    }
+
+    /// Folds frames by function, without line numbers (`--function`).
+    pub fn by_function(mut self, on: bool) -> Self {
+        self.by_function = on;
         self
     }
 
@@ -145,8 +164,9 @@ impl SnapshotDir {
             mode: self.mode,
             duration: window,
         };
-        write_synced(&dir.join(METADATA_FILE), &self.metadata(snap, &ctx))?;
-        write_synced(&dir.join(LABELS_FILE), &labels_json(snap))?;
+        let mode = self.file_mode;
+        write_synced(&dir.join(METADATA_FILE), &self.metadata(snap, &ctx), mode)?;
+        write_synced(&dir.join(LABELS_FILE), &labels_json(snap), mode)?;
         for &f in &self.formats {
             if f == Format::Folded {
                 for p in snap.processes.iter().filter(|p| p.total() > 0) {
@@ -154,12 +174,13 @@ impl SnapshotDir {
                     write_synced(
                         &dir.join(format!("{}.folded", folded::process_root(p))),
                         folded::render(&lines).as_bytes(),
+                        mode,
                     )?;
                 }
             }
             let data = format::render(f, snap, &ctx).map_err(std::io::Error::other)?;
             if !data.is_empty() {
-                write_synced(&dir.join(fleet_file_name(f)), &data)?;
+                write_synced(&dir.join(fleet_file_name(f)), &data, mode)?;
             }
         }
         Ok(())
@@ -226,6 +247,14 @@ fn labels_json(snap: &Snapshot) -> Vec<u8> {
 
 impl SnapshotWriter for SnapshotDir {
     fn write(&self, snap: &Snapshot) -> Result<PathBuf, String> {
+        let folded;
+        let snap = match self.by_function {
+            true => {
+                folded = super::views::by_function(snap);
+                &folded
+            }
+            false => snap,
+        };
         let base = utc_name(snap.taken_at);
         // Two snapshots in one second (the final one right after a periodic one) get a suffix.
         let mut name = base.clone();
@@ -238,7 +267,7 @@ impl SnapshotWriter for SnapshotDir {
         let fin = self.out.join(&name);
         let title = format!("pyfleet {name}");
         let r = (|| {
-            create_own_dir(&partial)?;
+            create_own_dir(&partial, self.file_mode)?;
             self.write_files(&partial, snap, &title)?;
             fs::File::open(&partial)?.sync_all()?;
             fs::rename(&partial, &fin)?;
@@ -270,28 +299,22 @@ impl SnapshotWriter for SnapshotDir {
 /// name: the partial directory is pyfleet's own and hidden until it is renamed into place
 /// (after its own fsync), so a file there needs neither a rename nor a directory fsync of
 /// its own.
-fn write_synced(path: &Path, data: &[u8]) -> std::io::Result<()> {
+fn write_synced(path: &Path, data: &[u8], mode: FileMode) -> std::io::Result<()> {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .mode(0o644)
-        .open(path)?;
+    let mut f = super::create_new_file(path, mode)?;
     f.write_all(data)?;
     f.sync_all()
 }
 
 /// Creates the directory `path` afresh: whatever is there (a stale partial snapshot, or a
 /// symlink someone planted) is removed first, never followed.
-fn create_own_dir(path: &Path) -> std::io::Result<()> {
+fn create_own_dir(path: &Path, mode: FileMode) -> std::io::Result<()> {
     match fs::symlink_metadata(path) {
         Ok(m) if m.is_dir() => fs::remove_dir_all(path)?,
         Ok(_) => fs::remove_file(path)?,
         Err(_) => {}
     }
-    fs::create_dir(path)
+    super::create_dir_with_mode(path, mode)
 }
 
 /// `2026-11-23T02-55-07Z`: UTC, sortable, no colons (awkward in file names).
@@ -414,7 +437,12 @@ mod tests {
     fn writes_atomically_and_keeps_the_last_n() {
         let tmp = tempfile::tempdir().unwrap();
         let out = tmp.path().join("snaps");
-        let dir = SnapshotDir::open(&out, RetentionPolicy::new(2, None).unwrap()).unwrap();
+        let dir = SnapshotDir::open(
+            &out,
+            RetentionPolicy::new(2, None).unwrap(),
+            FileMode::default(),
+        )
+        .unwrap();
         fs::write(out.join("notes.txt"), "mine").unwrap();
         let mut written = Vec::new();
         for i in 0..4 {
@@ -454,7 +482,7 @@ mod tests {
     #[test]
     fn writes_the_chosen_formats_only() {
         let tmp = tempfile::tempdir().unwrap();
-        let dir = SnapshotDir::open(tmp.path(), RetentionPolicy::default())
+        let dir = SnapshotDir::open(tmp.path(), RetentionPolicy::default(), FileMode::default())
             .unwrap()
             .with_formats(&[Format::Pprof, Format::Speedscope, Format::Pprof]);
         assert_eq!(dir.formats(), &[Format::Pprof, Format::Speedscope]);
@@ -500,7 +528,8 @@ mod tests {
             (file.clone(), "is a file, not a directory"),
             (missing.clone(), "does not exist"),
         ] {
-            let e = SnapshotDir::open(&bad, RetentionPolicy::default()).unwrap_err();
+            let e = SnapshotDir::open(&bad, RetentionPolicy::default(), FileMode::default())
+                .unwrap_err();
             assert!(e.starts_with("unusable --out"), "{e}");
             assert!(e.contains(why), "{e}");
             assert_eq!(e.lines().count(), 1);
@@ -510,14 +539,14 @@ mod tests {
             "only the last component is created"
         );
         let last = tmp.path().join("new");
-        assert!(SnapshotDir::open(&last, RetentionPolicy::default()).is_ok());
+        assert!(SnapshotDir::open(&last, RetentionPolicy::default(), FileMode::default()).is_ok());
         assert!(last.is_dir());
     }
 
     #[test]
     fn metadata_says_what_the_window_is_and_no_file_is_empty() {
         let tmp = tempfile::tempdir().unwrap();
-        let dir = SnapshotDir::open(tmp.path(), RetentionPolicy::default())
+        let dir = SnapshotDir::open(tmp.path(), RetentionPolicy::default(), FileMode::default())
             .unwrap()
             .with_sampling(Mode::Cpu, 100.0);
         let mut s = snap(1_700_000_060, "web");

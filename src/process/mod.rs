@@ -51,6 +51,14 @@ pub enum ProcessError {
 }
 
 impl ProcessError {
+    /// Whether the process, or its files, refused to be read (no privilege over it).
+    pub fn is_permission_denied(&self) -> bool {
+        matches!(
+            self,
+            ProcessError::PermissionDenied(_) | ProcessError::FilePermissionDenied { .. }
+        )
+    }
+
     fn from_proc(pid: i32, e: procfs::ProcError) -> Self {
         match e {
             procfs::ProcError::NotFound(_) => ProcessError::NoSuchProcess(pid),
@@ -361,7 +369,13 @@ pub fn cmdline(pid: i32) -> Result<Vec<String>, ProcessError> {
 /// The executable's path as `pid` sees it (`None` for kernel threads, zombies, or a
 /// process gone).
 pub fn exe_path(pid: i32) -> Option<PathBuf> {
-    std::fs::read_link(format!("/proc/{pid}/exe")).ok()
+    exe_link(pid).ok()
+}
+
+/// `/proc/PID/exe`, or why not: `PermissionDenied` when another user's process may not be
+/// looked at (no ptrace "read" access), `NotFound` for a kernel thread or a process gone.
+pub fn exe_link(pid: i32) -> std::io::Result<PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/exe"))
 }
 
 /// What one read of `/proc/PID/stat` says of who a process is.

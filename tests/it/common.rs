@@ -959,9 +959,21 @@ pub fn free_port() -> u16 {
 
 /// `GET path` over HTTP/1.0: (status, body), or None if the connection fails.
 pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    http_get_with_token(port, path, None)
+}
+
+/// `GET path` over HTTP/1.0 with `Authorization: Bearer TOKEN` when given.
+pub fn http_get_with_token(port: u16, path: &str, token: Option<&str>) -> Option<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n").ok()?;
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n{auth}\r\n"
+    )
+    .ok()?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).ok()?;
     let text = String::from_utf8_lossy(&raw).into_owned();
@@ -1050,6 +1062,9 @@ pub fn gunicorn(label: &str, python: &Path, port: u16, workers: u32) -> Gunicorn
     Gunicorn(p)
 }
 
+/// Clock ticks per second in /proc's times: the kernel's USER_HZ, 100 on x86 and arm64.
+pub const CLOCK_TICKS: f64 = 100.0;
+
 /// The process's CPU time so far (utime + stime, clock ticks).
 pub fn cpu_ticks(pid: i32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -1062,4 +1077,154 @@ pub fn cpu_ticks(pid: i32) -> u64 {
             .unwrap_or(0)
     };
     n(14) + n(15)
+}
+
+/// A certificate authority made for one test by `openssl` (in `dir`): a server certificate
+/// for 127.0.0.1 and a client certificate issued by it, and a client certificate of another,
+/// untrusted CA. PEM files; keys unencrypted.
+pub struct TestCa {
+    pub ca: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+    pub rogue_cert: PathBuf,
+    pub rogue_key: PathBuf,
+}
+
+impl TestCa {
+    /// Makes the files, or None when `openssl` is missing (see `tool`).
+    pub fn make(dir: &Path) -> Option<TestCa> {
+        let openssl = tool("openssl", SETUP_DEPLOY_TOOLS)?;
+        let p = |name: &str| dir.join(name);
+        let run = |args: &[&str]| {
+            let out = run_with_timeout(
+                {
+                    let mut c = Command::new(&openssl);
+                    c.args(args).current_dir(dir);
+                    c
+                },
+                Duration::from_secs(30),
+            );
+            assert!(out.success(), "openssl {args:?}: {}", out.describe());
+        };
+        let self_signed = |name: &str, cn: &str| {
+            run(&[
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                &format!("/CN={cn}"),
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.pem"),
+            ]);
+        };
+        let issued = |name: &str, cn: &str, extensions: &str| {
+            run(&[
+                "req",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-nodes",
+                "-subj",
+                &format!("/CN={cn}"),
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.csr"),
+            ]);
+            fs::write(p(&format!("{name}.ext")), extensions).unwrap();
+            run(&[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-out",
+                &format!("{name}.pem"),
+                "-extfile",
+                &format!("{name}.ext"),
+            ]);
+        };
+        self_signed("ca", "pyfleet test CA");
+        issued(
+            "server",
+            "127.0.0.1",
+            "basicConstraints=CA:FALSE\nsubjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+        );
+        issued(
+            "client",
+            "scraper",
+            "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
+        );
+        self_signed("rogue", "rogue scraper");
+        Some(TestCa {
+            ca: p("ca.pem"),
+            server_cert: p("server.pem"),
+            server_key: p("server.key"),
+            client_cert: p("client.pem"),
+            client_key: p("client.key"),
+            rogue_cert: p("rogue.pem"),
+            rogue_key: p("rogue.key"),
+        })
+    }
+}
+
+/// Runs `cmd` (stdin and stdout null, stderr to `stderr_file`) until it exits, calling
+/// `at_first_line` once, within a few milliseconds of its first line on stderr (pyfleet's first
+/// line comes when it starts sampling). Returns its exit status (None: killed after `timeout`)
+/// and what it wrote to stderr.
+pub fn run_marking_first_line(
+    mut cmd: Command,
+    stderr_file: &Path,
+    timeout: Duration,
+    mut at_first_line: impl FnMut(),
+) -> (Option<ExitStatus>, String) {
+    let file = fs::File::create(stderr_file).expect("stderr file");
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(file);
+    let mut child = cmd.spawn().expect("spawn");
+    let deadline = Instant::now() + timeout;
+    let (mut marked, mut status) = (false, None);
+    while status.is_none() && Instant::now() < deadline {
+        if !marked && fs::read_to_string(stderr_file).is_ok_and(|text| text.contains('\n')) {
+            at_first_line();
+            marked = true;
+        }
+        status = child.try_wait().expect("waitpid");
+        thread::sleep(Duration::from_millis(2));
+    }
+    if status.is_none() {
+        let _ = child.kill();
+    }
+    // Reaps it (a child that exited returns at once).
+    let _ = child.wait();
+    if status.is_some() && !marked {
+        // It said nothing before it exited: mark the end, so callers still get a window.
+        at_first_line();
+    }
+    (status, fs::read_to_string(stderr_file).unwrap_or_default())
+}
+
+/// tests/targets/sleeper.py on any interpreter, its command line carrying `token`, once ready:
+/// a Python process that stays idle.
+pub fn idle_sleeper(token: &str) -> Proc {
+    let interp = any_interpreter();
+    let mut p = Proc::python(&interp.label, &interp.path, "sleeper.py", &["ready", token]);
+    p.wait_for_file("ready", READY_TIMEOUT);
+    p
 }

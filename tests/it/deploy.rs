@@ -39,6 +39,29 @@ fn deploy(rel: &str) -> PathBuf {
     p
 }
 
+/// The token of daemons run with deploy/'s configs in these tests (their `[listen]
+/// token-file` is the host's or the pod's; `--listen-token-file` wins).
+const LISTEN_TOKEN: &str = "deploy-test-token-0123456789abcdef";
+
+/// Writes [`LISTEN_TOKEN`] to `dir/listen-token` (0600, as deploy/README.md says) and returns
+/// the file.
+fn listen_token(dir: &Path) -> PathBuf {
+    let file = dir.join("listen-token");
+    fs::write(&file, format!("{LISTEN_TOKEN}\n")).unwrap();
+    fs::set_permissions(&file, fs::Permissions::from_mode(0o600)).unwrap();
+    file
+}
+
+/// Where deploy/prometheus/prometheus.yml reads pyfleet's token.
+const PROMETHEUS_TOKEN_FILE: &str = "/etc/prometheus/pyfleet-listen-token";
+
+/// `/metrics` of a daemon run with deploy/'s configs (with the token), or "".
+fn metrics_page(port: u16) -> String {
+    http_get_with_token(port, "/metrics", Some(LISTEN_TOKEN))
+        .map(|(_, b)| b)
+        .unwrap_or_default()
+}
+
 fn read(path: &Path) -> String {
     fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
 }
@@ -334,6 +357,12 @@ fn systemd_unit_verifies_and_is_hardened() {
     let config: toml::Table = toml::from_str(&read(&deploy("pyfleet.toml"))).unwrap();
     assert_eq!(config["out"].as_str(), Some("/var/lib/pyfleet"));
     assert_eq!(config["mode"].as_str(), Some("cpu"));
+    // Every local user reaches 127.0.0.1: metrics and profiles need the token.
+    assert_eq!(
+        config["listen"]["token-file"].as_str(),
+        Some("/etc/pyfleet/listen-token")
+    );
+    assert_eq!(config["listen"]["metrics-token"].as_bool(), Some(true));
     assert!(
         config
             .get("capture")
@@ -419,6 +448,7 @@ fn systemd_unit_capabilities_are_needed_and_enough() {
             WITHOUT_PRIVILEGE,
         ),
     ];
+    let token = listen_token(tmp.path());
     let runs: Vec<(PathBuf, Running)> = cases
         .iter()
         .enumerate()
@@ -439,6 +469,8 @@ fn systemd_unit_capabilities_are_needed_and_enough() {
                     out_dir.to_str().unwrap(),
                     "--metrics-addr",
                     "off",
+                    "--listen-token-file",
+                    token.to_str().unwrap(),
                     "--duration",
                     "2",
                 ],
@@ -695,6 +727,7 @@ fn systemd_unit_syscall_filter_and_address_families_cover_the_daemon() {
     let interp = python315_or_any();
     let target = ready_target(&interp, "profiled.py", &["60"]);
     let tmp = tempdir("pyfleet-strace-");
+    let token = listen_token(tmp.path());
     let traced = |name: &str, extra: &[&str]| {
         let trace = tmp.path().join(format!("strace-{name}.txt"));
         let port = free_port();
@@ -707,6 +740,8 @@ fn systemd_unit_syscall_filter_and_address_families_cover_the_daemon() {
             .args(["--pid", &target.pid().to_string(), "--out"])
             .arg(tmp.path().join(format!("out-{name}")))
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+            .arg("--listen-token-file")
+            .arg(&token)
             .args(["--duration", "4", "--snapshot-interval", "1"])
             .args(extra)
             .env_remove("RUST_LOG");
@@ -720,10 +755,7 @@ fn systemd_unit_syscall_filter_and_address_families_cover_the_daemon() {
         wait_until(
             Duration::from_secs(20),
             &format!("the traced daemon ({name}) to serve /metrics with samples"),
-            || {
-                http_get(*port, "/metrics")
-                    .is_some_and(|(_, b)| b.contains("pyfleet_samples_total"))
-            },
+            || metrics_page(*port).contains("pyfleet_samples_total"),
             String::new,
         );
     }
@@ -806,17 +838,27 @@ fn daemonset_validates_against_kubernetes_schemas() {
     let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
     assert_eq!(
         kinds,
-        ["Namespace", "ServiceAccount", "ConfigMap", "DaemonSet"]
+        [
+            "Namespace",
+            "ServiceAccount",
+            "ConfigMap",
+            "NetworkPolicy",
+            "DaemonSet"
+        ]
     );
+    let secret_file = deploy("kubernetes/listen-token-secret.yaml");
+    let secret = yaml_documents(&venv, &secret_file).remove(0);
+    assert_eq!(secret["kind"], "Secret");
     for version in ["1.29.0", "1.33.0"] {
         let mut cmd = Command::new(&validate);
         cmd.args(["--strict", "--kubernetes-version", version])
-            .arg(&file);
+            .arg(&file)
+            .arg(&secret_file);
         let out = run(cmd);
         assert!(out.success(), "{}", out.describe());
         let all = format!("{}{}", out.stdout, out.stderr);
         let passed = all.lines().filter(|l| l.contains(" passed ")).count();
-        assert_eq!(passed, kinds.len(), "{}", out.describe());
+        assert_eq!(passed, kinds.len() + 1, "{}", out.describe());
         assert!(
             !all.contains("ERROR") && !all.contains("WARN"),
             "{}",
@@ -828,9 +870,12 @@ fn daemonset_validates_against_kubernetes_schemas() {
     let pod = &ds["spec"]["template"];
     let spec = &pod["spec"];
     assert_eq!(spec["hostPID"], json!(true));
-    let annotations = &pod["metadata"]["annotations"];
-    assert_eq!(annotations["prometheus.io/scrape"], json!("true"));
-    assert_eq!(annotations["prometheus.io/port"], json!("9464"));
+    // No scrape annotations: a scrape needs the token, which annotations cannot carry.
+    assert!(
+        pod["metadata"]["annotations"].is_null(),
+        "{}",
+        pod["metadata"]
+    );
     let containers = spec["containers"].as_array().unwrap();
     assert_eq!(containers.len(), 1);
     let c = &containers[0];
@@ -873,7 +918,63 @@ fn daemonset_validates_against_kubernetes_schemas() {
         "{}",
         c["ports"]
     );
-    assert_eq!(c["livenessProbe"]["httpGet"]["port"], json!("metrics"));
+    // The probes on a listener of their own; the NetworkPolicy admits scrapers to `metrics`
+    // only (the kubelet's probes come from the node, always admitted).
+    assert!(
+        c["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "health" && p["containerPort"] == 9465),
+        "{}",
+        c["ports"]
+    );
+    assert!(
+        args.windows(2)
+            .any(|w| w == ["--health-addr", "0.0.0.0:9465"]),
+        "{args:?}"
+    );
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        assert_eq!(c[probe]["httpGet"]["port"], json!("health"), "{probe}");
+        assert_eq!(c[probe]["httpGet"]["path"], json!(path), "{probe}");
+    }
+    let policy = docs.iter().find(|d| d["kind"] == "NetworkPolicy").unwrap();
+    assert_eq!(
+        policy["spec"]["podSelector"]["matchLabels"],
+        pod["metadata"]["labels"]
+    );
+    assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress"]));
+    let rules = policy["spec"]["ingress"].as_array().unwrap();
+    assert!(
+        rules
+            .iter()
+            .all(|r| !r["from"].as_array().unwrap().is_empty()
+                && r["ports"] == json!([{"port": "metrics", "protocol": "TCP"}])),
+        "{policy}"
+    );
+    // The token: the Secret's key, mounted where the config reads it, root's alone.
+    let mount = c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "listen-token")
+        .unwrap_or_else(|| panic!("no listen-token mount: {}", c["volumeMounts"]));
+    let volume = spec["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "listen-token")
+        .unwrap();
+    assert_eq!(
+        volume["secret"]["secretName"], secret["metadata"]["name"],
+        "{volume}"
+    );
+    assert_eq!(volume["secret"]["defaultMode"], json!(0o400));
+    assert_eq!(secret["metadata"]["namespace"], json!("pyfleet"));
+    let key = secret["stringData"]
+        .as_object()
+        .and_then(|d| d.keys().next().cloned())
+        .unwrap();
     for kind in ["requests", "limits"] {
         for resource in ["cpu", "memory"] {
             assert!(
@@ -899,17 +1000,32 @@ fn daemonset_validates_against_kubernetes_schemas() {
     fs::write(&toml_path, cm["data"]["pyfleet.toml"].as_str().unwrap()).unwrap();
     let config: toml::Table = toml::from_str(&read(&toml_path)).unwrap();
     assert_eq!(config["out"].as_str(), Some("/var/lib/pyfleet"));
+    assert_eq!(
+        config["listen"]["token-file"].as_str().map(PathBuf::from),
+        Some(Path::new(mount["mountPath"].as_str().unwrap()).join(&key))
+    );
+    assert_eq!(config["listen"]["metrics-token"].as_bool(), Some(true));
+    // As shipped, the Secret holds no token: pyfleet would not start with it.
+    let empty = tmp.path().join("empty-token");
+    fs::write(&empty, secret["stringData"][&key].as_str().unwrap()).unwrap();
     let metrics = format!("127.0.0.1:{}", free_port());
+    let health = format!("127.0.0.1:{}", free_port());
     let out_dir = tmp.path().join("out");
     let mut pyfleet_args: Vec<String> = args
         .iter()
         .map(|a| match *a {
             "/etc/pyfleet/pyfleet.toml" => toml_path.display().to_string(),
             "0.0.0.0:9464" => metrics.clone(),
+            "0.0.0.0:9465" => health.clone(),
             a => a.to_string(),
         })
         .collect();
+    let mut refused = pyfleet_args.clone();
+    refused.extend(["--listen-token-file".into(), empty.display().to_string()]);
+    assert_error_contract(&pyfleet(&refused), Some("16 characters"));
     pyfleet_args.extend([
+        "--listen-token-file".into(),
+        listen_token(tmp.path()).display().to_string(),
         "--out".into(),
         out_dir.display().to_string(),
         "--pid".into(),
@@ -920,7 +1036,10 @@ fn daemonset_validates_against_kubernetes_schemas() {
     let out = pyfleet(&pyfleet_args);
     assert!(out.success(), "{}", out.describe());
     assert!(
-        out.stderr.contains(&metrics) && first_line(&out).contains("at 100 Hz (cpu mode)"),
+        out.stderr.contains(&metrics)
+            && first_line(&out).contains("at 100 Hz (cpu mode)")
+            && first_line(&out).contains("(profiles need the token; /metrics the token)")
+            && first_line(&out).contains(&format!("probes on http://{health}/healthz")),
         "{}",
         out.describe()
     );
@@ -1065,15 +1184,20 @@ fn daemonset_capabilities_and_seccomp_profile_capture_a_gunicorn_fleet() {
 
     // The container's command line, with the config and the listener moved to test places,
     // and the fleet's pids (not the whole host), for 4 s.
-    let metrics_port = free_port();
+    let (metrics_port, health_port) = (free_port(), free_port());
     let mut args: Vec<std::ffi::OsString> = Vec::new();
     for a in container["args"].as_array().unwrap() {
         args.push(match a.as_str().unwrap() {
             "/etc/pyfleet/pyfleet.toml" => config_path.clone().into(),
             "0.0.0.0:9464" => format!("127.0.0.1:{metrics_port}").into(),
+            "0.0.0.0:9465" => format!("127.0.0.1:{health_port}").into(),
             a => a.into(),
         });
     }
+    args.extend([
+        "--listen-token-file".into(),
+        listen_token(tmp.path()).into(),
+    ]);
     for pid in std::iter::once(fleet.pid()).chain(workers.iter().copied()) {
         args.extend(["--pid".into(), pid.to_string().into()]);
     }
@@ -1115,11 +1239,7 @@ fn daemonset_capabilities_and_seccomp_profile_capture_a_gunicorn_fleet() {
         "a seccomp filter"
     );
 
-    let page = || {
-        http_get(metrics_port, "/metrics")
-            .map(|(_, b)| b)
-            .unwrap_or_default()
-    };
+    let page = || metrics_page(metrics_port);
     wait_until(
         Duration::from_secs(10),
         "pyfleet_capture_info{stacks=\"kernel\"} 1 on /metrics",
@@ -1131,6 +1251,23 @@ fn daemonset_capabilities_and_seccomp_profile_capture_a_gunicorn_fleet() {
             })
         },
         || truncate(&page(), 4000),
+    );
+    // The kubelet's probes, as the container's spec makes them: answered on their own port,
+    // without the token (ready once the fleet runs); the site asks the token of a scraper
+    // without it.
+    for probe in ["livenessProbe", "readinessProbe"] {
+        let path = container[probe]["httpGet"]["path"].as_str().unwrap();
+        let status = || http_get(health_port, path).map(|(s, _)| s);
+        wait_until(
+            Duration::from_secs(10),
+            &format!("{probe} {path} to answer 200"),
+            || status() == Some(200),
+            || format!("{:?}", status()),
+        );
+    }
+    assert_eq!(
+        http_get(metrics_port, "/metrics").map(|(s, _)| s),
+        Some(401)
     );
     let ticks_before: Vec<u64> = workers.iter().map(|w| cpu_ticks(*w)).collect();
     // Requests that burn CPU in the workers (fib_work under render_page), three at a time
@@ -1214,8 +1351,21 @@ fn prometheus_config_and_rules_pass_promtool() {
     let rules = deploy("prometheus/pyfleet.rules.yml");
     let rule_tests = deploy("prometheus/pyfleet.rules.test.yml");
 
+    // promtool checks that the token file exists: a copy of the config, its token file in a
+    // test place, beside the rules it loads.
+    let tmp = tempdir("pyfleet-promtool-");
+    let text = read(&config);
+    assert!(text.contains(PROMETHEUS_TOKEN_FILE), "{text}");
+    let token = listen_token(tmp.path());
+    let checked = tmp.path().join("prometheus.yml");
+    fs::write(
+        &checked,
+        text.replace(PROMETHEUS_TOKEN_FILE, token.to_str().unwrap()),
+    )
+    .unwrap();
+    fs::copy(&rules, tmp.path().join("pyfleet.rules.yml")).unwrap();
     let mut cmd = Command::new(&promtool);
-    cmd.args(["check", "config"]).arg(&config);
+    cmd.args(["check", "config"]).arg(&checked);
     let out = must(cmd);
     assert!(
         out.stdout.contains("1 rule files found"),
@@ -1245,6 +1395,10 @@ fn prometheus_config_and_rules_pass_promtool() {
     assert_eq!(
         job["static_configs"][0]["targets"],
         json!(["127.0.0.1:9464"])
+    );
+    assert_eq!(
+        job["authorization"],
+        json!({"type": "Bearer", "credentials_file": PROMETHEUS_TOKEN_FILE})
     );
 
     let alerts: BTreeSet<String> = yaml_documents(&venv, &rules)[0]["groups"]
@@ -1441,8 +1595,10 @@ fn live_metrics_scraped_by_prometheus_answer_every_dashboard_query() {
 
     let metrics_port = free_port();
     let out_dir = tmp.path().join("snapshots");
+    let token = listen_token(tmp.path());
     let mut args: Vec<String> = vec!["run".into(), "--config".into()];
     args.push(deploy("pyfleet.toml").display().to_string());
+    args.extend(["--listen-token-file".into(), token.display().to_string()]);
     for p in [&churn, &steady, &doomed] {
         args.extend(["--pid".into(), p.pid().to_string()]);
     }
@@ -1485,21 +1641,15 @@ fn live_metrics_scraped_by_prometheus_answer_every_dashboard_query() {
             capture_out.to_str().unwrap(),
             "--metrics-addr",
             &format!("127.0.0.1:{capture_port}"),
+            "--listen-token-file",
+            token.to_str().unwrap(),
             "--duration",
             "85",
         ]),
         Duration::from_secs(100),
     );
-    let page = || {
-        http_get(metrics_port, "/metrics")
-            .map(|(_, b)| b)
-            .unwrap_or_default()
-    };
-    let capture_page = || {
-        http_get(capture_port, "/metrics")
-            .map(|(_, b)| b)
-            .unwrap_or_default()
-    };
+    let page = || metrics_page(metrics_port);
+    let capture_page = || metrics_page(capture_port);
     wait_until(
         Duration::from_secs(20),
         "the capturing pyfleet to export its capture",
@@ -1540,6 +1690,12 @@ fn live_metrics_scraped_by_prometheus_answer_every_dashboard_query() {
         format!("127.0.0.1:{metrics_port}"),
         format!("127.0.0.1:{capture_port}")
     ]);
+    // The config's token file, in a test place.
+    assert_eq!(
+        job["authorization"]["credentials_file"],
+        json!(PROMETHEUS_TOKEN_FILE)
+    );
+    job["authorization"]["credentials_file"] = json!(token);
     // JSON is YAML; the rules file goes beside it, where the relative rule_files points.
     fs::write(prom_dir.join("prometheus.yml"), config.to_string()).unwrap();
     fs::copy(
@@ -1654,7 +1810,8 @@ fn live_metrics_scraped_by_prometheus_answer_every_dashboard_query() {
 }
 
 /// What deploy/parca/parca.yaml makes Parca do, done against a live pyfleet: one scrape of
-/// its CPU profile (Parca's rules: the timeout above the interval, the Go-only types off).
+/// its CPU profile with the token its config names (Parca's rules: the timeout above the
+/// interval, the Go-only types off). Without the token, the same request gets a 401.
 fn check_parca_pull(venv: &Path, metrics_port: u16, pids: &[i32]) {
     let config = yaml_documents(venv, &deploy("parca/parca.yaml")).remove(0);
     let job = config["scrape_configs"]
@@ -1686,6 +1843,11 @@ fn check_parca_pull(venv: &Path, metrics_port: u16, pids: &[i32]) {
         "{job}"
     );
     assert_eq!(pprof["process_cpu"]["delta"], true, "{job}");
+    assert_eq!(
+        job["authorization"],
+        json!({"type": "Bearer", "credentials_file": "/etc/parca/pyfleet-listen-token"}),
+        "{job}"
+    );
     for go_only in ["memory", "block", "goroutine", "mutex"] {
         assert_eq!(
             pprof[go_only]["enabled"], false,
@@ -1697,11 +1859,16 @@ fn check_parca_pull(venv: &Path, metrics_port: u16, pids: &[i32]) {
         "{}?seconds=2",
         pprof["process_cpu"]["path"].as_str().unwrap_or("")
     );
+    assert_eq!(http_get(metrics_port, &path).map(|(s, _)| s), Some(401));
     let started = Instant::now();
     let mut s = std::net::TcpStream::connect(("127.0.0.1", metrics_port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(timeout)))
         .unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {LISTEN_TOKEN}\r\n\r\n"
+    )
+    .unwrap();
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).unwrap();
     assert!(
@@ -1790,8 +1957,22 @@ fn dockerfile_passes_hadolint_and_fits_the_daemonset() {
     let container = &ds["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(container["command"], json!(["/usr/local/bin/pyfleet"]));
     assert_eq!(container["securityContext"]["runAsUser"], 0);
-    let port = container["ports"][0]["containerPort"].as_u64().unwrap();
-    assert_eq!(instruction("EXPOSE"), vec![port.to_string()]);
+    let ports: Vec<String> = container["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["containerPort"].to_string())
+        .collect();
+    assert_eq!(instruction("EXPOSE"), vec![ports.join(" ")]);
+    // The image's own command serves what the DaemonSet's does.
+    let cmd = instruction("CMD");
+    for arg in container["args"].as_array().unwrap() {
+        let arg = arg.as_str().unwrap();
+        assert!(
+            cmd.iter().any(|c| c.contains(&format!("\"{arg}\""))),
+            "{arg} not in the image's CMD {cmd:?}"
+        );
+    }
     // The build context leaves out what the build does not need.
     let ignored = read(&deploy("Dockerfile.dockerignore"));
     for p in ["target", ".git"] {

@@ -209,6 +209,18 @@ fn gunicorn_fleet_under_load_with_a_killed_worker() {
     // Pulled as from a Go service: two `go tool pprof` at once, each a complete 3 s profile of
     // the running fleet with the WSGI handler, its process's labels on every sample.
     if let Some(go) = tool("go", SETUP_FORMAT_TOOLS) {
+        // What the daemon sampled in all, by its own counter: the pulls' windows lie between
+        // two readings of it.
+        let sampled_so_far = || -> f64 {
+            let page = http_get(metrics_port, "/metrics")
+                .map(|(_, body)| body)
+                .unwrap_or_default();
+            page.lines()
+                .filter(|l| l.starts_with("pyfleet_samples_total{"))
+                .map(value)
+                .sum()
+        };
+        let (before, started) = (sampled_so_far(), Instant::now());
         let pprof_tmp = tempdir("pyfleet-pull-");
         let url = format!("http://{metrics_addr}/debug/pprof/profile?seconds=3");
         let pulls: Vec<Running> = (0..2)
@@ -226,8 +238,10 @@ fn gunicorn_fleet_under_load_with_a_killed_worker() {
             .chain([&replacement])
             .copied()
             .collect();
-        for pull in pulls {
-            let got = pull.finish();
+        let got: Vec<RunOutput> = pulls.into_iter().map(Running::finish).collect();
+        let sampled_per_second =
+            (sampled_so_far() - before) / started.elapsed().as_secs_f64().max(1.0);
+        for got in got {
             assert!(got.success(), "{}", got.describe());
             // `-raw`: after "Samples:" and the sample types, a line per sample starting with
             // its count (its labels on the lines below), until "Locations".
@@ -256,12 +270,17 @@ fn gunicorn_fleet_under_load_with_a_killed_worker() {
                 "no worker's pid label:\n{}",
                 truncate(&got.stdout, 4000)
             );
-            // A whole 3 s window: at least half of one process's 300 samples (the CPU budget
-            // lowers the rate of the six processes under load: 546 samples were seen), and
-            // the window's length as pprof says it.
+            // A whole 3 s window: at least half of what the daemon sampled in 3 s while the
+            // pulls ran (the CPU budget lowers the rate of the six processes under load, and
+            // more on a busy machine: 546 samples were seen, and 132), and the window's
+            // length as pprof says it.
+            let expected = 3.0 * sampled_per_second;
+            eprintln!("pulled {samples} samples; the daemon took {expected:.0} in 3 s");
             assert!(
-                samples >= 150 && got.stdout.contains("Duration: 3s"),
-                "{samples} samples in 3 s:\n{}",
+                expected > 0.0
+                    && samples as f64 >= expected / 2.0
+                    && got.stdout.contains("Duration: 3s"),
+                "{samples} samples in 3 s, the daemon took {expected:.0}:\n{}",
                 truncate(&got.stdout, 4000)
             );
         }
@@ -274,6 +293,17 @@ fn gunicorn_fleet_under_load_with_a_killed_worker() {
             "{bad}: {status} {body}"
         );
     }
+    // A pid the daemon does not profile (#34): a 404 at once, not an empty profile later.
+    let asked = Instant::now();
+    let (status, body) = http_get(metrics_port, "/debug/pprof/profile?seconds=3&pid=1")
+        .expect("no answer for pid 1");
+    assert!(
+        status == 404
+            && body.trim() == "pid 1 is not profiled by this daemon"
+            && asked.elapsed() < Duration::from_secs(2),
+        "pid 1: {status} {body} after {:?}",
+        asked.elapsed()
+    );
 
     let run = daemon.finish();
     assert!(run.success(), "{}", run.describe());
@@ -288,6 +318,18 @@ fn gunicorn_fleet_under_load_with_a_killed_worker() {
         dirs.len() >= 3,
         "expected periodic + final snapshots, got {dirs:?}"
     );
+    // The duration (16 s) ends on a snapshot boundary (every 4 s): the last periodic
+    // snapshot is left to the final one, which is no sliver (#34).
+    for d in &dirs {
+        let meta: serde_json::Value =
+            serde_json::from_slice(&fs::read(d.join("metadata.json")).unwrap()).unwrap();
+        let seconds = meta["window_seconds"].as_f64().unwrap_or(0.0);
+        assert!(
+            seconds >= 0.4,
+            "a snapshot of {seconds} s in {} (of {dirs:?})",
+            d.display()
+        );
+    }
     let mut files_seen = BTreeSet::new();
     let mut handler_seen = false;
     for d in &dirs {

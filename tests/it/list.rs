@@ -192,3 +192,91 @@ fn list_shows_python_processes() {
         );
     }
 }
+
+/// Run as nobody (no capabilities) beside a root-owned Python process, each command says what
+/// it could not inspect and which privilege would let it (#34): `list` and `record --match`
+/// fail with that line, not "nothing found"; `run` warns with it; `record --pid` names it.
+#[test]
+fn without_privilege_each_command_says_what_it_could_not_inspect() {
+    let _machine = shared();
+    let Some(setpriv) = tool("setpriv", SETUP_DEPLOY_TOOLS) else {
+        return;
+    };
+    let token = unique_token("unreadable");
+    let target = idle_sleeper(&token);
+    let pid = target.pid().to_string();
+    let says_why = |out: &RunOutput| {
+        out.stderr.contains("could not be inspected")
+            && out.stderr.contains(&format!("pid {pid}"))
+            && out.stderr.contains("CAP_SYS_PTRACE")
+    };
+    let as_nobody = |args: &[&str]| {
+        run_with_timeout(
+            as_nobody(&setpriv, &pyfleet_exe(), args),
+            Duration::from_secs(60),
+        )
+    };
+
+    let out = as_nobody(&["list", "--match", &token]);
+    assert_error_contract(&out, Some("could not be inspected"));
+    assert!(says_why(&out), "{}", out.describe());
+
+    let dir = tempdir("pyfleet-unprivileged-");
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let folded = dir.path().join("never.folded");
+    let out = as_nobody(&[
+        "record",
+        "--match",
+        &token,
+        "--duration",
+        "1",
+        "-o",
+        folded.to_str().unwrap(),
+    ]);
+    assert_error_contract(&out, Some("can be read"));
+    assert!(says_why(&out), "{}", out.describe());
+    assert!(!folded.exists());
+
+    let out = as_nobody(&[
+        "record",
+        "--pid",
+        &pid,
+        "--duration",
+        "1",
+        "-o",
+        folded.to_str().unwrap(),
+    ]);
+    assert_error_contract(&out, Some("CAP_SYS_PTRACE"));
+
+    let snapshots = dir.path().join("snapshots");
+    let out = as_nobody(&[
+        "run",
+        "--match",
+        &token,
+        "--duration",
+        "2",
+        "--metrics-addr",
+        "off",
+        "--out",
+        snapshots.to_str().unwrap(),
+    ]);
+    assert!(
+        out.success() && says_why(&out) && out.stderr.contains("warning:"),
+        "{}",
+        out.describe()
+    );
+
+    // As root the same process is listed, and nothing is said of refusals.
+    let out = pyfleet(&["list", "--match", &token]);
+    assert!(
+        out.success()
+            && out.stdout.contains(&pid)
+            && !out.stderr.contains("could not be inspected"),
+        "{}",
+        out.describe()
+    );
+}

@@ -7,12 +7,16 @@
 //! snapshot schedule, so each push is one snapshot window: its counts must be the folded
 //! snapshot's. The server is down for a while mid-run and comes back on the same port: what
 //! was retried, dropped and counted is checked, and sampling kept its rate throughout.
+//!
+//! Over TLS (a test CA's certificate, the CA given as `ca-file`), the same checks hold; then
+//! the server answers each push with a 10 MB body, then with a body that never ends: the
+//! pusher reads a few KiB of each, drops it within its bound, and pushes on.
 
 use crate::common::*;
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,7 +27,7 @@ const CREDENTIALS: &str = "pyfleet:s3cret";
 
 /// One request the server took: the application name and its labels, the window, and the
 /// decoded profile's counts by pid.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Ingest {
     application: String,
     labels: BTreeMap<String, String>,
@@ -32,14 +36,42 @@ struct Ingest {
     by_pid: BTreeMap<i64, i64>,
 }
 
-/// The conformance server: accepts on `port` until stopped.
+/// How the server answers a request that conforms.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Answer {
+    /// 200 and an empty body.
+    Conform,
+    /// 200 and a body of [`HUGE_BODY`] bytes.
+    Huge,
+    /// 200 and a chunked body, a chunk every 100 ms, until the client goes away.
+    Endless,
+}
+
+/// The body of [`Answer::Huge`].
+const HUGE_BODY: usize = 10 << 20;
+
+/// What the server logs of each connection: the request's verdict, and how long the
+/// answer's body lasted before it was done or the client went away.
+type Log = Arc<Mutex<Vec<(Result<Ingest, String>, Duration)>>>;
+
+/// The conformance server: accepts on `port` until stopped, over TLS when given a config.
 struct Server {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Server {
-    fn start(port: u16, log: Arc<Mutex<Vec<Result<Ingest, String>>>>) -> Server {
+    /// Plain HTTP, conforming answers.
+    fn start(port: u16, log: Log) -> Server {
+        Server::serve(port, None, Answer::Conform, log)
+    }
+
+    fn serve(
+        port: u16,
+        tls: Option<Arc<rustls::ServerConfig>>,
+        answer: Answer,
+        log: Log,
+    ) -> Server {
         let listener = TcpListener::bind(("127.0.0.1", port)).expect("conformance server port");
         listener.set_nonblocking(true).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
@@ -48,8 +80,17 @@ impl Server {
             while !stopping.load(Ordering::SeqCst) {
                 match listener.accept() {
                     Ok((stream, _)) => {
-                        let verdict = handle(stream);
-                        log.lock().unwrap().push(verdict);
+                        stream.set_nonblocking(false).ok();
+                        stream.set_read_timeout(Some(Duration::from_secs(10))).ok();
+                        stream.set_write_timeout(Some(Duration::from_secs(30))).ok();
+                        let entry = match &tls {
+                            None => handle(stream, answer),
+                            Some(config) => match rustls::ServerConnection::new(config.clone()) {
+                                Ok(conn) => handle(rustls::StreamOwned::new(conn, stream), answer),
+                                Err(e) => (Err(format!("TLS: {e}")), Duration::ZERO),
+                            },
+                        };
+                        log.lock().unwrap().push(entry);
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(10)),
                 }
@@ -89,25 +130,45 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Reads one request, checks it against the documented API, answers 200 (or 400 saying
-/// why), and returns what it carried.
-fn handle(mut stream: TcpStream) -> Result<Ingest, String> {
-    stream.set_nonblocking(false).ok();
-    stream.set_read_timeout(Some(Duration::from_secs(10))).ok();
+/// Reads one request, checks it against the documented API, answers 200 as `answer` says (or
+/// 400 saying why), and returns what it carried and how long the answer's body lasted.
+fn handle<S: Read + Write>(mut stream: S, answer: Answer) -> (Result<Ingest, String>, Duration) {
     let verdict = read_and_check(&mut stream);
-    let (status, body) = match &verdict {
-        Ok(_) => ("200 OK", String::new()),
-        Err(why) => ("400 Bad Request", why.clone()),
+    let started = Instant::now();
+    let head = |length: &str| format!("HTTP/1.1 200 OK\r\n{length}\r\nConnection: close\r\n\r\n");
+    let _ = match (&verdict, answer) {
+        (Err(why), _) => write!(
+            stream,
+            "HTTP/1.1 400 Bad Request\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{why}",
+            why.len()
+        ),
+        (Ok(_), Answer::Conform) => stream.write_all(head("Content-Length: 0").as_bytes()),
+        (Ok(_), Answer::Huge) => (|| {
+            stream.write_all(head(&format!("Content-Length: {HUGE_BODY}")).as_bytes())?;
+            let block = vec![b'x'; 65536];
+            for _ in 0..HUGE_BODY / block.len() {
+                stream.write_all(&block)?;
+            }
+            Ok(())
+        })(),
+        (Ok(_), Answer::Endless) => (|| {
+            stream.write_all(head("Transfer-Encoding: chunked").as_bytes())?;
+            // Until the client goes away (or a minute, the test's bound).
+            while started.elapsed() < Duration::from_secs(60) {
+                stream.write_all(b"400\r\n")?;
+                stream.write_all(&[b'y'; 0x400])?;
+                stream.write_all(b"\r\n")?;
+                stream.flush()?;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Ok(())
+        })(),
     };
-    let _ = write!(
-        stream,
-        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    verdict
+    let _ = stream.flush();
+    (verdict, started.elapsed())
 }
 
-fn read_and_check(stream: &mut TcpStream) -> Result<Ingest, String> {
+fn read_and_check<S: Read>(stream: &mut S) -> Result<Ingest, String> {
     let mut raw = Vec::new();
     let mut buf = [0u8; 65536];
     let head_end = loop {
@@ -313,6 +374,23 @@ fn snapshot_windows(out: &Path) -> Vec<(u64, u64, BTreeMap<i64, i64>, f64)> {
         .collect()
 }
 
+/// A push's counts are those of the snapshot window with its edges.
+fn assert_push_is_its_window(p: &Ingest, windows: &[(u64, u64, BTreeMap<i64, i64>, f64)]) {
+    let (_, _, counts, _) = windows
+        .iter()
+        .find(|(from, until, ..)| *from == p.from && (*until).max(from + 1) == p.until)
+        .unwrap_or_else(|| panic!("push {}..{} matches no snapshot window", p.from, p.until));
+    for (pid, n) in &p.by_pid {
+        assert_eq!(
+            counts.get(pid),
+            Some(n),
+            "pid {pid} in window {}..{}",
+            p.from,
+            p.until
+        );
+    }
+}
+
 fn metric(page: &str, line_start: &str) -> f64 {
     page.lines()
         .filter(|l| l.starts_with(line_start))
@@ -364,7 +442,7 @@ fn pushes_conform_to_the_ingest_api_and_survive_a_store_outage() {
         ),
     )
     .unwrap();
-    let log = Arc::new(Mutex::new(Vec::new()));
+    let log: Log = Arc::default();
     let mut server = Some(Server::start(store_port, log.clone()));
     let out = dir.path().join("snapshots");
     let metrics_port = free_port();
@@ -416,7 +494,10 @@ fn pushes_conform_to_the_ingest_api_and_survive_a_store_outage() {
     drop(server.take());
 
     let received = std::mem::take(&mut *log.lock().unwrap());
-    let (ok, bad): (Vec<_>, Vec<_>) = received.into_iter().partition(Result::is_ok);
+    let (ok, bad): (Vec<_>, Vec<_>) = received
+        .into_iter()
+        .map(|(verdict, _)| verdict)
+        .partition(Result::is_ok);
     assert!(bad.is_empty(), "requests against the API: {bad:?}");
     let pushes: Vec<Ingest> = ok.into_iter().map(Result::unwrap).collect();
     let windows = snapshot_windows(&out);
@@ -425,19 +506,7 @@ fn pushes_conform_to_the_ingest_api_and_survive_a_store_outage() {
     // Each push is one snapshot window of one label set: its counts are the folded files'.
     let (checkout_pid, plain_pid) = (i64::from(checkout.pid()), i64::from(plain.pid()));
     for p in &pushes {
-        let (_, _, counts, _) = windows
-            .iter()
-            .find(|(from, until, ..)| *from == p.from && (*until).max(from + 1) == p.until)
-            .unwrap_or_else(|| panic!("push {}..{} matches no snapshot window", p.from, p.until));
-        for (pid, n) in &p.by_pid {
-            assert_eq!(
-                counts.get(pid),
-                Some(n),
-                "pid {pid} in window {}..{}",
-                p.from,
-                p.until
-            );
-        }
+        assert_push_is_its_window(p, &windows);
         if p.by_pid.contains_key(&checkout_pid) {
             assert_eq!(p.application, "checkout", "{p:?}");
             assert!(
@@ -513,4 +582,171 @@ fn pushes_conform_to_the_ingest_api_and_survive_a_store_outage() {
         samples as f64 >= 180.0 * seconds,
         "{samples} samples of the spinner in {seconds:.1} s"
     );
+}
+
+/// pyfleet's peak resident memory (VmHWM), in KiB.
+fn peak_rss_kib(pid: i32) -> u64 {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Over TLS: conforming requests whose counts are the snapshots' (as over plain HTTP), then
+/// answers of 10 MB and answers that never end, each read to a few KiB and dropped within
+/// the pusher's bounds while it pushes on.
+#[test]
+fn pushes_over_tls_conform_and_bad_answers_cost_a_bound() {
+    let _machine = shared();
+    let dir = tempdir("pyfleet-push-tls-");
+    let Some(ca) = TestCa::make(dir.path()) else {
+        return;
+    };
+    let token = unique_token("pyfleetpushtls");
+    let target = idle_sleeper(&token);
+    let server_config = pyfleet::tls::server_config(&pyfleet::tls::ServerFiles {
+        cert: ca.server_cert.clone(),
+        key: ca.server_key.clone(),
+        client_ca: None,
+    })
+    .unwrap();
+    let auth = dir.path().join("auth");
+    fs::write(&auth, format!("{CREDENTIALS}\n")).unwrap();
+    let port = free_port();
+    let config = dir.path().join("pyfleet.toml");
+    fs::write(
+        &config,
+        format!(
+            "[pyroscope]\nurl = \"https://127.0.0.1:{port}\"\nca-file = \"{}\"\n\
+             basic-auth-file = \"{}\"\ntenant = \"{TENANT}\"\n",
+            ca.ca.display(),
+            auth.display()
+        ),
+    )
+    .unwrap();
+    let phases = [
+        (Answer::Conform, Duration::from_secs(5)),
+        (Answer::Huge, Duration::from_secs(5)),
+        (Answer::Endless, Duration::from_secs(7)),
+    ];
+    let logs: Vec<Log> = phases.iter().map(|_| Log::default()).collect();
+    let mut server = Some(Server::serve(
+        port,
+        Some(server_config.clone()),
+        phases[0].0,
+        logs[0].clone(),
+    ));
+    let out = dir.path().join("snapshots");
+    let metrics_port = free_port();
+    let daemon = Running::start(
+        pyfleet_command(&[
+            "run",
+            "--config",
+            &config.display().to_string(),
+            "--match",
+            &token,
+            "--mode",
+            "wall",
+            "--capture",
+            "reads",
+            "--snapshot-interval",
+            "1",
+            "--push-interval",
+            "1",
+            "--snapshot-format",
+            "folded",
+            "--duration",
+            "20",
+            "--out",
+            &out.display().to_string(),
+            "--metrics-addr",
+            &format!("127.0.0.1:{metrics_port}"),
+        ]),
+        Duration::from_secs(60),
+    );
+    let mut peak_before_bad_answers = 0;
+    for (i, (answer, length)) in phases.iter().enumerate() {
+        if i > 0 {
+            drop(server.take());
+            if *answer == Answer::Huge {
+                peak_before_bad_answers = peak_rss_kib(daemon.pid());
+            }
+            server = Some(Server::serve(
+                port,
+                Some(server_config.clone()),
+                *answer,
+                logs[i].clone(),
+            ));
+        }
+        std::thread::sleep(*length);
+    }
+    let peak_after = peak_rss_kib(daemon.pid());
+    let page = http_get(metrics_port, "/metrics")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    drop(server.take());
+    send_signal(daemon.pid(), libc::SIGTERM);
+    let run = daemon.finish();
+    assert!(run.success(), "{}", run.describe());
+    assert!(
+        run.stderr
+            .contains(&format!("pushing to pyroscope at 127.0.0.1:{port}")),
+        "{}",
+        run.stderr
+    );
+
+    let windows = snapshot_windows(&out);
+    let taken: Vec<Vec<(Result<Ingest, String>, Duration)>> = logs
+        .iter()
+        .map(|l| std::mem::take(&mut *l.lock().unwrap()))
+        .collect();
+    for (entries, (answer, _)) in taken.iter().zip(&phases) {
+        let lasted: Vec<String> = entries
+            .iter()
+            .map(|(_, d)| format!("{:.1}", d.as_secs_f64()))
+            .collect();
+        eprintln!(
+            "{answer:?}: {} requests, answers lasted {lasted:?} s",
+            entries.len()
+        );
+    }
+    // Conforming: every request is one snapshot window, as over plain HTTP.
+    for (entries, (answer, _)) in taken.iter().zip(&phases) {
+        assert!(
+            entries.len() >= 2,
+            "{answer:?}: {} requests over TLS in its seconds",
+            entries.len()
+        );
+        for (verdict, _) in entries {
+            match verdict {
+                Ok(p) => assert_push_is_its_window(p, &windows),
+                Err(why) => panic!("{answer:?}: a request against the API: {why}"),
+            }
+        }
+    }
+    // An answer that never ends is dropped after the pusher's answer timeout (2 s), far
+    // within its request timeout (20 s): the server sees its writes fail.
+    for (_, lasted) in &taken[2] {
+        assert!(
+            *lasted < Duration::from_secs(6),
+            "an endless answer was read for {lasted:?}"
+        );
+    }
+    // 10 MB answers, and endless ones, are not kept: the pusher's peak memory grew by far
+    // less than one of them.
+    let grew_kib = peak_after.saturating_sub(peak_before_bad_answers);
+    eprintln!("peak resident memory: {peak_before_bad_answers} KiB before the bad answers, {peak_after} KiB after");
+    assert!(
+        peak_before_bad_answers > 0 && grew_kib < 4096,
+        "peak resident memory grew by {grew_kib} KiB over the bad answers"
+    );
+    let sent = metric(&page, "pyfleet_push_requests_total{result=\"sent\"}");
+    let received: usize = taken.iter().map(Vec::len).sum();
+    assert!(
+        sent >= 6.0 && sent <= received as f64,
+        "sent {sent}, received {received}"
+    );
+    drop(target);
 }

@@ -4,6 +4,7 @@
 //! sampling), and the progress line on a terminal only.
 
 use crate::common::*;
+use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -411,6 +412,21 @@ fn first_mistakes_get_one_line_and_touch_nothing() {
                 .collect(),
             "--force",
         ),
+        // A file name that says another format than --format (#34).
+        (
+            vec![
+                "record",
+                &pid,
+                "-f",
+                "svg",
+                "-o",
+                &arg(&dir.path().join("prof.pb.gz")),
+            ]
+            .into_iter()
+            .map(String::from)
+            .collect(),
+            "is a pprof file's name but --format is svg",
+        ),
         (
             vec!["record", &pid, "--durration", "5"]
                 .into_iter()
@@ -491,4 +507,244 @@ fn first_mistakes_get_one_line_and_touch_nothing() {
     assert!(out.success(), "{}", out.describe());
     final_line(&out, &source, "folded");
     check_file(&source, "folded");
+}
+
+/// A cpu-mode recording of a process that never ran says why it is empty and what shows its
+/// threads instead (#34), and still succeeds: an idle target is no error.
+#[test]
+fn an_empty_cpu_mode_recording_says_why() {
+    let _machine = shared();
+    let token = unique_token("idle");
+    let target = idle_sleeper(&token);
+    let dir = tempdir("pyfleet-record-idle-");
+    let folded = dir.path().join("idle.folded");
+    let out = pyfleet(&[
+        "record",
+        &target.pid().to_string(),
+        "--duration",
+        "1",
+        "-o",
+        folded.to_str().unwrap(),
+    ]);
+    assert!(
+        out.success()
+            && out.stderr.contains("wrote 0 thread samples")
+            && out.stderr.contains("no thread ran on a CPU while recorded")
+            && out.stderr.contains("--mode wall"),
+        "{}",
+        out.describe()
+    );
+    // In wall mode the same process has its samples, and no such note.
+    let out = pyfleet(&[
+        "record",
+        &target.pid().to_string(),
+        "--mode",
+        "wall",
+        "--duration",
+        "1",
+        "-o",
+        folded.to_str().unwrap(),
+        "--force",
+    ]);
+    assert!(
+        out.success()
+            && !out.stderr.contains("wrote 0 thread")
+            && !out.stderr.contains("no thread ran"),
+        "{}",
+        out.describe()
+    );
+}
+
+/// `record -- python launched.py` on every version 3.11-3.15 (#34): the program runs under
+/// pyfleet from its start (its first half second, `early_work`, has its samples: at least 20 of
+/// about 50 at 100 Hz, the rest allowing for the interpreter's start and a scan), until it
+/// exits, and its exit status (3) is pyfleet's; with a multiprocessing pool (spawn), the
+/// pool's workers are recorded too.
+#[test]
+fn record_starts_a_program_and_passes_its_exit_status_on() {
+    let _machine = shared();
+    let dir = tempdir("pyfleet-record-launch-");
+    let script = target_script("launched.py");
+    let mut done = Vec::new();
+    for interp in interpreters() {
+        if !(11..=15).contains(&interp.minor) || done.contains(&interp.minor) {
+            continue;
+        }
+        done.push(interp.minor);
+        let pool = interp.minor == 15;
+        let out = dir.path().join(format!("{}.folded", interp.label));
+        let mut args = vec![
+            "record".to_string(),
+            "-o".into(),
+            out.display().to_string(),
+            "--".into(),
+            interp.path.display().to_string(),
+            script.display().to_string(),
+        ];
+        if pool {
+            args.push("pool".into());
+        }
+        let run = pyfleet(&args);
+        assert_eq!(
+            run.status.code(),
+            Some(3),
+            "[{}] the program's exit status: {}",
+            interp.label,
+            run.describe()
+        );
+        let text = fs::read_to_string(&out).unwrap_or_default();
+        let count = |function: &str| -> u64 {
+            text.lines()
+                .filter(|l| l.contains(&format!(";{function} (")))
+                .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+                .sum()
+        };
+        let (early, late) = (count("early_work"), count("late_work"));
+        eprintln!(
+            "[{}] early_work {early}, late_work {late} samples",
+            interp.label
+        );
+        assert!(
+            early >= 20 && late >= 75,
+            "[{}] early_work {early}, late_work {late} samples:\n{}",
+            interp.label,
+            run.describe()
+        );
+        if pool {
+            // Two workers, 1 s each: named after the program, not `python-c`.
+            let workers: BTreeSet<&str> = text
+                .lines()
+                .filter(|l| l.contains(";pool_work ("))
+                .filter_map(|l| l.split(';').next())
+                .collect();
+            assert!(
+                workers.len() == 2 && workers.iter().all(|w| w.starts_with("launched-worker-")),
+                "[{}] pool workers: {workers:?}",
+                interp.label
+            );
+        }
+    }
+    assert!(!done.is_empty(), "no 3.11-3.15 interpreter found");
+
+    // Ctrl-C at a terminal (SIGINT to the foreground process group, made here by setsid): the
+    // program gets it and ends (KeyboardInterrupt: killed by SIGINT, 130 as a shell says);
+    // pyfleet writes what it has and passes 130 on.
+    if let Some(setsid) = tool("setsid", SETUP_DEPLOY_TOOLS) {
+        let interp = any_interpreter();
+        let out = dir.path().join("interrupted.folded");
+        let mut cmd = Command::new(setsid);
+        cmd.arg(pyfleet_exe())
+            .args(["record", "-o", out.to_str().unwrap(), "--"])
+            .arg(&interp.path)
+            .args(["-c", "import time\nwhile True: sum(range(10000))"]);
+        let running = Running::start(cmd, Duration::from_secs(60));
+        let pid = running.pid();
+        std::thread::sleep(Duration::from_secs(2));
+        // setsid forked or not: the group is the one whose leader is pyfleet.
+        let group = fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')?
+                    .1
+                    .split_whitespace()
+                    .nth(2)?
+                    .parse::<i32>()
+                    .ok()
+            })
+            .unwrap_or(pid);
+        send_signal(-group, libc::SIGINT);
+        let run = running.finish();
+        assert_eq!(run.status.code(), Some(130), "{}", run.describe());
+        let text = fs::read_to_string(&out).unwrap_or_default();
+        assert!(
+            text.contains("<module>"),
+            "nothing recorded: {}",
+            run.describe()
+        );
+    }
+    // A program that cannot be started: one line, nothing written.
+    let out = dir.path().join("none.folded");
+    let run = pyfleet(&[
+        "record",
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        "/nonexistent/program",
+    ]);
+    assert_error_contract(&run, Some("cannot start /nonexistent/program"));
+    assert!(!out.exists());
+    // Processes and a program at once: one line.
+    let run = pyfleet(&["record", "--pid", "1", "--", "true"]);
+    assert_error_contract(&run, Some("not both"));
+}
+
+/// `--function` (#34): one box per function, without line numbers, in the file as in the
+/// daemon's snapshots; the functions are the same ones.
+#[test]
+fn function_level_recordings_have_no_line_numbers() {
+    let _machine = shared();
+    let token = unique_token("fn");
+    let t = target(0.0, &token);
+    let pid = t.pid().to_string();
+    let dir = tempdir("pyfleet-record-fn-");
+    let folded = dir.path().join("fn.folded");
+    let out = pyfleet(&[
+        "record",
+        &pid,
+        "--function",
+        "--duration",
+        "1.5",
+        "-o",
+        folded.to_str().unwrap(),
+    ]);
+    assert!(out.success(), "{}", out.describe());
+    let text = fs::read_to_string(&folded).unwrap_or_default();
+    let frames: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.rsplit_once(' '))
+        .flat_map(|(stack, _)| stack.split(';').skip(1))
+        .collect();
+    assert!(
+        frames.iter().any(|f| f.starts_with("pyfleet_hot_leaf (")),
+        "{text}"
+    );
+    let with_line: Vec<&&str> = frames
+        .iter()
+        .filter(|f| {
+            f.rsplit_once(':')
+                .is_some_and(|(_, l)| l.trim_end_matches(')').parse::<u32>().is_ok())
+        })
+        .collect();
+    assert!(with_line.is_empty(), "frames with a line: {with_line:?}");
+    // Each stack once: merged, not repeated.
+    let stacks: BTreeSet<&str> = text
+        .lines()
+        .filter_map(|l| Some(l.rsplit_once(' ')?.0))
+        .collect();
+    assert_eq!(stacks.len(), text.lines().count(), "{text}");
+
+    let out_dir = dir.path().join("snapshots");
+    let run = pyfleet(&[
+        "run",
+        "--pid",
+        &pid,
+        "--function",
+        "--duration",
+        "1.5",
+        "--snapshot-format",
+        "folded",
+        "--metrics-addr",
+        "off",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert!(run.success(), "{}", run.describe());
+    let all: String = snapshot_dirs(&out_dir)
+        .iter()
+        .map(|d| fs::read_to_string(d.join("all.folded")).unwrap_or_default())
+        .collect();
+    assert!(
+        all.contains("pyfleet_hot_leaf (") && !all.contains(".py:"),
+        "{all}"
+    );
 }

@@ -203,24 +203,52 @@ fn multiprocessing_workers_of_every_start_method() {
         ]);
         jobs.push((method, job, workers, out, rec));
     }
-    // Without --subprocesses, spawn's workers (`python -c ...`) do not match: record says so.
+    // Without --subprocesses, spawn's workers (`python -c "from multiprocessing..."`) match
+    // by the command line of the program they work for (#34), as its workers; its resource
+    // tracker is its helper.
     let (_, _, spawned, _, _) = &jobs[1];
+    let alone = dir.path().join("alone.folded");
     let out = pyfleet(&[
         "record",
         "--match",
         &format!("ready-{token}-spawn spawn"),
         "--duration",
-        "0.5",
+        "1",
         "-o",
-        &dir.path().join("alone.folded").display().to_string(),
+        &alone.display().to_string(),
     ]);
     assert!(out.success(), "{}", out.describe());
+    let seen = roots(&fs::read_to_string(&alone).unwrap_or_default());
+    for w in spawned {
+        assert_eq!(
+            seen.get(w).map(String::as_str),
+            Some("mpjob-worker"),
+            "[spawn, no --subprocesses] worker {w}: {seen:?}\n{}",
+            out.describe()
+        );
+    }
+    let listed = pyfleet(&["list", "--match", &format!("ready-{token}-spawn spawn")]);
+    assert!(listed.success(), "{}", listed.describe());
+    let helpers: Vec<&str> = listed
+        .stdout
+        .lines()
+        .filter(|l| l.split_whitespace().nth(4) == Some("helper"))
+        .collect();
     assert!(
-        out.stderr.contains("--subprocesses takes them in")
-            && spawned.iter().all(|w| out.stderr.contains(&w.to_string())),
-        "no note of the workers left out: {}",
-        out.describe()
+        helpers.len() == 1 && helpers[0].contains("resource_tracker"),
+        "the spawn job's resource tracker should be its one helper:\n{}",
+        listed.stdout
     );
+    for w in spawned {
+        assert!(
+            listed.stdout.lines().any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.first() == Some(&w.to_string().as_str()) && f.get(4) == Some(&"worker")
+            }),
+            "worker {w} not listed as a worker:\n{}",
+            listed.stdout
+        );
+    }
     for (method, _job, workers, out, rec) in jobs {
         let run = rec.finish();
         assert!(run.success(), "[{method}] {}", run.describe());
@@ -292,4 +320,80 @@ fn python_a_wrapper_execs_after_it_settled_is_found() {
         out.describe(),
         truncate(&folded, 600)
     );
+}
+
+/// A real uvicorn app with two workers (multiprocessing's spawn: `python -c "from
+/// multiprocessing.spawn..."`): `list --match uvicorn` shows the master, both workers by the
+/// master's name and the resource tracker as the master's helper, with and without
+/// `--subprocesses` (#34).
+#[test]
+fn uvicorn_workers_are_matched_and_its_resource_tracker_is_a_helper() {
+    let _machine = shared();
+    let Some(python) = gunicorn_venv("gunicorn-3.15") else {
+        return;
+    };
+    let port = free_port();
+    let port_arg = port.to_string();
+    let targets = targets_dir();
+    // Gunicorn's guard kills the master and its children alike.
+    let server = Gunicorn(Proc::spawn(
+        "uvicorn",
+        &python,
+        &[
+            "-m",
+            "uvicorn",
+            "asgi_app:app",
+            "--app-dir",
+            targets.to_str().unwrap(),
+            "--workers",
+            "2",
+            "--port",
+            &port_arg,
+        ],
+    ));
+    let master = server.pid();
+    wait_until(
+        Duration::from_secs(60),
+        "uvicorn to serve with two workers and its resource tracker",
+        || http_get(port, "/").is_some_and(|(s, _)| s == 200) && children(master).len() == 3,
+        || server.0.stderr(),
+    );
+    let kids = children(master);
+    let role_of = |out: &RunOutput, pid: i32| -> Option<(String, String)> {
+        out.stdout.lines().find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.first()? != &pid.to_string().as_str() {
+                return None;
+            }
+            Some((f.get(3)?.to_string(), f.get(4)?.to_string()))
+        })
+    };
+    for extra in [&[][..], &["--subprocesses"][..]] {
+        let mut args = vec!["list", "--match", "uvicorn asgi_app:app"];
+        args.extend_from_slice(extra);
+        let out = pyfleet(&args);
+        assert!(out.success(), "{}", out.describe());
+        assert_eq!(
+            role_of(&out, master),
+            Some(("uvicorn".into(), "master".into())),
+            "{extra:?}\n{}",
+            out.stdout
+        );
+        let mut roles: Vec<String> = Vec::new();
+        for &kid in &kids {
+            let (name, role) = role_of(&out, kid)
+                .unwrap_or_else(|| panic!("{extra:?}: child {kid} not listed\n{}", out.stdout));
+            assert_eq!(name, "uvicorn", "{extra:?}\n{}", out.stdout);
+            let cmdline = fs::read_to_string(format!("/proc/{kid}/cmdline")).unwrap_or_default();
+            let expected = match cmdline.contains("resource_tracker") {
+                true => "helper",
+                false => "worker",
+            };
+            assert_eq!(role, expected, "{extra:?} child {kid}\n{}", out.stdout);
+            roles.push(role);
+        }
+        roles.sort();
+        assert_eq!(roles, ["helper", "worker", "worker"], "{}", out.stdout);
+    }
+    drop(server);
 }

@@ -5,12 +5,11 @@ to after a while). Two more threads spin all along, contending for the CPU and t
 
 usage: phases.py OUT [SECONDS]
 
-Writes OUT (JSON, replaced atomically every 0.2 s): the seconds spent in each phase so far
-(`{"compute": s, "nap": s, "locked": s, "piped": s}`). Prints "ready" once the helpers run.
-Exits after SECONDS (default 300).
+Appends to OUT a line per phase, `NAME START END` (`time.monotonic()` seconds: the system's
+CLOCK_MONOTONIC), flushed at least every 0.05 s; OUT exists once the helpers run (and "ready"
+is printed). Exits after SECONDS (default 300).
 """
 
-import json
 import os
 import sys
 import threading
@@ -72,29 +71,27 @@ def main():
     lifetime = float(sys.argv[2]) if len(sys.argv) > 2 else 300.0
     for f in (spin, spin, holder, writer):
         threading.Thread(target=f, daemon=True).start()
-    spent = {"compute": 0.0, "nap": 0.0, "locked": 0.0, "piped": 0.0}
+    log = open(out, "w")
     print("ready", flush=True)
     start = last = time.monotonic()
     while time.monotonic() - start < lifetime:
         for name, phase in (("compute", compute), ("nap", nap)):
             t0 = time.monotonic()
             phase()
-            spent[name] += time.monotonic() - t0
+            log.write(f"{name} {t0:.6f} {time.monotonic():.6f}\n")
         hold.set()
         held.wait()
         held.clear()
         t0 = time.monotonic()
         locked()
-        spent["locked"] += time.monotonic() - t0
+        log.write(f"locked {t0:.6f} {time.monotonic():.6f}\n")
         write.set()
         t0 = time.monotonic()
         piped()
-        spent["piped"] += time.monotonic() - t0
-        if time.monotonic() - last > 0.2:
+        log.write(f"piped {t0:.6f} {time.monotonic():.6f}\n")
+        if time.monotonic() - last > 0.05:
             last = time.monotonic()
-            with open(out + ".tmp", "w") as f:
-                json.dump(spent, f)
-            os.replace(out + ".tmp", out)
+            log.flush()
 
 
 if __name__ == "__main__":

@@ -365,6 +365,7 @@ pub fn fast_config() -> FleetConfig {
     FleetConfig {
         scan_interval: Duration::from_millis(50),
         snapshot_interval: Duration::from_secs(3600),
+        ends_after: None,
         batch_interval: Duration::from_millis(50),
         rate_interval: Duration::from_secs(3600),
         mode: Mode::Wall,

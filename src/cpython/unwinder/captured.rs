@@ -21,6 +21,9 @@ use crate::memory::kernel_capture::{CaptureLayout, CapturedFrame, FRAME_BYTES};
 pub struct CapturedThread {
     pub tid: i32,
     pub tstate: u64,
+    /// Where the capture finds whether it holds the GIL (`NotAsked` when the read did not
+    /// find the GIL).
+    pub gil: GilAt,
 }
 
 impl<M: RemoteMemory> Unwinder<M> {
@@ -47,6 +50,7 @@ impl<M: RemoteMemory> Unwinder<M> {
             code_tag_mask: self.layout.frame.code_tag_mask,
             fingerprint_at,
             fingerprint_bytes: fingerprint_bytes as u64,
+            chunk: self.layout.tstate.datastack_chunk,
         }
     }
 
@@ -60,6 +64,7 @@ impl<M: RemoteMemory> Unwinder<M> {
             .map(|(&tstate, tc)| CapturedThread {
                 tid: tc.tid,
                 tstate,
+                gil: tc.gil,
             })
             .collect();
         v.sort_unstable_by_key(|t| t.tid);
@@ -100,7 +105,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                 "a chain deeper than the capture copies",
             ));
         }
-        let CapturedThread { tid, tstate } = thread;
+        let CapturedThread { tid, tstate, .. } = thread;
         let last = self
             .out
             .iter()
@@ -188,6 +193,7 @@ impl<M: RemoteMemory> Unwinder<M> {
             chunk: 0,
             marker: None,
             holds_gil: None,
+            gil: GilAt::NotAsked,
         };
         let w = Work {
             ts,

@@ -64,6 +64,8 @@ pub(super) struct ThreadCache {
     /// The thread's native id and the epoch its stack was last read (for `skip_idle`), and
     /// how many samples in a row kept it since.
     pub(super) tid: i32,
+    /// Where the kernel capture finds whether it holds the GIL.
+    pub(super) gil: GilAt,
     pub(super) read_at: u64,
     pub(super) kept: u32,
     /// Reading this thread costs more than checking whether it ran (see [`RunWatch::watch`]).
@@ -183,6 +185,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         tc.last_walked.extend_from_slice(&self.ids[..walked_ids]);
         tc.last_stack = Some(stack);
         tc.tid = w.ts.host_tid;
+        tc.gil = w.ts.gil;
         tc.read_at = self.epoch;
         tc.kept = 0;
         self.chain_new = chain_new;

@@ -137,9 +137,14 @@ impl<M: RemoteMemory> Unwinder<M> {
                 return Err((addr, UnwindError::Budget("bytes read in one sample")));
             }
             o.fetch(&self.mem);
-            let (interp_id, order, holds_gil) = (ts.interp_id, ts.order, ts.holds_gil);
+            // Which thread holds the GIL, and where, was read with the interpreter.
+            let (interp_id, order, holds_gil, gil) = (ts.interp_id, ts.order, ts.holds_gil, ts.gil);
             ts = match self.tstate(&o, addr, interp_id, order, false) {
-                Ok((t, _)) => Tstate { holds_gil, ..t },
+                Ok((t, _)) => Tstate {
+                    holds_gil,
+                    gil,
+                    ..t
+                },
                 Err(e) => return Err((addr, e)),
             };
             own = Some(o);

@@ -46,6 +46,8 @@ pub(super) struct Tstate {
     pub(super) chunk: u64,
     pub(super) marker: Option<(u64, u64)>,
     pub(super) holds_gil: Option<bool>,
+    /// Where the kernel capture finds whether it holds the GIL.
+    pub(super) gil: GilAt,
 }
 
 impl Tstate {
@@ -123,7 +125,13 @@ impl<M: RemoteMemory> Unwinder<M> {
         seen_tstates.clear();
         interp_ids.clear();
 
+        // The GIL the threads of the interpreter walked use.
+        let mut gil_at = GilAt::NotAsked;
         if let (GilLayout::Runtime { locked, holder }, true) = (l.gil, gil_struct) {
+            gil_at = GilAt::Holder {
+                locked: self.runtime + locked,
+                holder: self.runtime + holder,
+            };
             let lo = locked.min(holder);
             let len = (locked.max(holder) - lo + 8) as usize;
             let g = self.bytes(b, Key::Gil(self.runtime + lo), self.runtime + lo, len)?;
@@ -155,6 +163,13 @@ impl<M: RemoteMemory> Unwinder<M> {
             ) = (l.gil, gil_struct)
             {
                 let gp = self.word(b, ia.wrapping_add(ptr))?;
+                gil_at = match gp {
+                    0 => GilAt::NotAsked,
+                    gp => GilAt::Holder {
+                        locked: gp.wrapping_add(locked),
+                        holder: gp.wrapping_add(holder),
+                    },
+                };
                 if gp != 0 && !gils.contains(&gp) {
                     gils.push(gp);
                     let lo = locked.min(holder);
@@ -179,7 +194,10 @@ impl<M: RemoteMemory> Unwinder<M> {
                 if tstates.len() % 64 == 63 {
                     self.check_budget()?;
                 }
-                let (ts, next) = self.tstate(b, ta, interp_id, tstates.len(), true)?;
+                let (mut ts, next) = self.tstate(b, ta, interp_id, tstates.len(), true)?;
+                if ts.gil == GilAt::NotAsked {
+                    ts.gil = gil_at;
+                }
                 tstates.push(ts);
                 ta = next;
             }
@@ -359,6 +377,10 @@ impl<M: RemoteMemory> Unwinder<M> {
             holds_gil: match l.tstate.holds_gil {
                 Some(off) => Some(t.i32(off)? != 0),
                 None => None,
+            },
+            gil: match l.tstate.holds_gil {
+                Some(off) => GilAt::OwnFlag(ta.wrapping_add(off)),
+                None => GilAt::NotAsked,
             },
         };
         Ok((ts, t.u64(l.tstate.next)?))

@@ -1,38 +1,25 @@
-//! The daemon's HTTP listener: `GET /metrics` answers with the Prometheus exporter's
-//! rendering and `pyfleet_cpu_seconds_total` (read at the scrape, in fractional seconds: the
-//! metrics facade's counters are integers); `GET /debug/pprof/profile?seconds=N[&pid=P]
-//! [&service=S]` answers after N seconds (1 to [`MAX_PROFILE_SECONDS`]) with a gzipped pprof of
-//! what the running daemon sampled meanwhile (as Go's `net/http/pprof` does, for `go tool pprof`
-//! and Parca's scraper; no sampler of its own: see `pyfleet_actors::Profiler`), a bad parameter
-//! with a 400 and one line; anything else is a 404 (405 for another method).
-//!
-//! Bounded whatever its clients do: at most [`MAX_CONNECTIONS`] at once (a connection past
-//! that is closed at once), a request's head must arrive within [`HEADER_TIMEOUT`], and a
-//! connection lives at most [`CONNECTION_TIMEOUT`] (and the profile's seconds, for a profile
-//! request); one request per connection; at most `pyfleet_actors::MAX_TAPS` profiles at once
-//! (503 beyond).
+//! What the listeners answer. `GET /metrics`: the Prometheus exporter's rendering and
+//! `pyfleet_cpu_seconds_total` (read at the scrape, in fractional seconds: the metrics
+//! facade's counters are integers). `GET /debug/pprof/profile?seconds=N[&pid=P][&service=S]`:
+//! after N seconds (1 to [`MAX_PROFILE_SECONDS`]), a gzipped pprof of what the running daemon
+//! sampled meanwhile (as Go's `net/http/pprof` does, for `go tool pprof` and Parca's scraper; no
+//! sampler of its own: see `pyfleet_actors::Profiler`), a bad parameter a 400 and one line; at
+//! most `pyfleet_actors::MAX_TAPS` profiles at once (503 beyond). `GET /healthz`: 200 while the
+//! daemon answers; `GET /readyz`: 200 once the fleet runs, 503 before. A request the listener's
+//! [`Access`] refuses gets 401 and one line; anything else a 404 (405 for another method).
 
+use super::access::{Access, Page};
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
 use metrics_exporter_prometheus::PrometheusHandle;
 use pyfleet_actors::{Profiler, PullFilter};
 use pyfleet_policies::Mode;
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 
-/// Connections served at once.
-pub const MAX_CONNECTIONS: usize = 32;
-/// Time a client has to send its request's head.
-pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
-/// Longest a connection is kept, whatever it does (beyond a profile's own seconds).
-pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest profile a request may ask for.
 pub const MAX_PROFILE_SECONDS: u64 = 300;
 
@@ -89,58 +76,6 @@ impl Exporter {
     }
 }
 
-/// Serves `listener` until the runtime ends.
-pub async fn serve(listener: TcpListener, handle: Exporter, pull: Pull) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                // Out of descriptors, say: wait, do not spin.
-                tracing::warn!("metrics listener: accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            drop(stream);
-            continue;
-        };
-        let handle = handle.clone();
-        let pull = pull.clone();
-        tokio::spawn(async move {
-            // Seconds a profile request adds to the connection's time.
-            let extra = Arc::new(AtomicU64::new(0));
-            let granted = extra.clone();
-            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let (handle, pull, granted) = (handle.clone(), pull.clone(), granted.clone());
-                async move {
-                    let response = respond(&handle, &pull, &granted, &req).await;
-                    Ok::<_, Infallible>(response)
-                }
-            });
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .keep_alive(false)
-                .serve_connection(TokioIo::new(stream), service);
-            let mut connection = std::pin::pin!(connection);
-            let started = tokio::time::Instant::now();
-            loop {
-                let seconds = extra.load(Ordering::Relaxed);
-                let until = started + CONNECTION_TIMEOUT + Duration::from_secs(seconds);
-                match tokio::time::timeout_at(until, connection.as_mut()).await {
-                    Ok(_) => break,
-                    // A profile request lengthened the connection meanwhile: wait on.
-                    Err(_) if extra.load(Ordering::Relaxed) != seconds => continue,
-                    Err(_) => break,
-                }
-            }
-            drop(slot);
-        });
-    }
-}
-
 /// The exporter's rendering, pyfleet's own CPU time and the time of each kind of sample
 /// (fractional seconds, which the exporter's integer counters cannot carry).
 fn render(handle: &Exporter) -> String {
@@ -170,16 +105,73 @@ fn render(handle: &Exporter) -> String {
     text
 }
 
-async fn respond(
-    handle: &Exporter,
-    pull: &Pull,
+/// What one listener serves.
+#[derive(Clone)]
+pub enum Pages {
+    /// The daemon's own listener (`--metrics-addr`): metrics, profiles, health and readiness.
+    Site {
+        exporter: Exporter,
+        pull: Pull,
+        access: Access,
+    },
+    /// The probes' listener (`--health-addr`): health and readiness only. `ready` is the
+    /// fleet's profiler, set once the fleet runs.
+    Health { ready: Arc<OnceLock<Profiler>> },
+}
+
+impl Pages {
+    fn ready(&self) -> bool {
+        match self {
+            Pages::Site { pull, .. } => pull.profiler.get().is_some(),
+            Pages::Health { ready } => ready.get().is_some(),
+        }
+    }
+}
+
+/// The answer to `req`. A profile request stores its seconds in `granted` (the connection is
+/// kept that much longer).
+pub async fn respond(
+    pages: &Pages,
     granted: &AtomicU64,
     req: &Request<Incoming>,
 ) -> Response<Full<Bytes>> {
     let (method, path) = (req.method(), req.uri().path());
-    match (method, path) {
-        (&Method::GET, "/metrics") => text(StatusCode::OK, render(handle)),
-        (&Method::GET, "/debug/pprof/profile") => {
+    let page = match path {
+        "/metrics" => Page::Metrics,
+        p if p.starts_with("/debug/pprof/") => Page::Stacks,
+        _ => Page::Open,
+    };
+    let site = match pages {
+        Pages::Site {
+            exporter,
+            pull,
+            access,
+        } => Some((exporter, pull, access)),
+        Pages::Health { .. } => None,
+    };
+    if let Some((_, _, access)) = site {
+        if let Err(refused) = access.admit(page, req.headers()) {
+            let mut response = text(StatusCode::UNAUTHORIZED, format!("{refused}\n"));
+            response.headers_mut().insert(
+                hyper::header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"pyfleet\""),
+            );
+            return response;
+        }
+    }
+    match (method, path, site) {
+        (&Method::GET, "/healthz", _) => text(StatusCode::OK, "ok\n".to_string()),
+        (&Method::GET, "/readyz", _) => match pages.ready() {
+            true => text(StatusCode::OK, "ready\n".to_string()),
+            false => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the fleet is starting\n".to_string(),
+            ),
+        },
+        (&Method::GET, "/metrics", Some((exporter, _, _))) => {
+            text(StatusCode::OK, render(exporter))
+        }
+        (&Method::GET, "/debug/pprof/profile", Some((_, pull, _))) => {
             match profile_request(req.uri().query().unwrap_or("")) {
                 Ok((seconds, filter)) => {
                     granted.store(seconds, Ordering::Relaxed);
@@ -188,12 +180,16 @@ async fn respond(
                 Err(why) => text(StatusCode::BAD_REQUEST, format!("{why}\n")),
             }
         }
-        (_, "/metrics" | "/debug/pprof/profile") => {
+        (_, "/healthz" | "/readyz", _) | (_, "/metrics" | "/debug/pprof/profile", Some(_)) => {
             text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".to_string())
         }
-        _ => text(
+        (_, _, Some(_)) => text(
             StatusCode::NOT_FOUND,
             "not found: try /metrics or /debug/pprof/profile?seconds=30\n".to_string(),
+        ),
+        (_, _, None) => text(
+            StatusCode::NOT_FOUND,
+            "not found: try /healthz or /readyz\n".to_string(),
         ),
     }
 }
@@ -257,6 +253,9 @@ async fn profile(pull: &Pull, seconds: u64, filter: PullFilter) -> Response<Full
     };
     let snapshot = match profiler.profile(Duration::from_secs(seconds), filter).await {
         Ok(s) => s,
+        Err(e @ pyfleet_actors::PullError::NotProfiled(_)) => {
+            return text(StatusCode::NOT_FOUND, format!("{e}\n"))
+        }
         // Too many at once, or the fleet is stopping.
         Err(e) => return text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
     };

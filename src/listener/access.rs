@@ -1,0 +1,253 @@
+//! Who may read what the listener serves.
+//!
+//! Contract. With a token ([`Token::from_file`]), every request for stacks
+//! (`/debug/pprof/*`), and `/metrics` when [`Access::metrics_need_token`] is set, must carry
+//! `Authorization: Bearer <token>`; anything else is answered 401 with one line. The check takes
+//! the same time whatever the request carries: both sides are hashed (SHA-256) and the digests
+//! compared in constant time, so neither the token's bytes nor its length can be found by
+//! timing. Client certificates, when the listener requires them, are checked by the TLS
+//! handshake before any request is read (`crate::tls`). Health and readiness never need a
+//! credential: they say nothing about the targets.
+//!
+//! [`check_exposure`] is the startup rule: a listener that is not loopback-only serves stacks
+//! only behind a token or client certificates, unless the operator said `--insecure-listen`.
+
+use hyper::header::AUTHORIZATION;
+use hyper::HeaderMap;
+use ring::digest::{digest, Digest, SHA256};
+use std::net::SocketAddr;
+use std::path::Path;
+use subtle::ConstantTimeEq;
+
+/// Fewest characters a token may have: 16 random characters or more are not guessed.
+pub const MIN_TOKEN_CHARS: usize = 16;
+/// Most bytes a token file may hold.
+pub const MAX_TOKEN_BYTES: usize = 4096;
+
+/// A bearer token, kept only as its digest.
+#[derive(Clone)]
+pub struct Token(Digest);
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(..)")
+    }
+}
+
+impl PartialEq for Token {
+    fn eq(&self, other: &Token) -> bool {
+        self.0.as_ref().ct_eq(other.0.as_ref()).into()
+    }
+}
+
+impl Token {
+    /// The token a file holds: one line of visible ASCII (a trailing newline is dropped), at
+    /// least [`MIN_TOKEN_CHARS`] long. `what` names the option in errors.
+    pub fn from_file(path: &Path, what: &str) -> Result<Token, String> {
+        let bad = |why: String| format!("{what} {}: {why}", path.display());
+        let meta = std::fs::metadata(path).map_err(|e| bad(e.to_string()))?;
+        if meta.len() > MAX_TOKEN_BYTES as u64 {
+            return Err(bad(format!("more than {MAX_TOKEN_BYTES} bytes")));
+        }
+        let text = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+        let token = text.strip_suffix(b"\n").unwrap_or(&text);
+        let token = token.strip_suffix(b"\r").unwrap_or(token);
+        if !token.iter().all(u8::is_ascii_graphic) {
+            return Err(bad(
+                "a token is one line of visible ASCII characters (no spaces)".into(),
+            ));
+        }
+        if token.len() < MIN_TOKEN_CHARS {
+            return Err(bad(format!(
+                "a token needs at least {MIN_TOKEN_CHARS} characters (e.g. `openssl rand -hex 32`)"
+            )));
+        }
+        Ok(Token::new(token))
+    }
+
+    fn new(bytes: &[u8]) -> Token {
+        Token(digest(&SHA256, bytes))
+    }
+
+    /// Whether `headers` carry this token as `Authorization: Bearer <token>`.
+    fn admits(&self, headers: &HeaderMap) -> bool {
+        let given = headers
+            .get(AUTHORIZATION)
+            .map(|v| v.as_bytes())
+            .and_then(|v| strip_prefix_ignore_case(v, b"bearer "))
+            .unwrap_or(b"");
+        // Hashed whatever was given (nothing too): the same work for every request.
+        Token::new(given) == *self
+    }
+}
+
+fn strip_prefix_ignore_case<'a>(v: &'a [u8], prefix: &[u8]) -> Option<&'a [u8]> {
+    (v.len() >= prefix.len() && v[..prefix.len()].eq_ignore_ascii_case(prefix))
+        .then(|| &v[prefix.len()..])
+}
+
+/// What a listener asks of its clients.
+#[derive(Debug, Clone, Default)]
+pub struct Access {
+    pub token: Option<Token>,
+    /// `/metrics` takes the token too (else it is open, as Prometheus scrapes without one).
+    pub metrics_need_token: bool,
+}
+
+/// Why a request was refused (one line, for the 401's body).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    NoCredential,
+    WrongCredential,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Refused::NoCredential => {
+                "a credential is needed: send Authorization: Bearer <the token>"
+            }
+            Refused::WrongCredential => "the credential is not valid",
+        })
+    }
+}
+
+/// Which kind of page a path is, for access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Page {
+    /// Stacks of the targets: `/debug/pprof/*`.
+    Stacks,
+    /// `/metrics`.
+    Metrics,
+    /// Health, readiness and the 404 page.
+    Open,
+}
+
+impl Access {
+    /// Whether a request for `page` with `headers` may be answered.
+    pub fn admit(&self, page: Page, headers: &HeaderMap) -> Result<(), Refused> {
+        let needed = match page {
+            Page::Stacks => true,
+            Page::Metrics => self.metrics_need_token,
+            Page::Open => false,
+        };
+        match &self.token {
+            Some(token) if needed => match token.admits(headers) {
+                true => Ok(()),
+                false if headers.contains_key(AUTHORIZATION) => Err(Refused::WrongCredential),
+                false => Err(Refused::NoCredential),
+            },
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The startup rule (see the module doc): `Err` is the one line that refuses to start.
+pub fn check_exposure(
+    addr: SocketAddr,
+    has_token: bool,
+    has_client_certs: bool,
+    insecure: bool,
+) -> Result<(), String> {
+    if addr.ip().is_loopback() || has_token || has_client_certs || insecure {
+        return Ok(());
+    }
+    Err(format!(
+        "--metrics-addr {addr} is reachable from other hosts and would serve every profiled \
+         process's stacks to anyone: give --listen-token-file FILE (or TLS with \
+         --listen-client-ca), or --insecure-listen to serve them anyway"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::header::HeaderValue;
+
+    fn headers(auth: Option<&str>) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        if let Some(a) = auth {
+            h.insert(AUTHORIZATION, HeaderValue::from_str(a).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn stacks_need_the_token_and_metrics_only_when_asked() {
+        let token = Token::new(b"0123456789abcdef0123");
+        let mut access = Access {
+            token: Some(token),
+            metrics_need_token: false,
+        };
+        let right = headers(Some("Bearer 0123456789abcdef0123"));
+        let lower = headers(Some("bearer 0123456789abcdef0123"));
+        let wrong = headers(Some("Bearer 0123456789abcdef0124"));
+        let prefix = headers(Some("Bearer 0123456789abcdef012"));
+        let basic = headers(Some("Basic MDEyMzQ1Njc4OWFiY2RlZjAxMjM="));
+        let none = headers(None);
+        assert_eq!(access.admit(Page::Stacks, &right), Ok(()));
+        assert_eq!(access.admit(Page::Stacks, &lower), Ok(()));
+        for h in [&wrong, &prefix, &basic] {
+            assert_eq!(access.admit(Page::Stacks, h), Err(Refused::WrongCredential));
+        }
+        assert_eq!(
+            access.admit(Page::Stacks, &none),
+            Err(Refused::NoCredential)
+        );
+        assert_eq!(access.admit(Page::Metrics, &none), Ok(()));
+        assert_eq!(access.admit(Page::Open, &none), Ok(()));
+        access.metrics_need_token = true;
+        assert_eq!(
+            access.admit(Page::Metrics, &none),
+            Err(Refused::NoCredential)
+        );
+        assert_eq!(access.admit(Page::Metrics, &right), Ok(()));
+        assert_eq!(access.admit(Page::Open, &none), Ok(()));
+        // No token: everything is open (the exposure rule decides whether that may start).
+        let open = Access::default();
+        assert_eq!(open.admit(Page::Stacks, &none), Ok(()));
+    }
+
+    #[test]
+    fn token_files_are_checked() {
+        let dir = std::env::temp_dir().join(format!("pyfleet-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        let read = |content: &[u8]| {
+            std::fs::write(&file, content).unwrap();
+            Token::from_file(&file, "--listen-token-file")
+        };
+        let good = read(b"0123456789abcdef0123\n").unwrap();
+        assert_eq!(good, Token::new(b"0123456789abcdef0123"));
+        assert!(read(b"0123456789abcdef0123\r\n").is_ok());
+        for bad in [
+            &b"short\n"[..],
+            b"has a space in it, long enough",
+            b"two\nlines of token text",
+            b"",
+        ] {
+            let e = read(bad).unwrap_err();
+            assert!(
+                e.starts_with("--listen-token-file ") && !e.contains('\n'),
+                "{e}"
+            );
+        }
+        let e = Token::from_file(&dir.join("absent"), "--listen-token-file").unwrap_err();
+        assert!(e.contains("absent") && !e.contains('\n'), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn only_loopback_may_serve_stacks_without_a_credential() {
+        let wide: SocketAddr = "0.0.0.0:9464".parse().unwrap();
+        let other: SocketAddr = "127.0.0.2:9464".parse().unwrap();
+        let v6: SocketAddr = "[::1]:9464".parse().unwrap();
+        assert!(check_exposure(other, false, false, false).is_ok());
+        assert!(check_exposure(v6, false, false, false).is_ok());
+        let e = check_exposure(wide, false, false, false).unwrap_err();
+        assert!(e.contains("--listen-token-file") && !e.contains('\n'));
+        assert!(check_exposure(wide, true, false, false).is_ok());
+        assert!(check_exposure(wide, false, true, false).is_ok());
+        assert!(check_exposure(wide, false, false, true).is_ok());
+    }
+}
