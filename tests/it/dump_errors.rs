@@ -172,9 +172,12 @@ fn judge(out: &RunOutput, pid: i32) -> Result<Outcome, String> {
                     .and_then(Value::as_array)
                     .ok_or_else(|| format!("thread without frames array\n{}", out.describe()))?;
                 for f in frames {
-                    if f.get("function").and_then(Value::as_str).is_none()
-                        || f.get("line").and_then(Value::as_i64).is_none()
-                    {
+                    // `line` is null where the instruction has no line, as CPython's own
+                    // `f_lineno` says (cleanup code of a coroutine, say).
+                    let line_ok = f
+                        .get("line")
+                        .is_some_and(|l| l.is_null() || l.as_i64().is_some_and(|n| n > 0));
+                    if f.get("function").and_then(Value::as_str).is_none() || !line_ok {
                         return Err(format!("malformed frame {f}\n{}", out.describe()));
                     }
                 }
