@@ -234,6 +234,10 @@ fn dump(pid: i32, json: bool, blocking: bool) -> Result<()> {
             }
         }
     };
+    let mut stacks = stacks;
+    for t in stacks.iter_mut().flat_map(|i| i.threads.iter_mut()) {
+        t.os_name = pyfleet::process::thread_name(pid, t.native_thread_id);
+    }
     let cmdline = Process::new(pid)
         .and_then(|p| p.cmdline())
         .map(|c| c.join(" "))

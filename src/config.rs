@@ -143,6 +143,24 @@ pub struct RunOptions {
     /// Fold snapshots' frames by function, without line numbers (one box per function).
     #[arg(long)]
     pub function: bool,
+    /// Root each thread's stacks at a frame naming the thread (`thread NAME`, the kernel's
+    /// name of the thread, in file `tid TID`).
+    #[arg(long)]
+    pub threads: bool,
+    /// Wall mode: keep the samples of threads off their CPU that wait for work (a pool's
+    /// idle workers, an idle event loop); by default they are left out.
+    #[arg(long, conflicts_with = "no_idle")]
+    pub idle: bool,
+    /// Wall mode: leave out the samples of threads off their CPU that wait for work (the
+    /// default).
+    #[arg(long)]
+    pub no_idle: bool,
+    /// After `--`: a program to start and profile, with its Python subprocesses, from its
+    /// start until it exits (`pyfleet run -- gunicorn app:app`); Ctrl-C goes to it, and its
+    /// exit status becomes pyfleet's.
+    #[arg(last = true, value_name = "COMMAND")]
+    #[serde(skip)]
+    pub command: Vec<String>,
     /// Prometheus listener address, or `off` [default: 127.0.0.1:9464].
     #[arg(long, value_name = "ADDR|off")]
     pub metrics_addr: Option<String>,
@@ -326,6 +344,13 @@ pub struct RunSettings {
     pub file_mode: FileMode,
     /// Frames folded by function (`--function`).
     pub by_function: bool,
+    /// Stacks rooted at their thread (`--threads`).
+    pub threads: bool,
+    /// The program to start (`-- COMMAND`), if any: the policy then matches nothing until
+    /// the daemon names the program's pid.
+    pub command: Vec<String>,
+    /// Wall mode without `--idle`: threads waiting for work left out.
+    pub leave_out_idle: bool,
     pub restart: RestartPolicy,
     pub metrics_addr: Option<SocketAddr>,
     pub listen: ListenSettings,
@@ -403,6 +428,18 @@ impl RunOptions {
             max_bytes: self.max_bytes.or(file.max_bytes),
             file_mode: self.file_mode.or(file.file_mode),
             function: self.function || file.function,
+            threads: self.threads || file.threads,
+            // The command line's choice, if it makes one, else the file's.
+            idle: if self.idle || self.no_idle {
+                self.idle
+            } else {
+                file.idle
+            },
+            no_idle: if self.idle || self.no_idle {
+                self.no_idle
+            } else {
+                file.no_idle
+            },
             metrics_addr: self.metrics_addr.or(file.metrics_addr),
             health_addr: self.health_addr.or(file.health_addr),
             listen_token_file: self.listen_token_file,
@@ -421,6 +458,7 @@ impl RunOptions {
             push_interval: self.push_interval,
             pyroscope: file.pyroscope,
             config: self.config,
+            command: self.command,
         }
     }
 
@@ -432,6 +470,20 @@ impl RunOptions {
         };
         if let Some(bad) = o.pids.iter().find(|p| **p <= 0) {
             return Err(format!("--pid must be a positive process id (got {bad})"));
+        }
+        if !o.command.is_empty() {
+            if !(o.pids.is_empty() && o.matches.is_empty() && o.match_label.is_empty()) {
+                return Err("give either a program after -- or processes to profile \
+                            (pid, match, match-label), not both"
+                    .into());
+            }
+            if o.duration.is_some() {
+                return Err(
+                    "a program after -- is profiled until it exits: --duration goes with \
+                     processes"
+                        .into(),
+                );
+            }
         }
         let policy = MatchPolicy::new(&o.matches, &o.exclude, &o.pids, Some(self_pid))
             .map_err(|e| e.to_string())?
@@ -494,7 +546,7 @@ impl RunOptions {
         Ok(RunSettings {
             policy,
             exclude_roles,
-            subprocesses: o.subprocesses,
+            subprocesses: o.subprocesses || !o.command.is_empty(),
             matches: o.matches,
             pids: o.pids,
             rate,
@@ -509,6 +561,9 @@ impl RunOptions {
                 None => FileMode::default(),
             },
             by_function: o.function,
+            threads: o.threads,
+            command: o.command,
+            leave_out_idle: pyfleet_policies::leave_out_idle(mode, o.idle, o.no_idle)?,
             restart: RestartPolicy::default(),
             metrics_addr,
             listen,

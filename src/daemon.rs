@@ -65,7 +65,7 @@ pub fn start_switch_log() {
 }
 
 pub fn run(opts: RunOptions) -> Result<()> {
-    let settings = opts
+    let mut settings = opts
         .resolve(std::process::id() as i32)
         .map_err(|e| anyhow!(e))?;
     let writer = SnapshotDir::open(&settings.out, settings.retention, settings.file_mode)
@@ -93,7 +93,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
         mode: settings.mode,
         rate_hz: settings.rate.base_hz(),
     };
-    let result = runtime.block_on(async move {
+    let result: Result<Option<i32>> = runtime.block_on(async move {
         if let Some(addr) = settings.metrics_addr {
             // Bound first, so that a port in use is a startup error, not a log line later.
             let listener = tokio::net::TcpListener::bind(addr)
@@ -171,7 +171,30 @@ pub fn run(opts: RunOptions) -> Result<()> {
                 settings.mode != pyfleet_policies::Mode::Cpu,
             )
             .map_err(|e| anyhow!(e))?;
-        let what = if settings.matches.is_empty() && settings.pids.is_empty() {
+        // A program to start: started stopped (it runs once the fleet is ready), then
+        // profiled by its pid and its Python descendants.
+        let mut launched = match settings.command.is_empty() {
+            true => None,
+            false => {
+                let program = crate::launched::Launched::spawn(&settings.command)?;
+                settings.policy = pyfleet_policies::MatchPolicy::new(
+                    &[] as &[String],
+                    [] as [&str; 0],
+                    &[program.pid()],
+                    Some(std::process::id() as i32),
+                )?;
+                config.scan_interval = config.scan_interval.min(crate::launched::SCAN);
+                Some(program)
+            }
+        };
+        let what = if let Some(program) = &launched {
+            let command = format!("`{}`", settings.command.join(" "));
+            format!(
+                "{} (pid {})",
+                pyfleet::output::for_terminal(&command),
+                program.pid()
+            )
+        } else if settings.matches.is_empty() && settings.pids.is_empty() {
             "every Python process".to_string()
         } else {
             let mut parts: Vec<String> = settings.matches.iter().map(|m| format!("/{m}/")).collect();
@@ -259,14 +282,19 @@ pub fn run(opts: RunOptions) -> Result<()> {
                 capture,
                 reads_if_deeper: settings.capture == pyfleet::stack_source::Capture::Auto,
                 off_cpu: OffCpu::for_mode(settings.mode, settings.rate.base_hz()),
+                threads: settings.threads,
+                leave_out_idle: settings.leave_out_idle,
             },
             writer,
         )
         .await
         .map_err(|e| anyhow!("{e}"))?;
         let _ = profiler.set(fleet.profiler());
+        if let Some(program) = &launched {
+            program.release();
+        }
 
-        let why = wait_for_end(settings.duration).await?;
+        let why = wait_for_end(settings.duration, launched.as_mut()).await?;
         tracing::info!("{why}: writing the final snapshot");
         let last = stop_and_write(fleet)
             .await
@@ -276,11 +304,15 @@ pub fn run(opts: RunOptions) -> Result<()> {
             p.drain(PUSH_DRAIN).await;
         }
         eprintln!("pyfleet: {why}; last snapshot {}", last.display());
-        Ok(())
+        Ok(launched.as_mut().map(|program| program.exit_code()))
     });
     // Blocking work still running (a probe stuck on a target's file) is not waited for.
     runtime.shutdown_timeout(Duration::from_millis(200));
-    result
+    // A program started here: its exit status is pyfleet's.
+    if let Some(code) = result? {
+        std::process::exit(code);
+    }
+    Ok(())
 }
 
 /// Longest the daemon waits, at the end, for the queued push windows to be sent.
@@ -326,11 +358,29 @@ pub fn warn_without_ptrace(what: &str) {
     }
 }
 
-/// Waits for SIGINT, SIGTERM or the end of the duration; says which.
-async fn wait_for_end(duration: Option<Duration>) -> Result<&'static str> {
+/// Waits for SIGINT, SIGTERM or the end of the duration; says which. With a program started
+/// here, for its exit instead: a Ctrl-C at the terminal reaches it by itself, and SIGTERM is
+/// passed on to it.
+async fn wait_for_end(
+    duration: Option<Duration>,
+    launched: Option<&mut crate::launched::Launched>,
+) -> Result<&'static str> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    if let Some(program) = launched {
+        let mut tick = tokio::time::interval(crate::launched::SCAN);
+        loop {
+            tokio::select! {
+                _ = term.recv() => program.signal(nix::sys::signal::Signal::SIGTERM),
+                _ = int.recv() => {}
+                _ = tick.tick() => {}
+            }
+            if program.exited() {
+                return Ok("the program exited");
+            }
+        }
+    }
     let sleep = async {
         match duration {
             Some(d) => tokio::time::sleep(d).await,

@@ -1,4 +1,4 @@
-//! A program `record` starts itself (`pyfleet record -- COMMAND ARGS...`).
+//! A program `record` or `run` starts itself (`pyfleet record -- COMMAND ARGS...`).
 //!
 //! Contract. [`Launched::spawn`] starts the program with pyfleet's standard streams, in
 //! pyfleet's process group (so a Ctrl-C at the terminal reaches it as it would without
@@ -12,6 +12,11 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, ExitStatus};
+use std::time::Duration;
+
+/// How often the host is scanned while a program started here runs: its Python subprocesses
+/// are profiled from their first moments.
+pub const SCAN: Duration = Duration::from_millis(50);
 
 /// The program and what became of it.
 pub struct Launched {

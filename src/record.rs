@@ -40,9 +40,6 @@ const WAIT_POLL: Duration = Duration::from_millis(500);
 const TOP_FUNCTIONS: usize = 5;
 /// How often the progress line is redrawn.
 const REDRAW: Duration = Duration::from_millis(250);
-/// How often the host is scanned for a program started by `record -- COMMAND` and its Python
-/// subprocesses.
-const LAUNCHED_SCAN: Duration = Duration::from_millis(50);
 
 #[derive(Debug, Clone, clap::Args)]
 #[command(group(
@@ -130,6 +127,18 @@ pub struct RecordOptions {
     /// its lines were sampled.
     #[arg(long)]
     pub function: bool,
+    /// Root each thread's stacks at a frame naming the thread (`thread NAME`, the kernel's
+    /// name of the thread, in file `tid TID`).
+    #[arg(long)]
+    pub threads: bool,
+    /// Wall mode: keep the samples of threads off their CPU that wait for work (a pool's
+    /// idle workers, an idle event loop); by default they are left out.
+    #[arg(long, conflicts_with = "no_idle")]
+    pub idle: bool,
+    /// Wall mode: leave out the samples of threads off their CPU that wait for work (the
+    /// default).
+    #[arg(long)]
+    pub no_idle: bool,
     /// After `--`: a program to start and record, with its Python subprocesses, from its start
     /// until it exits (`pyfleet record -o out.svg -- python app.py`); Ctrl-C goes to it, and
     /// its exit status becomes pyfleet's.
@@ -163,6 +172,10 @@ struct Plan {
     command: Vec<String>,
     /// `--function`.
     by_function: bool,
+    /// `--threads`.
+    threads: bool,
+    /// Wall mode without `--idle`.
+    leave_out_idle: bool,
 }
 
 fn plan(mut o: RecordOptions) -> Result<Plan> {
@@ -266,6 +279,9 @@ fn plan(mut o: RecordOptions) -> Result<Plan> {
         subprocesses: o.subprocesses || !o.command.is_empty(),
         command: o.command,
         by_function: o.function,
+        threads: o.threads,
+        leave_out_idle: pyfleet_policies::leave_out_idle(mode, o.idle, o.no_idle)
+            .map_err(|e| anyhow!(e))?,
     })
 }
 
@@ -355,7 +371,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
             .unwrap_or(Duration::from_secs(3600)),
         // A program started here is looked for often: its first moments count.
         scan_interval: match launched {
-            Some(_) => LAUNCHED_SCAN,
+            Some(_) => crate::launched::SCAN,
             None => FleetConfig::default().scan_interval,
         },
         mode: plan.mode,
@@ -402,6 +418,8 @@ pub fn run(opts: RecordOptions) -> Result<()> {
                     capture: capture.clone(),
                     reads_if_deeper: plan.capture == pyfleet::stack_source::Capture::Auto,
                     off_cpu: OffCpu::for_mode(plan.mode, plan.rate.base_hz()),
+                    threads: plan.threads,
+                    leave_out_idle: plan.leave_out_idle,
                 },
                 counters: counters.clone(),
             },
@@ -530,6 +548,12 @@ pub fn run(opts: RecordOptions) -> Result<()> {
         line.push_str(
             "; no thread ran on a CPU while recorded (cpu mode counts only those): \
              --mode wall shows where idle threads wait",
+        );
+    }
+    if written.samples == 0 && counters.errors() == 0 && plan.leave_out_idle {
+        line.push_str(
+            "; wall mode left out threads waiting for work (a pool's idle workers, an idle \
+             event loop): --idle keeps them",
         );
     }
     eprintln!("{}", pyfleet::output::for_terminal(&line));

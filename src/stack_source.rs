@@ -28,9 +28,11 @@
 //! Must not schedule anything (the actors decide when) nor format output (`output/` does).
 
 use crate::cpython::{self, Unwinder, UnwinderOptions};
+use crate::idle_stacks::IdleStacks;
 use crate::memory::kernel_capture::{frames_in, GilAt, KernelCapture};
 use crate::memory::{ProcessMemory, RemoteMemory};
 use crate::process::host::PidNamespace;
+use crate::thread_frames::ThreadFrames;
 use crate::wall_time::{self, Chain, Seen, SwitchedOut, WallTime};
 use pyfleet_actors::{
     CapturedCounts, FrameInfo, ProcessInfo, SampleError, SampleKind, SampledThread, SourceFactory,
@@ -254,6 +256,12 @@ pub struct UnwinderFactory {
     /// Wall and gil modes: with the capture, each thread's samples on its CPU and off it
     /// (see [`crate::wall_time`]).
     pub off_cpu: Option<OffCpu>,
+    /// `--threads`: each stack rooted at a frame naming its thread (see
+    /// [`crate::thread_frames`]).
+    pub threads: bool,
+    /// Wall mode's `--no-idle`: threads off their CPU waiting for work left out (see
+    /// [`crate::idle_stacks`]).
+    pub leave_out_idle: bool,
 }
 
 /// How a capturing source counts threads off their CPU (wall and gil modes).
@@ -565,6 +573,8 @@ impl SourceFactory for UnwinderFactory {
         let unwinder = cpython::attach(p.pid, opts).map_err(|e| e.to_string())?;
         Ok(UnwinderSource {
             unwinder,
+            thread_frames: self.threads.then(|| ThreadFrames::new(p.pid)),
+            idle: self.leave_out_idle.then(IdleStacks::default),
             reads_if_deeper: self.reads_if_deeper,
             switched_last: None,
             capture: capture.map(|shared| CaptureLink {
@@ -626,6 +636,10 @@ impl Drop for CaptureLink {
 /// One process's unwinder, as the actors see it.
 pub struct UnwinderSource {
     unwinder: Unwinder<ProcessMemory>,
+    /// See [`UnwinderFactory::threads`].
+    thread_frames: Option<ThreadFrames>,
+    /// See [`UnwinderFactory::leave_out_idle`].
+    idle: Option<IdleStacks>,
     capture: Option<CaptureLink>,
     /// See [`UnwinderFactory::reads_if_deeper`].
     reads_if_deeper: bool,
@@ -642,6 +656,50 @@ fn sample_error(e: &cpython::UnwindError) -> SampleError {
 }
 
 impl UnwinderSource {
+    /// One call's samples, as every view but `--threads` has them.
+    fn sample_stacks(&mut self, out: &mut Vec<SampledThread>) -> Result<SampleKind, SampleError> {
+        if let Some(link) = self.capture.as_mut() {
+            let result = Self::sample_captured(&mut self.unwinder, link, out);
+            if link.deeper && self.reads_if_deeper {
+                tracing::info!(
+                    pid = link.pid,
+                    "stacks deeper than the kernel capture copies: reading this process instead"
+                );
+                // Dropping the link stops capturing it; its last counts stay this call's.
+                let last = link.last;
+                self.capture = None;
+                self.switched_last = Some(last);
+            }
+            return result;
+        }
+        self.switched_last = None;
+        // A target that changed its stack under the read (a torn frame chain, a frame freed
+        // mid-read) usually reads fine a moment later: one immediate retry, so the profile
+        // loses fewer samples. Both attempts count in the unwinder's own error stats.
+        let first = self.unwinder.sample().map(|_| ());
+        let result = match first {
+            Err(e) if !e.is_process_gone() => self.unwinder.sample().map(|_| ()),
+            other => other,
+        };
+        if let Err(e) = result {
+            return Err(SampleError {
+                kind: e.kind(),
+                process_gone: e.is_process_gone(),
+                message: e.to_string(),
+            });
+        }
+        out.extend(self.unwinder.last_sample().iter().map(|t| SampledThread {
+            tid: t.native_thread_id,
+            status: ThreadStatus {
+                on_cpu: t.on_cpu.unwrap_or(false),
+                holds_gil: t.holds_gil,
+            },
+            stack: u64::from(t.stack),
+            samples: 1,
+        }));
+        Ok(self.unwinder.last_kind())
+    }
+
     /// A tick of a capturing source: every chain captured for this process since the last
     /// tick, its threads learnt again first when due.
     fn sample_captured(
@@ -702,7 +760,7 @@ impl UnwinderSource {
                         // found (asleep since before the capture watched it).
                         for t in unwinder.last_sample() {
                             let stack = SampledThread {
-                                thread_id: t.thread_id,
+                                tid: t.native_thread_id,
                                 status: ThreadStatus {
                                     on_cpu: false,
                                     holds_gil: t.holds_gil,
@@ -787,7 +845,7 @@ impl UnwinderSource {
             let copied = !r.unknown_thread && r.incomplete.is_none();
             let chain = match sampled {
                 Ok(t) => Chain::Stack(SampledThread {
-                    thread_id: t.thread_id,
+                    tid: t.native_thread_id,
                     status: ThreadStatus {
                         on_cpu: !r.switched_out,
                         holds_gil: match link.gil() {
@@ -860,46 +918,22 @@ impl StackSource for UnwinderSource {
     }
 
     fn sample(&mut self, out: &mut Vec<SampledThread>) -> Result<SampleKind, SampleError> {
-        if let Some(link) = self.capture.as_mut() {
-            let result = Self::sample_captured(&mut self.unwinder, link, out);
-            if link.deeper && self.reads_if_deeper {
-                tracing::info!(
-                    pid = link.pid,
-                    "stacks deeper than the kernel capture copies: reading this process instead"
-                );
-                // Dropping the link stops capturing it; its last counts stay this call's.
-                let last = link.last;
-                self.capture = None;
-                self.switched_last = Some(last);
+        let from = out.len();
+        let result = self.sample_stacks(out);
+        if let Some(idle) = self.idle.as_mut() {
+            idle.leave_out(self.unwinder.stacks(), out, from);
+        }
+        if let Some(threads) = self.thread_frames.as_mut() {
+            let table = self.unwinder.stacks_mut();
+            let now = Instant::now();
+            for t in out.iter_mut().skip(from) {
+                let Ok(stack) = u32::try_from(t.stack) else {
+                    continue;
+                };
+                t.stack = u64::from(threads.stack_of(table, stack, t.tid, now));
             }
-            return result;
         }
-        self.switched_last = None;
-        // A target that changed its stack under the read (a torn frame chain, a frame freed
-        // mid-read) usually reads fine a moment later: one immediate retry, so the profile
-        // loses fewer samples. Both attempts count in the unwinder's own error stats.
-        let first = self.unwinder.sample().map(|_| ());
-        let result = match first {
-            Err(e) if !e.is_process_gone() => self.unwinder.sample().map(|_| ()),
-            other => other,
-        };
-        if let Err(e) = result {
-            return Err(SampleError {
-                kind: e.kind(),
-                process_gone: e.is_process_gone(),
-                message: e.to_string(),
-            });
-        }
-        out.extend(self.unwinder.last_sample().iter().map(|t| SampledThread {
-            thread_id: t.thread_id,
-            status: ThreadStatus {
-                on_cpu: t.on_cpu.unwrap_or(false),
-                holds_gil: t.holds_gil,
-            },
-            stack: u64::from(t.stack),
-            samples: 1,
-        }));
-        Ok(self.unwinder.last_kind())
+        result
     }
 
     fn resolve(&self, stack: u64) -> Option<Vec<FrameInfo>> {

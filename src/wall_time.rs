@@ -292,7 +292,7 @@ mod tests {
 
     fn stack(id: u64) -> SampledThread {
         SampledThread {
-            thread_id: 1,
+            tid: 1,
             status: ThreadStatus::default(),
             stack: id,
             samples: 1,

@@ -401,7 +401,7 @@ mod tests {
                 panic!("source panics after {n} samples");
             }
             out.push(SampledThread {
-                thread_id: 1,
+                tid: 1,
                 status: Default::default(),
                 stack: 7,
                 samples: 1,
@@ -564,9 +564,9 @@ mod tests {
         }
         fn sample(&mut self, out: &mut Vec<SampledThread>) -> Result<SampleKind, SampleError> {
             self.calls.fetch_add(1, Ordering::SeqCst);
-            for thread_id in [1, 2] {
+            for tid in [1, 2] {
                 out.push(SampledThread {
-                    thread_id,
+                    tid,
                     status: Default::default(),
                     stack: 7,
                     samples: 1,

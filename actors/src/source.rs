@@ -109,7 +109,8 @@ pub struct ThreadStatus {
 /// One thread in one sample, or in several of one stack.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SampledThread {
-    pub thread_id: u64,
+    /// The kernel's thread id, as pyfleet sees it (the host's, for a target in a container).
+    pub tid: u64,
     pub status: ThreadStatus,
     /// Stack id interned by the source; [`StackSource::resolve`] turns it into frames.
     pub stack: u64,

@@ -6,6 +6,7 @@
 
 pub mod family;
 pub mod file_mode;
+pub mod idle;
 pub mod matching;
 pub mod mode;
 pub mod naming;
@@ -15,6 +16,7 @@ pub mod retention;
 
 pub use family::{Family, PythonFacts, Role, RoleError};
 pub use file_mode::{FileMode, FileModeError};
+pub use idle::{leave_out_idle, waits_for_work};
 pub use matching::{LabelRuleError, MatchError, MatchPolicy, ProcessFacts, LABEL_KEYS};
 pub use mode::{Mode, ModeError};
 pub use naming::{is_multiprocessing_child, is_multiprocessing_helper, sanitize, short_name};

@@ -26,6 +26,9 @@ pub struct ThreadStack {
     pub namespace_thread_id: Option<u64>,
     pub holds_gil: bool,
     pub on_cpu: bool,
+    /// The kernel's name of the thread (see [`crate::process::thread_name`]), when the
+    /// caller asked for it; untrusted.
+    pub os_name: Option<String>,
     pub frames: Vec<Frame>,
 }
 

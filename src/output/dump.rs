@@ -32,6 +32,8 @@ struct JsonThread<'a> {
     native_thread_id: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     namespace_thread_id: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    os_name: Option<&'a str>,
     holds_gil: bool,
     on_cpu: bool,
     frames: Vec<JsonFrame<'a>>,
@@ -61,6 +63,7 @@ pub fn to_json(h: &DumpHeader<'_>, interps: &[InterpreterStacks]) -> String {
                         thread_id: t.thread_id,
                         native_thread_id: t.native_thread_id,
                         namespace_thread_id: t.namespace_thread_id,
+                        os_name: t.os_name.as_deref(),
                         holds_gil: t.holds_gil,
                         on_cpu: t.on_cpu,
                         frames: t
@@ -112,9 +115,14 @@ pub fn to_text(h: &DumpHeader<'_>, interps: &[InterpreterStacks]) -> String {
                 .namespace_thread_id
                 .map(|n| format!(", {n} in its namespace"))
                 .unwrap_or_default();
+            let name = t
+                .os_name
+                .as_deref()
+                .map(|n| format!(" \"{}\"", for_terminal(n)))
+                .unwrap_or_default();
             let _ = writeln!(
                 s,
-                "  Thread {} (native {}{ns}) [{}]",
+                "  Thread {}{name} (native {}{ns}) [{}]",
                 t.thread_id,
                 t.native_thread_id,
                 status.join(", ")

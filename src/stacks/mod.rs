@@ -95,6 +95,20 @@ impl StackTable {
         id
     }
 
+    /// The id of `stack` with `frame` added outermost (a view's root frame: see
+    /// `crate::thread_frames`), `scratch` its buffer. `None` for an id from before a reset.
+    pub fn with_outermost(
+        &mut self,
+        stack: StackId,
+        frame: FrameId,
+        scratch: &mut Vec<FrameId>,
+    ) -> Option<StackId> {
+        scratch.clear();
+        scratch.extend_from_slice(self.stack_frames(stack)?);
+        scratch.push(frame);
+        Some(self.stack(scratch))
+    }
+
     /// The frames of a stack, innermost first.
     pub fn stack_frames(&self, id: StackId) -> Option<&[FrameId]> {
         let index = id.wrapping_sub(self.stack_base) as usize;

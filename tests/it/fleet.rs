@@ -2,7 +2,8 @@
 //! Python 3.11 under HTTP load, `pyfleet --match gunicorn` for a short --duration, a worker
 //! killed with SIGKILL mid-run. Checks the snapshots (files, the WSGI handler's functions,
 //! the replacement worker's pid, SVG well-formed), a scrape of /metrics, two profiles pulled
-//! at once by `go tool pprof` from `/debug/pprof/profile`, and bad input.
+//! at once by `go tool pprof` from `/debug/pprof/profile`, and bad input. And `run -- COMMAND`:
+//! a program the daemon starts itself, profiled until it exits.
 
 use crate::common::*;
 use std::collections::BTreeSet;
@@ -422,5 +423,87 @@ fn bad_daemon_input_fails_before_starting() {
             "slow to fail: {}",
             out.describe()
         );
+    }
+}
+
+/// `run -- python launched.py` on every version 3.11-3.15 (#34), as `record -- ...`: the
+/// program is profiled from its start (its first half second, `early_work`: at least 20 of
+/// about 50 samples at 100 Hz) until it exits; the daemon then writes its final snapshot and
+/// exits with the program's status (3); with a multiprocessing pool (spawn) on one version,
+/// both workers are profiled, named after the program. A program with processes to match
+/// besides, or a duration, is refused in one line.
+#[test]
+fn run_starts_a_program_and_ends_with_it() {
+    let _machine = shared();
+    let dir = tempdir("pyfleet-run-launch-");
+    let script = target_script("launched.py");
+    let mut done = Vec::new();
+    for interp in interpreters() {
+        if !(11..=15).contains(&interp.minor) || done.contains(&interp.minor) {
+            continue;
+        }
+        done.push(interp.minor);
+        let pool = interp.minor == 15;
+        let out = dir.path().join(&interp.label);
+        let mut args = vec![
+            "run".to_string(),
+            "--out".into(),
+            out.display().to_string(),
+            "--metrics-addr".into(),
+            "off".into(),
+            "--snapshot-format".into(),
+            "folded".into(),
+            "--".into(),
+            interp.path.display().to_string(),
+            script.display().to_string(),
+        ];
+        if pool {
+            args.push("pool".into());
+        }
+        let run = pyfleet(&args);
+        let label = &interp.label;
+        assert_eq!(run.status.code(), Some(3), "[{label}] {}", run.describe());
+        // Every snapshot's stacks (one, unless a snapshot interval passed).
+        let text: String = snapshot_dirs(&out)
+            .iter()
+            .map(|d| fs::read_to_string(d.join("all.folded")).unwrap_or_default())
+            .collect();
+        let count = |function: &str| -> u64 {
+            text.lines()
+                .filter(|l| l.contains(&format!(";{function} (")))
+                .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+                .sum()
+        };
+        let (early, late) = (count("early_work"), count("late_work"));
+        eprintln!("[{label}] early_work {early}, late_work {late} samples");
+        assert!(
+            early >= 20 && late >= 75,
+            "[{label}] early_work {early}, late_work {late} samples:\n{}",
+            run.describe()
+        );
+        if pool {
+            let workers: BTreeSet<&str> = text
+                .lines()
+                .filter(|l| l.contains(";pool_work ("))
+                .filter_map(|l| l.split(';').next())
+                .collect();
+            assert!(
+                workers.len() == 2 && workers.iter().all(|w| w.starts_with("launched-worker-")),
+                "[{label}] pool workers: {workers:?}"
+            );
+        }
+    }
+    assert!(!done.is_empty(), "no 3.11-3.15 interpreter found");
+
+    let python = any_interpreter().path.display().to_string();
+    for (extra, needle) in [
+        (["--pid", "1"], "not both"),
+        (["--match", "gunicorn"], "not both"),
+        (["--duration", "5"], "--duration"),
+    ] {
+        let mut args = vec!["run", "--metrics-addr", "off"];
+        args.extend(extra);
+        args.extend(["--", python.as_str(), "-c", "pass"]);
+        assert_error_contract(&pyfleet(&args), Some(needle));
     }
 }

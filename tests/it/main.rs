@@ -31,6 +31,7 @@ mod record;
 mod sampler_consistency;
 mod steady_state;
 mod thread_status;
+mod thread_views;
 mod who_is_who;
 mod whole_stacks;
 

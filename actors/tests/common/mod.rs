@@ -301,7 +301,7 @@ impl StackSource for FakeSource {
         }
         for (i, (status, stack)) in p.threads.iter().enumerate() {
             out.push(SampledThread {
-                thread_id: i as u64 + 1,
+                tid: i as u64 + 1,
                 status: *status,
                 stack: *stack,
                 samples: 1,

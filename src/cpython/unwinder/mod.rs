@@ -381,6 +381,11 @@ impl<M: RemoteMemory> Unwinder<M> {
     pub fn stacks(&self) -> &StackTable {
         &self.table
     }
+    /// The same, to intern stacks of a view built on the samples' (the table is reset, ids
+    /// and all, only at the start of [`Unwinder::sample`]).
+    pub fn stacks_mut(&mut self) -> &mut StackTable {
+        &mut self.table
+    }
     pub fn stats(&self) -> UnwinderStats {
         let mut s = self.stats;
         s.remote_reads = self.mem.stats().reads();
@@ -537,6 +542,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                     namespace_thread_id: s.namespace_thread_id,
                     holds_gil: s.holds_gil,
                     on_cpu: s.on_cpu.unwrap_or(false),
+                    os_name: None,
                     frames,
                 });
             }

@@ -1,0 +1,161 @@
+//! Threads by name against real interpreters 3.11-3.15 (tests/targets/named_threads.py: a
+//! busy thread, one sleeping in its own code, one waiting on an Event, an idle
+//! ThreadPoolExecutor, each named at the OS level): `dump` shows each thread's kernel name;
+//! `record --threads` roots each thread's stacks at a frame naming it, and never files one
+//! thread's stack under another; wall mode leaves the threads waiting for work out unless
+//! `--idle`, by the kernel capture and by reads alike.
+
+use crate::common::*;
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+
+/// The threads of named_threads.py that wait for work (and the main thread, whose kernel
+/// name is the program's: it waits on an Event too).
+const IDLE: [&str; 3] = ["waiter", "pool_0", "pool_1"];
+
+fn named_threads(interp: &Interp) -> Proc {
+    let mut p = Proc::python(&interp.label, &interp.path, "named_threads.py", &["ready"]);
+    p.wait_for_file("ready", READY_TIMEOUT);
+    p
+}
+
+/// Samples per thread name of a `--threads` folded profile, after checking that each line's
+/// thread frame is second (under the process) and that its frames are that thread's own:
+/// the function named after the thread (`cruncher`, `napper`, `waiter`) or, for the pool's
+/// workers, the pool's `_worker`.
+fn by_thread(folded: &str) -> Result<BTreeMap<String, u64>, String> {
+    let mut counts = BTreeMap::new();
+    for line in folded.lines() {
+        let (stack, n) = line.rsplit_once(' ').ok_or(format!("bad line {line:?}"))?;
+        let n: u64 = n.parse().map_err(|_| format!("bad count in {line:?}"))?;
+        let frames: Vec<&str> = stack.split(';').collect();
+        let thread = frames
+            .get(1)
+            .and_then(|f| f.strip_prefix("thread "))
+            .and_then(|f| f.split_once(" (tid "))
+            .map(|(name, _)| name.to_string())
+            .ok_or(format!("no thread frame second in {line:?}"))?;
+        let own = match thread.as_str() {
+            "cruncher" | "napper" | "waiter" => format!("{thread} ("),
+            t if t.starts_with("pool_") => "_worker (".to_string(),
+            _ => "main (".to_string(),
+        };
+        if !frames.iter().skip(2).any(|f| f.starts_with(&own)) {
+            return Err(format!("{thread}'s line without {own}..): {line}"));
+        }
+        *counts.entry(thread).or_default() += n;
+    }
+    Ok(counts)
+}
+
+fn record(
+    pid: i32,
+    extra: &[&str],
+    out: &std::path::Path,
+) -> Result<BTreeMap<String, u64>, String> {
+    let pid = pid.to_string();
+    let mut args = vec![
+        "record",
+        "--pid",
+        &pid,
+        "--mode",
+        "wall",
+        "--duration",
+        "2",
+        "--threads",
+        "-f",
+        "folded",
+        "--force",
+        "-o",
+    ];
+    let out_s = out.to_str().unwrap_or_default();
+    args.push(out_s);
+    args.extend_from_slice(extra);
+    let run = pyfleet(&args);
+    if !run.success() {
+        return Err(run.describe());
+    }
+    let text = fs::read_to_string(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    by_thread(&text).map_err(|e| format!("{extra:?}: {e}\n{}", run.describe()))
+}
+
+#[test]
+fn threads_are_named_and_idle_ones_left_out_in_wall_mode() {
+    let _machine = shared();
+    let mut failures = Vec::new();
+    for interp in interpreters() {
+        let label = &interp.label;
+        let target = named_threads(&interp);
+        let pid = target.pid();
+        let tmp = tempdir("pyfleet-threads-");
+
+        // dump: every thread's kernel name.
+        let dump = pyfleet(&["dump", "--pid", &pid.to_string(), "--json"]);
+        let names: BTreeSet<String> = serde_json::from_str::<Value>(&dump.stdout)
+            .ok()
+            .and_then(|v| v["interpreters"][0]["threads"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|t| t["os_name"].as_str().map(str::to_string))
+            .collect();
+        for want in ["cruncher", "napper", "waiter", "pool_0", "pool_1"] {
+            if !names.contains(want) {
+                failures.push(format!("{label}: dump without thread {want}: {names:?}"));
+            }
+        }
+
+        // Wall mode, by default: the working threads, none of the idle ones; by the
+        // capture (as root) and by reads.
+        for capture in ["auto", "reads"] {
+            let out = tmp.path().join(format!("{capture}.folded"));
+            match record(pid, &["--capture", capture], &out) {
+                Err(e) => failures.push(format!("{label} {capture}: {e}")),
+                Ok(counts) => {
+                    for want in ["cruncher", "napper"] {
+                        if counts.get(want).copied().unwrap_or(0) == 0 {
+                            failures.push(format!("{label} {capture}: no {want}: {counts:?}"));
+                        }
+                    }
+                    let idle: Vec<&str> = IDLE
+                        .into_iter()
+                        .filter(|t| counts.contains_key(*t))
+                        .collect();
+                    if !idle.is_empty() || counts.keys().any(|t| t.starts_with("python")) {
+                        failures.push(format!(
+                            "{label} {capture}: threads waiting for work kept: {counts:?}"
+                        ));
+                    }
+                }
+            }
+        }
+
+        // --idle: every thread.
+        let out = tmp.path().join("idle.folded");
+        match record(pid, &["--idle"], &out) {
+            Err(e) => failures.push(format!("{label} --idle: {e}")),
+            Ok(counts) => {
+                for want in ["cruncher", "napper"].into_iter().chain(IDLE) {
+                    if counts.get(want).copied().unwrap_or(0) == 0 {
+                        failures.push(format!("{label} --idle: no {want}: {counts:?}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn idle_goes_with_wall_mode_only() {
+    let _machine = shared();
+    let tmp = tempdir("pyfleet-idle-");
+    let out = tmp.path().join("p.svg");
+    let out = out.to_str().unwrap_or_default();
+    for (mode, flag) in [("cpu", "--idle"), ("gil", "--no-idle")] {
+        let run = pyfleet(&["record", "--pid", "1", "--mode", mode, flag, "-o", out]);
+        assert_error_contract(&run, Some(flag));
+    }
+    let run = pyfleet(&["run", "--mode", "cpu", "--idle", "--duration", "1"]);
+    assert_error_contract(&run, Some("--idle"));
+}
