@@ -234,8 +234,11 @@ fn dump(pid: i32, json: bool, blocking: bool) -> Result<()> {
             }
         }
     };
+    // Names are read after the stacks: a thread that started or ended between has none.
+    let names = unwinder.threading_names().unwrap_or_default();
     let mut stacks = stacks;
     for t in stacks.iter_mut().flat_map(|i| i.threads.iter_mut()) {
+        t.name = names.get(&t.thread_id).cloned();
         t.os_name = pyfleet::process::thread_name(pid, t.native_thread_id);
     }
     let cmdline = Process::new(pid)

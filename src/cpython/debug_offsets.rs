@@ -512,6 +512,7 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
             code_object_generation: d
                 .opt("interpreter_state.code_object_generation")
                 .and_then(|_| interp("code_object_generation").ok()),
+            modules: interp("imports_modules")?,
         },
         tstate: ThreadLayout {
             size: span(&tstate_fields),

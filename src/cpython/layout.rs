@@ -93,6 +93,9 @@ pub struct InterpLayout {
     pub threads_head: u64,
     /// 3.14+: bumped whenever code objects may have been freed and reused.
     pub code_object_generation: Option<u64>,
+    /// `imports.modules` (3.11: `modules`), `sys.modules`: read only for the threading
+    /// module's thread names (`threading_names`), never while sampling.
+    pub modules: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

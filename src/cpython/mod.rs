@@ -11,6 +11,7 @@ pub mod linetable;
 pub mod objects;
 pub mod resolved;
 pub mod tables;
+pub mod threading_names;
 pub mod unwinder;
 pub mod versions;
 

@@ -26,6 +26,9 @@ pub struct ThreadStack {
     pub namespace_thread_id: Option<u64>,
     pub holds_gil: bool,
     pub on_cpu: bool,
+    /// The `threading` module's name of the thread (`Thread.name`), when the caller asked
+    /// for it and it could be read; untrusted.
+    pub name: Option<String>,
     /// The kernel's name of the thread (see [`crate::process::thread_name`]), when the
     /// caller asked for it; untrusted.
     pub os_name: Option<String>,

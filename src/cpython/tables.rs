@@ -88,6 +88,7 @@ pub fn layout_311(version: Version) -> Layout {
             id: 48,           // interp.id
             threads_head: 16, // interp.threads_head
             code_object_generation: None,
+            modules: 888, // interp.imports_modules
         },
         tstate: ThreadLayout {
             size: 304,             // through datastack_chunk
@@ -166,6 +167,7 @@ pub fn layout_312(version: Version) -> Layout {
             id: 8,            // interp.id
             threads_head: 72, // interp.threads_head
             code_object_generation: None,
+            modules: 944, // interp.imports_modules
         },
         tstate: ThreadLayout {
             size: 240,             // through datastack_chunk

@@ -33,6 +33,8 @@ struct JsonThread<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     namespace_thread_id: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     os_name: Option<&'a str>,
     holds_gil: bool,
     on_cpu: bool,
@@ -63,6 +65,7 @@ pub fn to_json(h: &DumpHeader<'_>, interps: &[InterpreterStacks]) -> String {
                         thread_id: t.thread_id,
                         native_thread_id: t.native_thread_id,
                         namespace_thread_id: t.namespace_thread_id,
+                        name: t.name.as_deref(),
                         os_name: t.os_name.as_deref(),
                         holds_gil: t.holds_gil,
                         on_cpu: t.on_cpu,
@@ -115,14 +118,21 @@ pub fn to_text(h: &DumpHeader<'_>, interps: &[InterpreterStacks]) -> String {
                 .namespace_thread_id
                 .map(|n| format!(", {n} in its namespace"))
                 .unwrap_or_default();
+            // The threading module's name, and the kernel's where it says something else.
             let name = t
-                .os_name
+                .name
                 .as_deref()
                 .map(|n| format!(" \"{}\"", for_terminal(n)))
                 .unwrap_or_default();
+            let os_name = t
+                .os_name
+                .as_deref()
+                .filter(|os| t.name.as_deref() != Some(*os))
+                .map(|n| format!(", named \"{}\" by the kernel", for_terminal(n)))
+                .unwrap_or_default();
             let _ = writeln!(
                 s,
-                "  Thread {}{name} (native {}{ns}) [{}]",
+                "  Thread {}{name} (native {}{ns}{os_name}) [{}]",
                 t.thread_id,
                 t.native_thread_id,
                 status.join(", ")

@@ -1,6 +1,7 @@
 //! Threads by name against real interpreters 3.11-3.15 (tests/targets/named_threads.py: a
 //! busy thread, one sleeping in its own code, one waiting on an Event, an idle
-//! ThreadPoolExecutor, each named at the OS level): `dump` shows each thread's kernel name;
+//! ThreadPoolExecutor, each named at the OS level, and one that renames itself once started):
+//! `dump` shows each thread's name as the threading module gives it and its kernel name;
 //! `record --threads` roots each thread's stacks at a frame naming it, and never files one
 //! thread's stack under another; wall mode leaves the threads waiting for work out unless
 //! `--idle`, by the kernel capture and by reads alike.
@@ -38,6 +39,8 @@ fn by_thread(folded: &str) -> Result<BTreeMap<String, u64>, String> {
             .ok_or(format!("no thread frame second in {line:?}"))?;
         let own = match thread.as_str() {
             "cruncher" | "napper" | "waiter" => format!("{thread} ("),
+            // Its kernel name: the one it set, or (3.14+) what CPython set from the new one.
+            t if t.starts_with("renamer") || t.starts_with("wörker") => "renamer (".to_string(),
             t if t.starts_with("pool_") => "_worker (".to_string(),
             _ => "main (".to_string(),
         };
@@ -90,18 +93,40 @@ fn threads_are_named_and_idle_ones_left_out_in_wall_mode() {
         let pid = target.pid();
         let tmp = tempdir("pyfleet-threads-");
 
-        // dump: every thread's kernel name.
+        // dump: every thread's threading name (the renamed one's new name; the main
+        // thread's "MainThread") and kernel name.
         let dump = pyfleet(&["dump", "--pid", &pid.to_string(), "--json"]);
-        let names: BTreeSet<String> = serde_json::from_str::<Value>(&dump.stdout)
+        let threads = serde_json::from_str::<Value>(&dump.stdout)
             .ok()
             .and_then(|v| v["interpreters"][0]["threads"].as_array().cloned())
-            .unwrap_or_default()
-            .iter()
-            .filter_map(|t| t["os_name"].as_str().map(str::to_string))
-            .collect();
+            .unwrap_or_default();
+        let field = |key: &str| -> BTreeSet<String> {
+            threads
+                .iter()
+                .filter_map(|t| t[key].as_str().map(str::to_string))
+                .collect()
+        };
+        let (names, os_names) = (field("name"), field("os_name"));
+        let want_names = [
+            "MainThread",
+            "cruncher",
+            "napper",
+            "waiter",
+            "pool_0",
+            "pool_1",
+            "wörker-renamed-after-start",
+        ];
+        if names != want_names.iter().map(|n| n.to_string()).collect() {
+            failures.push(format!(
+                "{label}: dump's thread names {names:?}\n{}",
+                dump.describe()
+            ));
+        }
         for want in ["cruncher", "napper", "waiter", "pool_0", "pool_1"] {
-            if !names.contains(want) {
-                failures.push(format!("{label}: dump without thread {want}: {names:?}"));
+            if !os_names.contains(want) {
+                failures.push(format!(
+                    "{label}: dump without kernel name {want}: {os_names:?}"
+                ));
             }
         }
 

@@ -25,6 +25,8 @@
 #include "pycore_interp.h"
 #include "pycore_frame.h"
 #include "pycore_code.h"
+#include "pycore_dict.h"
+#include "pycore_moduleobject.h"
 #if PY_VERSION_HEX >= 0x030D0000
 #  include "pycore_tstate.h"
 #endif
@@ -267,5 +269,39 @@ main(void)
     /* ---- PyTypeObject (sanity) ---- */
     OFF("type.tp_name", PyTypeObject, tp_name);
     SZ("object.sizeof", PyObject);
+
+    /* ---- the threading module's names (src/cpython/threading_names.rs) ---- */
+#if PY_VERSION_HEX >= 0x030C0000
+    OFF("interp.imports_modules", PyInterpreterState, imports.modules);
+#else
+    OFF("interp.imports_modules", PyInterpreterState, modules);
+#endif
+    OFF("type.tp_basicsize", PyTypeObject, tp_basicsize);
+    OFF("type.tp_flags", PyTypeObject, tp_flags);
+    OFF("heap_type.ht_cached_keys", PyHeapTypeObject, ht_cached_keys);
+    OFF("module.md_dict", PyModuleObject, md_dict);
+    OFF("dict.ma_keys", PyDictObject, ma_keys);
+    OFF("dict.ma_values", PyDictObject, ma_values);
+    OFF("dict_keys.dk_log2_size", PyDictKeysObject, dk_log2_size);
+    OFF("dict_keys.dk_log2_index_bytes", PyDictKeysObject, dk_log2_index_bytes);
+    OFF("dict_keys.dk_kind", PyDictKeysObject, dk_kind);
+    OFF("dict_keys.dk_nentries", PyDictKeysObject, dk_nentries);
+    OFF("dict_keys.dk_indices", PyDictKeysObject, dk_indices);
+    SZ("dict_keys.entry_sizeof", PyDictKeyEntry);
+    SZ("dict_keys.unicode_entry_sizeof", PyDictUnicodeEntry);
+    OFF("dict_values.values", PyDictValues, values);
+#if PY_VERSION_HEX >= 0x030D0000
+    OFF("dict_values.valid", PyDictValues, valid);
+    printf("tpflags.inline_values = %lu\n", (unsigned long)Py_TPFLAGS_INLINE_VALUES);
+#endif
+    printf("tpflags.managed_dict = %lu\n", (unsigned long)Py_TPFLAGS_MANAGED_DICT);
+#if PY_VERSION_HEX >= 0x030C0000
+    OFF("long.lv_tag", PyLongObject, long_value.lv_tag);
+    OFF("long.ob_digit", PyLongObject, long_value.ob_digit);
+#else
+    OFF("long.ob_size", PyLongObject, ob_base.ob_size);
+    OFF("long.ob_digit", PyLongObject, ob_digit);
+#endif
+    printf("long.shift = %d\n", PyLong_SHIFT);
     return 0;
 }

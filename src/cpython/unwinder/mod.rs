@@ -381,6 +381,11 @@ impl<M: RemoteMemory> Unwinder<M> {
     pub fn stacks(&self) -> &StackTable {
         &self.table
     }
+    /// The `threading` module's name of each thread it knows, by `threading.get_ident()`
+    /// (see [`super::threading_names`]): a few hundred reads, for `dump`.
+    pub fn threading_names(&self) -> Result<std::collections::HashMap<u64, String>, UnwindError> {
+        super::threading_names::read(&self.mem, &self.layout, self.runtime)
+    }
     /// The same, to intern stacks of a view built on the samples' (the table is reset, ids
     /// and all, only at the start of [`Unwinder::sample`]).
     pub fn stacks_mut(&mut self) -> &mut StackTable {
@@ -542,6 +547,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                     namespace_thread_id: s.namespace_thread_id,
                     holds_gil: s.holds_gil,
                     on_cpu: s.on_cpu.unwrap_or(false),
+                    name: None,
                     os_name: None,
                     frames,
                 });
