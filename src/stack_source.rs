@@ -924,8 +924,19 @@ impl StackSource for UnwinderSource {
             idle.leave_out(self.unwinder.stacks(), out, from);
         }
         if let Some(threads) = self.thread_frames.as_mut() {
-            let table = self.unwinder.stacks_mut();
             let now = Instant::now();
+            if threads.names_due(now, out.iter().skip(from).map(|t| t.tid)) {
+                // By kernel thread id, through the last full read's threads.
+                let names = self.unwinder.threading_names().unwrap_or_default();
+                let by_tid: Vec<(u64, String)> = self
+                    .unwinder
+                    .last_sample()
+                    .iter()
+                    .filter_map(|t| Some((t.native_thread_id, names.get(&t.thread_id)?.clone())))
+                    .collect();
+                threads.learn(by_tid.into_iter(), now);
+            }
+            let table = self.unwinder.stacks_mut();
             for t in out.iter_mut().skip(from) {
                 let Ok(stack) = u32::try_from(t.stack) else {
                     continue;

@@ -1,12 +1,15 @@
 //! `--threads`: every sampled stack gets one more frame, outermost, naming its thread, so
 //! that each thread's samples make a tree of their own in every format. The frame's function
-//! is `thread NAME`, NAME the kernel's name of the thread (`/proc/PID/task/TID/comm`: what
-//! the program set with `pthread_setname_np`, which CPython 3.14+ does from `Thread.name`;
-//! else the program's name), and its file `tid TID`, so threads of one name stay apart.
+//! is `thread NAME` and its file `tid TID`, so threads of one name stay apart. NAME is the
+//! `threading` module's name of the thread (`Thread.name`, read from the target with
+//! `crate::cpython::threading_names`), else the kernel's (`/proc/PID/task/TID/comm`: what the
+//! program set with `pthread_setname_np`, which CPython 3.14+ does from `Thread.name`; else
+//! the program's name).
 //!
-//! A name is read when its thread is first seen and again after [`NAME_KEPT`] (a thread may
-//! rename itself, and a thread id may be reused). Names are untrusted: formats sanitise
-//! them like any string from a target.
+//! The threading module's names are learnt from the target at most every [`NAME_KEPT`], or
+//! once a second while a thread without one samples; a kernel's name is read when its thread
+//! is first seen and again after [`NAME_KEPT`] (a thread may rename itself, and a thread id
+//! may be reused). Names are untrusted: formats sanitise them like any string from a target.
 
 use crate::stacks::{FrameId, Function, StackId, StackTable};
 use rustc_hash::FxHashMap;
@@ -20,10 +23,17 @@ const MAX_THREADS: usize = 4096;
 /// Longest name kept, in characters (the kernel's are at most 15 bytes).
 const MAX_NAME_CHARS: usize = 64;
 
+/// How long after learning the threading module's names a thread without one waits before
+/// they are learnt again.
+const UNNAMED_RETRY: Duration = Duration::from_secs(1);
+
 /// The thread frames of one process.
 pub struct ThreadFrames {
     pid: i32,
     names: FxHashMap<u64, (Function, Instant)>,
+    /// The threading module's names, by kernel thread id, and when they were learnt.
+    threading: FxHashMap<u64, String>,
+    learnt: Option<Instant>,
     scratch: Vec<FrameId>,
 }
 
@@ -32,8 +42,32 @@ impl ThreadFrames {
         ThreadFrames {
             pid,
             names: FxHashMap::default(),
+            threading: FxHashMap::default(),
+            learnt: None,
             scratch: Vec::new(),
         }
+    }
+
+    /// Whether the threading module's names should be learnt again now, for samples of
+    /// threads `tids`.
+    pub fn names_due(&self, now: Instant, mut tids: impl Iterator<Item = u64>) -> bool {
+        match self.learnt {
+            None => true,
+            Some(at) => {
+                let since = now.saturating_duration_since(at);
+                since >= NAME_KEPT
+                    || (since >= UNNAMED_RETRY && tids.any(|t| !self.threading.contains_key(&t)))
+            }
+        }
+    }
+
+    /// Takes the threading module's names (kernel thread id, name) as of now; the frames
+    /// are named afresh.
+    pub fn learn(&mut self, names: impl Iterator<Item = (u64, String)>, now: Instant) {
+        self.threading.clear();
+        self.threading.extend(names);
+        self.learnt = Some(now);
+        self.names.clear();
     }
 
     /// `stack` of thread `tid` (the kernel's id, as pyfleet sees it) with the thread's frame
@@ -63,7 +97,10 @@ impl ThreadFrames {
         if self.names.len() >= MAX_THREADS {
             self.names.clear();
         }
-        let name = crate::process::thread_name(self.pid, tid).unwrap_or_default();
+        let name = match self.threading.get(&tid) {
+            Some(name) => name.clone(),
+            None => crate::process::thread_name(self.pid, tid).unwrap_or_default(),
+        };
         let f = thread_function(&name, tid);
         self.names.insert(tid, (f.clone(), now));
         f
@@ -117,6 +154,40 @@ mod tests {
             .collect();
         // No such process: the name could not be read.
         assert_eq!(outermost, ["work app.py", "thread ? tid 1"]);
+    }
+
+    /// The threading module's name wins over the kernel's; learnt again when due.
+    #[test]
+    fn the_threading_modules_names_come_first() {
+        let mut table = StackTable::new();
+        let f = table.function(Function {
+            name: "work".into(),
+            qualname: "work".into(),
+            filename: "app.py".into(),
+            first_line: 1,
+        });
+        let frame = table.frame(f, None);
+        let stack = table.stack(&[frame]);
+        let mut threads = ThreadFrames::new(i32::MAX);
+        let t0 = Instant::now();
+        assert!(threads.names_due(t0, [1].into_iter()));
+        threads.learn([(1, "MainThread".to_string())].into_iter(), t0);
+        let outermost = |table: &StackTable, id| -> String {
+            let frames: Vec<_> = table.resolve(id).into_iter().flatten().collect();
+            frames
+                .last()
+                .map(|f| f.function.qualname.to_string())
+                .unwrap_or_default()
+        };
+        let main = threads.stack_of(&mut table, stack, 1, t0);
+        assert_eq!(outermost(&table, main), "thread MainThread");
+        let other = threads.stack_of(&mut table, stack, 2, t0);
+        assert_eq!(outermost(&table, other), "thread ?");
+        // Thread 2 has no name: learnt again after a second, not before.
+        assert!(!threads.names_due(t0, [1, 2].into_iter()));
+        assert!(threads.names_due(t0 + UNNAMED_RETRY, [2].into_iter()));
+        assert!(!threads.names_due(t0 + UNNAMED_RETRY, [1].into_iter()));
+        assert!(threads.names_due(t0 + NAME_KEPT, [1].into_iter()));
     }
 
     #[test]
