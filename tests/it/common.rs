@@ -1228,3 +1228,33 @@ pub fn idle_sleeper(token: &str) -> Proc {
     p.wait_for_file("ready", READY_TIMEOUT);
     p
 }
+
+/// Checks a wall-mode profile of tests/targets/launched.py (folded lines, of one file or
+/// several): its first half second, `early_work`, has at least 20 samples (of about 50 at
+/// 100 Hz, the rest allowing for the interpreter's start and a scan) and `late_work` at least
+/// 75 (of 150);
+/// with `pool`, the pool's two workers ran `pool_work`, each named after the program
+/// (`launched-worker-PID`). Returns the two counts, or what was wrong.
+pub fn check_launched_profile(text: &str, pool: bool) -> Result<(u64, u64), String> {
+    let count = |function: &str| -> u64 {
+        text.lines()
+            .filter(|l| l.contains(&format!(";{function} (")))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+            .sum()
+    };
+    let (early, late) = (count("early_work"), count("late_work"));
+    if early < 20 || late < 75 {
+        return Err(format!("early_work {early}, late_work {late} samples"));
+    }
+    if pool {
+        let workers: std::collections::BTreeSet<&str> = text
+            .lines()
+            .filter(|l| l.contains(";pool_work ("))
+            .filter_map(|l| l.split(';').next())
+            .collect();
+        if workers.len() != 2 || !workers.iter().all(|w| w.starts_with("launched-worker-")) {
+            return Err(format!("pool workers: {workers:?}"));
+        }
+    }
+    Ok((early, late))
+}

@@ -456,6 +456,8 @@ fn pushes_conform_to_the_ingest_api_and_survive_a_store_outage() {
             &token,
             "--mode",
             "wall",
+            // Both of the spinner's threads, the one waiting on an Event too.
+            "--idle",
             "--snapshot-interval",
             "2",
             "--push-interval",
