@@ -2,10 +2,7 @@
 //! one line on stderr and a non-zero exit (never a backtrace).
 
 mod cli;
-mod daemon;
-mod doctor;
-mod launched;
-mod record;
+mod commands;
 
 use clap::Parser;
 use std::process::ExitCode;

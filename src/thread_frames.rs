@@ -127,9 +127,8 @@ pub fn thread_function(name: &str, tid: u64) -> Function {
 mod tests {
     use super::*;
 
-    /// Two threads of one name are two frames; one thread's samples share one.
-    #[test]
-    fn each_thread_roots_its_own_stacks() {
+    /// A table holding one stack, `work (app.py:3)`.
+    fn one_stack() -> (StackTable, StackId) {
         let mut table = StackTable::new();
         let f = table.function(Function {
             name: "work".into(),
@@ -139,6 +138,13 @@ mod tests {
         });
         let frame = table.frame(f, Some(3));
         let stack = table.stack(&[frame]);
+        (table, stack)
+    }
+
+    /// Two threads of one name are two frames; one thread's samples share one.
+    #[test]
+    fn each_thread_roots_its_own_stacks() {
+        let (mut table, stack) = one_stack();
         let mut threads = ThreadFrames::new(i32::MAX);
         let now = Instant::now();
         let a = threads.stack_of(&mut table, stack, 1, now);
@@ -159,15 +165,7 @@ mod tests {
     /// The threading module's name wins over the kernel's; learnt again when due.
     #[test]
     fn the_threading_modules_names_come_first() {
-        let mut table = StackTable::new();
-        let f = table.function(Function {
-            name: "work".into(),
-            qualname: "work".into(),
-            filename: "app.py".into(),
-            first_line: 1,
-        });
-        let frame = table.frame(f, None);
-        let stack = table.stack(&[frame]);
+        let (mut table, stack) = one_stack();
         let mut threads = ThreadFrames::new(i32::MAX);
         let t0 = Instant::now();
         assert!(threads.names_due(t0, [1].into_iter()));

@@ -103,7 +103,7 @@ pub fn run(json: bool) -> Result<()> {
     } else {
         text_report(&checks, &verdict)
     };
-    crate::cli::write_stdout(format_args!("{report}"));
+    super::write_stdout(format_args!("{report}"));
     if !can_profile {
         std::process::exit(1);
     }

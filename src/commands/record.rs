@@ -330,7 +330,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
     let mut launched = match plan.command.is_empty() {
         true => None,
         false => {
-            let program = crate::launched::Launched::spawn(&plan.command)?;
+            let program = super::launched::Launched::spawn(&plan.command)?;
             plan.policy = MatchPolicy::new(
                 &[] as &[String],
                 [] as [&str; 0],
@@ -371,12 +371,12 @@ pub fn run(opts: RecordOptions) -> Result<()> {
             .unwrap_or(Duration::from_secs(3600)),
         // A program started here is looked for often: its first moments count.
         scan_interval: match launched {
-            Some(_) => crate::launched::SCAN,
+            Some(_) => super::launched::SCAN,
             None => FleetConfig::default().scan_interval,
         },
         mode: plan.mode,
         rate: plan.rate.clone(),
-        stop_timeout: crate::daemon::STOP_GRACE,
+        stop_timeout: super::fleet_runtime::STOP_GRACE,
         ..FleetConfig::default()
     };
     config.validate().map_err(|e| anyhow!("{e}"))?;
@@ -394,12 +394,12 @@ pub fn run(opts: RecordOptions) -> Result<()> {
         await_match(&plan);
     }
     let counters = Arc::new(SampleCounters::default());
-    crate::daemon::warn_without_ptrace("recorded");
+    super::fleet_runtime::warn_without_ptrace("recorded");
     pyfleet::process::runstate::raise_open_file_limit();
     if plan.switch_log {
-        crate::daemon::start_switch_log();
+        super::fleet_runtime::start_switch_log();
     }
-    let runtime = crate::daemon::runtime()?;
+    let runtime = super::fleet_runtime::runtime()?;
     let started = Instant::now();
     let progress = std::io::stderr().is_terminal();
     let why = runtime.block_on(async {
@@ -490,7 +490,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
             let line = format!("pyfleet: writing {}…", writer.path().display());
             status_line(&pyfleet::output::for_terminal(&line));
         }
-        let written = crate::daemon::stop_and_write(fleet).await;
+        let written = super::fleet_runtime::stop_and_write(fleet).await;
         if progress {
             status_line("");
         }

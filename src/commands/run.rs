@@ -54,16 +54,6 @@ async fn export_capture_state(
     }
 }
 
-/// Opens the kernel's log of context switches (`--switch-log`), or says why it stays off.
-pub fn start_switch_log() {
-    if !pyfleet::process::switches::start() {
-        eprintln!(
-            "pyfleet: warning: --switch-log: the kernel's log of context switches cannot be \
-             opened (it needs CAP_PERFMON); idle threads are told by /proc instead"
-        );
-    }
-}
-
 pub fn run(opts: RunOptions) -> Result<()> {
     let mut settings = opts
         .resolve(std::process::id() as i32)
@@ -80,12 +70,12 @@ pub fn run(opts: RunOptions) -> Result<()> {
         mode: settings.mode,
         rate: settings.rate.clone(),
         restart: settings.restart.clone(),
-        stop_timeout: STOP_GRACE,
+        stop_timeout: super::fleet_runtime::STOP_GRACE,
         ..FleetConfig::default()
     };
     config.validate().map_err(|e| anyhow!("{e}"))?;
 
-    let runtime = runtime()?;
+    let runtime = super::fleet_runtime::runtime()?;
     // Set once the fleet runs: /debug/pprof/profile takes its profiles through it.
     let profiler = Arc::new(std::sync::OnceLock::new());
     let pull = pyfleet::listener::Pull {
@@ -176,14 +166,14 @@ pub fn run(opts: RunOptions) -> Result<()> {
         let mut launched = match settings.command.is_empty() {
             true => None,
             false => {
-                let program = crate::launched::Launched::spawn(&settings.command)?;
+                let program = super::launched::Launched::spawn(&settings.command)?;
                 settings.policy = pyfleet_policies::MatchPolicy::new(
                     &[] as &[String],
                     [] as [&str; 0],
                     &[program.pid()],
                     Some(std::process::id() as i32),
                 )?;
-                config.scan_interval = config.scan_interval.min(crate::launched::SCAN);
+                config.scan_interval = config.scan_interval.min(super::launched::SCAN);
                 Some(program)
             }
         };
@@ -236,10 +226,10 @@ pub fn run(opts: RunOptions) -> Result<()> {
                 ))
                 .unwrap_or_default(),
         );
-        warn_without_ptrace("profiled");
+        super::fleet_runtime::warn_without_ptrace("profiled");
         pyfleet::process::runstate::raise_open_file_limit();
         if settings.switch_log {
-            start_switch_log();
+            super::fleet_runtime::start_switch_log();
         }
         tokio::spawn(export_capture_state(how, capture.clone()));
         for &pid in &settings.pids {
@@ -296,7 +286,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
 
         let why = wait_for_end(settings.duration, launched.as_mut()).await?;
         tracing::info!("{why}: writing the final snapshot");
-        let last = stop_and_write(fleet)
+        let last = super::fleet_runtime::stop_and_write(fleet)
             .await
             .map_err(|e| anyhow!("{why}, but {e}"))?;
         if let Some(p) = pusher {
@@ -318,58 +308,18 @@ pub fn run(opts: RunOptions) -> Result<()> {
 /// Longest the daemon waits, at the end, for the queued push windows to be sent.
 const PUSH_DRAIN: Duration = Duration::from_secs(5);
 
-/// Longest the fleet's samplers are given to stop once told to end (the daemon's and
-/// `record`'s `stop_timeout`); the final snapshot or file is written after.
-pub const STOP_GRACE: Duration = Duration::from_millis(1500);
-
-/// Stops the fleet (its samplers within [`STOP_GRACE`], what is stuck left behind) and writes
-/// its final snapshot or file, however long that takes: it holds everything sampled. A
-/// SIGINT or SIGTERM meanwhile abandons the write.
-pub async fn stop_and_write(fleet: Fleet) -> Result<std::path::PathBuf> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
-    tokio::select! {
-        written = fleet.shutdown() => written.map_err(|e| anyhow!("{e}")),
-        _ = term.recv() => Err(anyhow!("SIGTERM came while the final output was written: not written")),
-        _ = int.recv() => Err(anyhow!("SIGINT came while the final output was written: not written")),
-    }
-}
-
-/// The async runtime of the fleet's actors (the daemon's and `record`'s): two workers,
-/// since sampling itself runs on its own thread.
-pub fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("pyfleet-async")
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")
-}
-
-/// Says so when pyfleet runs without root or CAP_SYS_PTRACE: only the user's own processes
-/// can then be read, and the others would silently be missing.
-pub fn warn_without_ptrace(what: &str) {
-    if pyfleet::process::has_ptrace_capability() == Some(false) {
-        eprintln!(
-            "pyfleet: warning: without root or CAP_SYS_PTRACE only this user's own processes \
-             can be {what}"
-        );
-    }
-}
-
 /// Waits for SIGINT, SIGTERM or the end of the duration; says which. With a program started
 /// here, for its exit instead: a Ctrl-C at the terminal reaches it by itself, and SIGTERM is
 /// passed on to it.
 async fn wait_for_end(
     duration: Option<Duration>,
-    launched: Option<&mut crate::launched::Launched>,
+    launched: Option<&mut super::launched::Launched>,
 ) -> Result<&'static str> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
     if let Some(program) = launched {
-        let mut tick = tokio::time::interval(crate::launched::SCAN);
+        let mut tick = tokio::time::interval(super::launched::SCAN);
         loop {
             tokio::select! {
                 _ = term.recv() => program.signal(nix::sys::signal::Signal::SIGTERM),

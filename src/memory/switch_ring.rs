@@ -235,9 +235,52 @@ fn page_size() -> usize {
     usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
 }
 
+/// The online CPUs, each of which needs a ring (`None` if the kernel does not say; the
+/// ring's own test opens the same CPUs as the log).
+#[cfg(test)]
+pub(crate) fn online_cpu_ids() -> Option<Vec<i32>> {
+    cpu_list(&online_cpus()?)
+}
+
+/// `/sys/devices/system/cpu/online`, as the kernel writes it ("0-3,6").
+pub(crate) fn online_cpus() -> Option<String> {
+    let s = std::fs::read_to_string("/sys/devices/system/cpu/online").ok()?;
+    Some(s.trim().to_string())
+}
+
+/// The CPUs of such a list (at most 4096 of them).
+pub(crate) fn cpu_list(list: &str) -> Option<Vec<i32>> {
+    let mut cpus = Vec::new();
+    for part in list.split(',').filter(|p| !p.is_empty()) {
+        let (lo, hi) = match part.split_once('-') {
+            Some((lo, hi)) => (lo.parse::<i32>().ok()?, hi.parse::<i32>().ok()?),
+            None => {
+                let c = part.parse::<i32>().ok()?;
+                (c, c)
+            }
+        };
+        if lo < 0 || hi < lo || hi >= 4096 {
+            return None;
+        }
+        cpus.extend(lo..=hi);
+    }
+    (!cpus.is_empty()).then_some(cpus)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_cpu_lists() {
+        assert_eq!(cpu_list("0-3"), Some(vec![0, 1, 2, 3]));
+        assert_eq!(cpu_list("0,2-3"), Some(vec![0, 2, 3]));
+        assert_eq!(cpu_list("5"), Some(vec![5]));
+        assert_eq!(cpu_list(""), None);
+        assert_eq!(cpu_list("3-1"), None);
+        assert_eq!(cpu_list("0-99999"), None);
+        assert_eq!(cpu_list("x"), None);
+    }
 
     /// A real thread of this process that sleeps and wakes is seen coming in and going out
     /// (where the capability is there to open the ring).
@@ -245,7 +288,7 @@ mod tests {
     fn sees_a_thread_come_in_and_go_out() {
         // Every online CPU, as the log opens them: the thread may run on any of them, even
         // where a CPU quota makes the process's available parallelism smaller.
-        let Some(cpus) = crate::process::switches::online_cpu_ids() else {
+        let Some(cpus) = online_cpu_ids() else {
             eprintln!("the kernel does not list its online CPUs: nothing to test");
             return;
         };

@@ -8,6 +8,7 @@ pub mod folded;
 pub mod format;
 pub mod pprof;
 pub mod record_file;
+pub mod render_context;
 pub mod snapshot_dir;
 pub mod speedscope;
 pub mod svg;

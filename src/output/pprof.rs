@@ -17,7 +17,7 @@
 //! counts. Target strings are untrusted but protobuf strings are length-delimited: nothing to
 //! escape. Must not do I/O beyond the in-memory gzip.
 
-use super::format::RenderContext;
+use super::render_context::RenderContext;
 use flate2::write::GzEncoder;
 use prost::Message;
 use pyfleet_actors::{Snapshot, ThreadStatus};

@@ -10,7 +10,7 @@
 //! escapes them. Must not do I/O.
 
 use super::folded::process_root;
-use super::format::RenderContext;
+use super::render_context::RenderContext;
 use pyfleet_actors::{FrameInfo, Snapshot};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};

@@ -25,7 +25,7 @@
 //! process was not read after the drain (its memory would be newer than the state): a
 //! watch whose process was read asks for a fresh drain at its next check.
 
-use crate::memory::switch_ring::{Switch, SwitchRing};
+use crate::memory::switch_ring::{cpu_list, online_cpus, Switch, SwitchRing};
 use rustc_hash::FxHashMap;
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
@@ -220,52 +220,9 @@ impl Switches {
     }
 }
 
-/// The online CPUs, each of which needs a ring (`None` if the kernel does not say; the
-/// ring's own test opens the same CPUs as the log).
-#[cfg(test)]
-pub(crate) fn online_cpu_ids() -> Option<Vec<i32>> {
-    cpu_list(&online_cpus()?)
-}
-
-/// `/sys/devices/system/cpu/online`, as the kernel writes it ("0-3,6").
-fn online_cpus() -> Option<String> {
-    let s = std::fs::read_to_string("/sys/devices/system/cpu/online").ok()?;
-    Some(s.trim().to_string())
-}
-
-/// The CPUs of such a list (at most 4096 of them).
-fn cpu_list(list: &str) -> Option<Vec<i32>> {
-    let mut cpus = Vec::new();
-    for part in list.split(',').filter(|p| !p.is_empty()) {
-        let (lo, hi) = match part.split_once('-') {
-            Some((lo, hi)) => (lo.parse::<i32>().ok()?, hi.parse::<i32>().ok()?),
-            None => {
-                let c = part.parse::<i32>().ok()?;
-                (c, c)
-            }
-        };
-        if lo < 0 || hi < lo || hi >= 4096 {
-            return None;
-        }
-        cpus.extend(lo..=hi);
-    }
-    (!cpus.is_empty()).then_some(cpus)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn reads_cpu_lists() {
-        assert_eq!(cpu_list("0-3"), Some(vec![0, 1, 2, 3]));
-        assert_eq!(cpu_list("0,2-3"), Some(vec![0, 2, 3]));
-        assert_eq!(cpu_list("5"), Some(vec![5]));
-        assert_eq!(cpu_list(""), None);
-        assert_eq!(cpu_list("3-1"), None);
-        assert_eq!(cpu_list("0-99999"), None);
-        assert_eq!(cpu_list("x"), None);
-    }
 
     /// Without rings: what the latest times say, whatever order the rings were read in.
     #[test]

@@ -1,0 +1,61 @@
+//! `pyfleet dump`: every thread's stack of one process, once, as text or JSON.
+
+use anyhow::{Context, Result};
+use pyfleet::cpython;
+use pyfleet::output::dump::{self, DumpHeader};
+use pyfleet::process::Process;
+
+/// Reads of a running process tried before `dump` reports the failure.
+const DUMP_ATTEMPTS: u32 = 10;
+
+pub fn run(pid: i32, json: bool, blocking: bool) -> Result<()> {
+    // A dump is one sample: it needs no frame cache, and must not write to the target.
+    let opts = cpython::UnwinderOptions {
+        frame_cache: false,
+        read_only: true,
+        cpu_status: true,
+        blocking,
+        ..Default::default()
+    };
+    let mut unwinder = cpython::attach(pid, opts)?;
+    // A process that runs changes its stacks while they are read; a torn read (a frame freed
+    // mid-walk) is worth a few immediate retries before it is reported. An exited process is
+    // not.
+    let mut attempt = 0;
+    let stacks = loop {
+        attempt += 1;
+        match unwinder.snapshot() {
+            Ok(s) => break s,
+            Err(e) if !e.is_process_gone() && attempt < DUMP_ATTEMPTS => continue,
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("reading the stacks of process {pid} failed"))
+            }
+        }
+    };
+    // Names are read after the stacks: a thread that started or ended between has none.
+    let names = unwinder.threading_names().unwrap_or_default();
+    let mut stacks = stacks;
+    for t in stacks.iter_mut().flat_map(|i| i.threads.iter_mut()) {
+        t.name = names.get(&t.thread_id).cloned();
+        t.os_name = pyfleet::process::thread_name(pid, t.native_thread_id);
+    }
+    let cmdline = Process::new(pid)
+        .and_then(|p| p.cmdline())
+        .map(|c| c.join(" "))
+        .unwrap_or_default();
+    let binary = unwinder.binary().display().to_string();
+    let header = DumpHeader {
+        pid,
+        version: unwinder.layout().version,
+        binary: &binary,
+        cmdline: &cmdline,
+    };
+    let out = if json {
+        dump::to_json(&header, &stacks)
+    } else {
+        dump::to_text(&header, &stacks)
+    };
+    outln!("{out}");
+    Ok(())
+}
