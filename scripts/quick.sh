@@ -9,9 +9,10 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n== %s\n' "$*"; }
 
-# Modules of tests/it that fit: error contracts, exact dumps, labels, hostile memory, output
-# files' permissions, record's options and files.
-modules=(dump_errors:: dump_exact:: labels:: hostile_memory:: file_modes:: record::)
+# Modules of tests/it that fit, and the check that every test takes the machine: error
+# contracts, exact dumps, labels, hostile memory, output files' permissions, record.
+modules=(every_test_takes_the_machine dump_errors:: dump_exact:: labels:: hostile_memory::
+    file_modes:: record::)
 
 step "cargo fmt"
 cargo fmt --all -- --check
