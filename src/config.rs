@@ -210,12 +210,12 @@ pub struct RunOptions {
     #[arg(long)]
     pub read_only: bool,
     /// Pause the target's threads for each sample (ptrace), so that every stack is one
-    /// instant's; costs the target a short stop per sample (see the README).
+    /// instant's; costs the target a short stop per sample (see docs/reference.md).
     #[arg(long)]
     pub blocking: bool,
     /// Tell idle threads by the kernel's log of context switches (needs CAP_PERFMON): a sample
     /// of a process that has not run costs no syscall, but every context switch on the host
-    /// costs a little more while pyfleet runs (see the README).
+    /// costs a little more while pyfleet runs (see docs/reference.md).
     #[arg(long)]
     pub switch_log: bool,
     /// How stacks are taken: kernel (the kernel copies a running thread's frames at its
@@ -225,7 +225,7 @@ pub struct RunOptions {
     /// [default: auto].
     #[arg(long, value_name = "auto|reads|kernel")]
     pub capture: Option<String>,
-    /// Push profiles to Grafana Pyroscope at this URL (http[s]://host:port; see the README)
+    /// Push profiles to Grafana Pyroscope at this URL (http[s]://host:port; see docs/reference.md)
     /// [default: no push]. Authentication and tenant: the config file's [pyroscope] table.
     #[arg(long = "pyroscope", value_name = "URL")]
     #[serde(skip)]

@@ -188,8 +188,8 @@ pub fn run(
                 "what it cost: {} samples of process {pid} in {secs:.1} s ({:.0} a second), \
                  {:.0} MB read from its memory, {} writes to it (the 3.15 marker), {:.2} s of \
                  pyfleet's CPU. The target was never stopped, but reads back to back slow a \
-                 busy one (measured: to about two thirds of its speed; README, \"What bench \
-                 costs\")",
+                 busy one (measured: to about two thirds of its speed; docs/reference.md, \
+                 \"What bench costs\")",
                 st.samples,
                 st.samples as f64 / secs.max(1e-9),
                 st.remote_read_bytes as f64 / 1e6,

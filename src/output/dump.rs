@@ -49,7 +49,7 @@ struct JsonFrame<'a> {
     line: Option<i32>,
 }
 
-/// The dump as one JSON object (the format documented in the README).
+/// The dump as one JSON object (the format documented in docs/reference.md).
 pub fn to_json(h: &DumpHeader<'_>, interps: &[InterpreterStacks]) -> String {
     let doc = JsonDump {
         pid: h.pid,
