@@ -231,3 +231,19 @@ pub fn check_launched_profile(text: &str, pool: bool) -> Result<(u64, u64), Stri
     }
     Ok((early, late))
 }
+
+/// The runs of tests/targets/launched.py a `-- COMMAND` test makes: one interpreter of each
+/// version 3.11-3.15, the 3.15 one with a multiprocessing pool (`true`). Fails when none is
+/// found.
+pub fn launched_cases() -> Vec<(Interp, bool)> {
+    let mut cases: Vec<(Interp, bool)> = Vec::new();
+    for interp in interpreters() {
+        if (11..=15).contains(&interp.minor) && !cases.iter().any(|(i, _)| i.minor == interp.minor)
+        {
+            let pool = interp.minor == 15;
+            cases.push((interp, pool));
+        }
+    }
+    assert!(!cases.is_empty(), "no 3.11-3.15 interpreter found");
+    cases
+}
