@@ -360,7 +360,7 @@ pub struct RunSettings {
     pub blocking: bool,
     pub switch_log: bool,
     /// How stacks are taken, resolved for the mode (`Auto`: the kernel capture if it starts).
-    pub capture: crate::stack_source::Capture,
+    pub capture: crate::capture::Capture,
     pub push: Option<PushSettings>,
 }
 
@@ -501,7 +501,7 @@ impl RunOptions {
                 .map_err(|e: pyfleet_policies::ModeError| e.to_string())?,
             None => Mode::default(),
         };
-        let capture: crate::stack_source::Capture = o
+        let capture: crate::capture::Capture = o
             .capture
             .as_deref()
             .unwrap_or("auto")

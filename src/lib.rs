@@ -3,6 +3,7 @@
 //! This crate is the remote unwinder (reading CPython 3.11-3.15 stacks from outside the
 //! process) and the CLI that wires it to the actors of `pyfleet-actors`.
 pub mod binary;
+pub mod capture;
 pub mod config;
 pub mod cpython;
 pub mod discovery;
@@ -16,4 +17,3 @@ pub mod stack_source;
 pub mod stacks;
 pub mod thread_frames;
 pub mod tls;
-pub mod wall_time;

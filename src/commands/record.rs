@@ -16,13 +16,14 @@
 //! unless sampling would need more.
 
 use anyhow::{anyhow, bail, Context, Result};
+use pyfleet::capture::OffCpu;
 use pyfleet::config::Seconds;
 use pyfleet::cpython;
 use pyfleet::discovery::HostDiscovery;
 use pyfleet::output::format::{Format, RenderContext};
 use pyfleet::output::record_file::RecordFile;
 use pyfleet::output::snapshot_dir::utc_name;
-use pyfleet::stack_source::{Counted, OffCpu, SampleCounters, UnwinderFactory};
+use pyfleet::stack_source::{Counted, SampleCounters, UnwinderFactory};
 use pyfleet_actors::{Fleet, FleetConfig, FleetStatus, ProcessState};
 use pyfleet_policies::{FileMode, MatchPolicy, Mode, RatePolicy};
 use std::io::{IsTerminal, Write};
@@ -162,7 +163,7 @@ struct Plan {
     blocking: bool,
     switch_log: bool,
     /// `--capture`, resolved for the mode.
-    capture: pyfleet::stack_source::Capture,
+    capture: pyfleet::capture::Capture,
     force: bool,
     file_mode: FileMode,
     wait: bool,
@@ -216,7 +217,7 @@ fn plan(mut o: RecordOptions) -> Result<Plan> {
             "--wait goes with --match or --match-label (it waits for a matching process to start)"
         );
     }
-    let capture: pyfleet::stack_source::Capture =
+    let capture: pyfleet::capture::Capture =
         o.capture.parse().map_err(|e| anyhow!("--capture {e}"))?;
     let capture = capture
         .resolve(o.blocking, o.switch_log, "--capture")
@@ -416,7 +417,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
                     read_only: plan.read_only,
                     blocking: plan.blocking,
                     capture: capture.clone(),
-                    reads_if_deeper: plan.capture == pyfleet::stack_source::Capture::Auto,
+                    reads_if_deeper: plan.capture == pyfleet::capture::Capture::Auto,
                     off_cpu: OffCpu::for_mode(plan.mode, plan.rate.base_hz()),
                     threads: plan.threads,
                     leave_out_idle: plan.leave_out_idle,

@@ -6,10 +6,11 @@
 use anyhow::{anyhow, Context, Result};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use metrics_util::MetricKindMask;
+use pyfleet::capture::OffCpu;
 use pyfleet::config::RunOptions;
 use pyfleet::discovery::HostDiscovery;
 use pyfleet::output::snapshot_dir::SnapshotDir;
-use pyfleet::stack_source::{OffCpu, UnwinderFactory};
+use pyfleet::stack_source::UnwinderFactory;
 use pyfleet_actors::{Fleet, FleetConfig};
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,8 +31,8 @@ pub const CAPTURE_LOST: &str = "pyfleet_capture_lost_samples_total";
 /// exporter drops a series nothing touched for its idle timeout (at least 30 s), so a value
 /// set once at start would be gone within a minute.
 async fn export_capture_state(
-    how: pyfleet::stack_source::HowStacks,
-    shared: Option<Arc<pyfleet::stack_source::SharedCapture>>,
+    how: pyfleet::capture::HowStacks,
+    shared: Option<Arc<pyfleet::capture::SharedCapture>>,
 ) {
     let (stacks, why_not_kernel) = how.codes();
     let mut every = tokio::time::interval(Duration::from_secs(1));
@@ -270,7 +271,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
                 read_only: settings.read_only,
                 blocking: settings.blocking,
                 capture,
-                reads_if_deeper: settings.capture == pyfleet::stack_source::Capture::Auto,
+                reads_if_deeper: settings.capture == pyfleet::capture::Capture::Auto,
                 off_cpu: OffCpu::for_mode(settings.mode, settings.rate.base_hz()),
                 threads: settings.threads,
                 leave_out_idle: settings.leave_out_idle,

@@ -341,7 +341,7 @@ fn record_phases(
 
 /// CLOCK_MONOTONIC now, in seconds (the targets' `time.monotonic()`).
 fn seconds_now() -> f64 {
-    pyfleet::wall_time::now_ns() as f64 / 1e9
+    pyfleet::capture::wall_time::now_ns() as f64 / 1e9
 }
 
 /// Each phase's share of the samples against its share of `time` (seconds that count in the
