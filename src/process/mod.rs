@@ -423,13 +423,9 @@ pub fn comm_of<'b>(file: &File, buf: &'b mut [u8; 80]) -> Option<&'b [u8]> {
 /// bytes, what `prctl(PR_SET_NAME)` or `pthread_setname_np` set, else the program's name),
 /// as lossy UTF-8. Untrusted: sanitise before showing it. `None` once the thread has ended.
 pub fn thread_name(pid: i32, tid: u64) -> Option<String> {
-    use std::io::Read;
-    let mut file = File::open(format!("/proc/{pid}/task/{tid}/comm")).ok()?;
-    let mut buf = [0u8; 64];
-    let n = file.read(&mut buf).ok()?;
-    let name = buf.get(..n)?;
-    let name = name.strip_suffix(b"\n").unwrap_or(name);
-    Some(String::from_utf8_lossy(name).into_owned())
+    let file = File::open(format!("/proc/{pid}/task/{tid}/comm")).ok()?;
+    let mut buf = [0u8; 80];
+    comm_of(&file, &mut buf).map(|name| String::from_utf8_lossy(name).into_owned())
 }
 
 /// `/proc/PID/stat` from field 3 (the state) on: the command name before it is in parentheses
