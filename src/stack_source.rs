@@ -157,11 +157,11 @@ impl StackSource for UnwinderSource {
             if threads.names_due(now, out.iter().skip(from).map(|t| t.tid)) {
                 // By kernel thread id, through the last full read's threads.
                 let names = self.unwinder.threading_names().unwrap_or_default();
-                let by_tid: Vec<(u64, String)> = self
+                let by_tid: Vec<(u64, Option<String>)> = self
                     .unwinder
                     .last_sample()
                     .iter()
-                    .filter_map(|t| Some((t.native_thread_id, names.get(&t.thread_id)?.clone())))
+                    .map(|t| (t.native_thread_id, names.get(&t.thread_id).cloned()))
                     .collect();
                 threads.learn(by_tid.into_iter(), now);
             }

@@ -7,7 +7,8 @@
 //! the program's name).
 //!
 //! The threading module's names are learnt from the target at most every [`NAME_KEPT`], or
-//! once a second while a thread without one samples; a kernel's name is read when its thread
+//! once a second while a thread the last learning did not see samples (a thread the
+//! threading module does not know is not asked about again before [`NAME_KEPT`]); a kernel's name is read when its thread
 //! is first seen and again after [`NAME_KEPT`] (a thread may rename itself, and a thread id
 //! may be reused). Names are untrusted: formats sanitise them like any string from a target.
 
@@ -23,16 +24,17 @@ const MAX_THREADS: usize = 4096;
 /// Longest name kept, in characters (the kernel's are at most 15 bytes).
 const MAX_NAME_CHARS: usize = 64;
 
-/// How long after learning the threading module's names a thread without one waits before
-/// they are learnt again.
+/// How long after learning the threading module's names a thread the learning did not see
+/// waits before they are learnt again.
 const UNNAMED_RETRY: Duration = Duration::from_secs(1);
 
 /// The thread frames of one process.
 pub struct ThreadFrames {
     pid: i32,
     names: FxHashMap<u64, (Function, Instant)>,
-    /// The threading module's names, by kernel thread id, and when they were learnt.
-    threading: FxHashMap<u64, String>,
+    /// The threads the last learning saw, by kernel thread id, with their threading module's
+    /// name if it has one, and when they were learnt.
+    threading: FxHashMap<u64, Option<String>>,
     learnt: Option<Instant>,
     scratch: Vec<FrameId>,
 }
@@ -61,11 +63,11 @@ impl ThreadFrames {
         }
     }
 
-    /// Takes the threading module's names (kernel thread id, name) as of now; the frames
-    /// are named afresh.
-    pub fn learn(&mut self, names: impl Iterator<Item = (u64, String)>, now: Instant) {
+    /// Takes the threads seen as of now (kernel thread id, and the threading module's name if
+    /// it has one); the frames are named afresh.
+    pub fn learn(&mut self, seen: impl Iterator<Item = (u64, Option<String>)>, now: Instant) {
         self.threading.clear();
-        self.threading.extend(names);
+        self.threading.extend(seen);
         self.learnt = Some(now);
         self.names.clear();
     }
@@ -98,8 +100,8 @@ impl ThreadFrames {
             self.names.clear();
         }
         let name = match self.threading.get(&tid) {
-            Some(name) => name.clone(),
-            None => crate::process::thread_name(self.pid, tid).unwrap_or_default(),
+            Some(Some(name)) => name.clone(),
+            Some(None) | None => crate::process::thread_name(self.pid, tid).unwrap_or_default(),
         };
         let f = thread_function(&name, tid);
         self.names.insert(tid, (f.clone(), now));
@@ -169,7 +171,10 @@ mod tests {
         let mut threads = ThreadFrames::new(i32::MAX);
         let t0 = Instant::now();
         assert!(threads.names_due(t0, [1].into_iter()));
-        threads.learn([(1, "MainThread".to_string())].into_iter(), t0);
+        threads.learn(
+            [(1, Some("MainThread".to_string())), (3, None)].into_iter(),
+            t0,
+        );
         let outermost = |table: &StackTable, id| -> String {
             let frames: Vec<_> = table.resolve(id).into_iter().flatten().collect();
             frames
@@ -181,10 +186,12 @@ mod tests {
         assert_eq!(outermost(&table, main), "thread MainThread");
         let other = threads.stack_of(&mut table, stack, 2, t0);
         assert_eq!(outermost(&table, other), "thread ?");
-        // Thread 2 has no name: learnt again after a second, not before.
+        // Thread 2 was not seen: learnt again after a second, not before.
         assert!(!threads.names_due(t0, [1, 2].into_iter()));
         assert!(threads.names_due(t0 + UNNAMED_RETRY, [2].into_iter()));
         assert!(!threads.names_due(t0 + UNNAMED_RETRY, [1].into_iter()));
+        // Thread 3 was seen without a name (not a threading thread): no walk for it.
+        assert!(!threads.names_due(t0 + UNNAMED_RETRY, [3].into_iter()));
         assert!(threads.names_due(t0 + NAME_KEPT, [1].into_iter()));
     }
 
