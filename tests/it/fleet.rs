@@ -436,7 +436,6 @@ fn bad_daemon_input_fails_before_starting() {
 fn run_starts_a_program_and_ends_with_it() {
     let _machine = shared();
     let dir = tempdir("pyfleet-run-launch-");
-    let script = target_script("launched.py");
     for (interp, pool) in launched_cases() {
         let out = dir.path().join(&interp.label);
         let mut args = vec![
@@ -450,13 +449,8 @@ fn run_starts_a_program_and_ends_with_it() {
             "off".into(),
             "--snapshot-format".into(),
             "folded".into(),
-            "--".into(),
-            interp.path.display().to_string(),
-            script.display().to_string(),
         ];
-        if pool {
-            args.push("pool".into());
-        }
+        args.extend(launched_command(&interp, pool));
         let run = pyfleet(&args);
         let label = &interp.label;
         assert_eq!(run.status.code(), Some(3), "[{label}] {}", run.describe());

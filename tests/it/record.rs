@@ -564,7 +564,6 @@ fn an_empty_cpu_mode_recording_says_why() {
 fn record_starts_a_program_and_passes_its_exit_status_on() {
     let _machine = shared();
     let dir = tempdir("pyfleet-record-launch-");
-    let script = target_script("launched.py");
     for (interp, pool) in launched_cases() {
         let out = dir.path().join(format!("{}.folded", interp.label));
         let mut args = vec![
@@ -574,13 +573,8 @@ fn record_starts_a_program_and_passes_its_exit_status_on() {
             // Samples by time, not by CPU used: a busy machine does not thin them.
             "--mode".into(),
             "wall".into(),
-            "--".into(),
-            interp.path.display().to_string(),
-            script.display().to_string(),
         ];
-        if pool {
-            args.push("pool".into());
-        }
+        args.extend(launched_command(&interp, pool));
         let run = pyfleet(&args);
         assert_eq!(
             run.status.code(),

@@ -247,3 +247,17 @@ pub fn launched_cases() -> Vec<(Interp, bool)> {
     assert!(!cases.is_empty(), "no 3.11-3.15 interpreter found");
     cases
 }
+
+/// `-- PYTHON launched.py [pool]`: what follows a command's options to start one of
+/// [`launched_cases`].
+pub fn launched_command(interp: &Interp, pool: bool) -> Vec<String> {
+    let mut command = vec![
+        "--".to_string(),
+        interp.path.display().to_string(),
+        target_script("launched.py").display().to_string(),
+    ];
+    if pool {
+        command.push("pool".into());
+    }
+    command
+}
