@@ -7,9 +7,8 @@
 
 use crate::output::format::Format;
 use crate::output::snapshot_dir::DEFAULT_FORMATS;
-use pyfleet_policies::{
-    parse_size, FileMode, MatchPolicy, Mode, RatePolicy, RestartPolicy, RetentionPolicy, Role,
-};
+pub use crate::sampling_options::{parse_roles, Sampling, SamplingOptions};
+use pyfleet_policies::{parse_size, RestartPolicy, RetentionPolicy};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -72,46 +71,14 @@ impl<'de> Deserialize<'de> for Seconds {
     }
 }
 
-/// The daemon's options, as clap parses them and as a config file holds them.
+/// The daemon's options, as clap parses them and as a config file holds them: the sampling
+/// options `record` shares (flattened, the same keys in the file) and the daemon's own.
 #[derive(Debug, Clone, Default, clap::Args, Deserialize)]
-#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+#[serde(default, rename_all = "kebab-case")]
 pub struct RunOptions {
-    /// Profile processes whose command line or executable name matches REGEX (repeatable).
-    /// With no --match and no --pid, every Python process on the host.
-    #[arg(long = "match", short = 'm', value_name = "REGEX")]
-    #[serde(rename = "match")]
-    pub matches: Vec<String>,
-    /// Never profile processes matching REGEX (repeatable; wins over --match and --pid).
-    #[arg(long, value_name = "REGEX")]
-    pub exclude: Vec<String>,
-    /// Only profile processes whose label KEY matches REGEX, as KEY=REGEX (repeatable: every
-    /// one must match; keys: service, namespace, pod, pod_uid, container_id; see `pyfleet
-    /// list`). A process without that label does not match.
-    #[arg(long, value_name = "KEY=REGEX")]
-    pub match_label: Vec<String>,
-    /// Never profile processes whose label KEY matches REGEX (repeatable).
-    #[arg(long, value_name = "KEY=REGEX")]
-    pub exclude_label: Vec<String>,
-    /// Never profile processes in this role: master (the parent of workers of its own name,
-    /// such as a gunicorn master), worker, helper (multiprocessing's resource tracker or
-    /// forkserver) or single (repeatable; see `pyfleet list`).
-    #[arg(long, value_name = "ROLE")]
-    pub exclude_role: Vec<String>,
-    /// Also profile every Python descendant of a matched process, however it was started
-    /// (fork, multiprocessing's spawn or forkserver, subprocess), found within a scan.
-    #[arg(long)]
-    pub subprocesses: bool,
-    /// Profile this process (repeatable).
-    #[arg(long = "pid", short = 'p', value_name = "PID")]
-    #[serde(rename = "pid")]
-    pub pids: Vec<i32>,
-    /// Samples per second per process [default: 100].
-    #[arg(long, value_name = "HZ")]
-    pub rate: Option<f64>,
-    /// Which thread samples count: cpu (threads on a CPU), wall (every thread, waiting too),
-    /// gil (the thread holding the GIL) [default: cpu].
-    #[arg(long, value_name = "cpu|wall|gil")]
-    pub mode: Option<String>,
+    #[command(flatten)]
+    #[serde(skip)]
+    pub sampling: SamplingOptions,
     /// pyfleet's own CPU budget, percent of one core; rates come down to hold it [default: 5].
     #[arg(long, value_name = "PERCENT")]
     pub max_cpu: Option<f64>,
@@ -135,32 +102,6 @@ pub struct RunOptions {
     /// Most bytes of snapshots kept (e.g. 500M, 2G) [default: no limit].
     #[arg(long, value_name = "SIZE")]
     pub max_bytes: Option<String>,
-    /// Permission bits of snapshot files, octal: read and write bits only, the owner's
-    /// always; directories get search where read is allowed (0640 gives 0750). Set exactly,
-    /// whatever the umask [default: 0600, the owner only].
-    #[arg(long, value_name = "OCTAL")]
-    pub file_mode: Option<String>,
-    /// Fold snapshots' frames by function, without line numbers (one box per function).
-    #[arg(long)]
-    pub function: bool,
-    /// Root each thread's stacks at a frame naming the thread (`thread NAME`, the kernel's
-    /// name of the thread, in file `tid TID`).
-    #[arg(long)]
-    pub threads: bool,
-    /// Wall mode: keep the samples of threads off their CPU that wait for work (a pool's
-    /// idle workers, an idle event loop); by default they are left out.
-    #[arg(long, conflicts_with = "no_idle")]
-    pub idle: bool,
-    /// Wall mode: leave out the samples of threads off their CPU that wait for work (the
-    /// default).
-    #[arg(long)]
-    pub no_idle: bool,
-    /// After `--`: a program to start and profile, with its Python subprocesses, from its
-    /// start until it exits (`pyfleet run -- gunicorn app:app`); Ctrl-C goes to it, and its
-    /// exit status becomes pyfleet's.
-    #[arg(last = true, value_name = "COMMAND")]
-    #[serde(skip)]
-    pub command: Vec<String>,
     /// Prometheus listener address, or `off` [default: 127.0.0.1:9464].
     #[arg(long, value_name = "ADDR|off")]
     pub metrics_addr: Option<String>,
@@ -206,25 +147,6 @@ pub struct RunOptions {
     /// [default: run until stopped].
     #[arg(long, value_name = "DURATION")]
     pub duration: Option<Seconds>,
-    /// Never write to target processes (no 3.15 frame-cache marker; results stay exact).
-    #[arg(long)]
-    pub read_only: bool,
-    /// Pause the target's threads for each sample (ptrace), so that every stack is one
-    /// instant's; costs the target a short stop per sample (see docs/reference.md).
-    #[arg(long)]
-    pub blocking: bool,
-    /// Tell idle threads by the kernel's log of context switches (needs CAP_PERFMON): a sample
-    /// of a process that has not run costs no syscall, but every context switch on the host
-    /// costs a little more while pyfleet runs (see docs/reference.md).
-    #[arg(long)]
-    pub switch_log: bool,
-    /// How stacks are taken: kernel (the kernel copies a running thread's frames at its
-    /// CPU's sampling interrupt, and in wall and gil modes a thread's as it leaves its CPU:
-    /// one instant each, never stopping it; needs root), reads (pyfleet reads
-    /// each target's memory at each tick), or auto (kernel where it can, else reads)
-    /// [default: auto].
-    #[arg(long, value_name = "auto|reads|kernel")]
-    pub capture: Option<String>,
     /// Push profiles to Grafana Pyroscope at this URL (http[s]://host:port; see docs/reference.md)
     /// [default: no push]. Authentication and tenant: the config file's [pyroscope] table.
     #[arg(long = "pyroscope", value_name = "URL")]
@@ -327,52 +249,20 @@ pub struct PushSettings {
 /// Validated settings.
 #[derive(Debug, Clone)]
 pub struct RunSettings {
-    pub policy: MatchPolicy,
-    pub exclude_roles: Vec<Role>,
-    pub subprocesses: bool,
-    pub matches: Vec<String>,
-    pub pids: Vec<i32>,
-    pub rate: RatePolicy,
-    pub mode: Mode,
+    /// What to sample and how, as `record` takes it too.
+    pub sampling: Sampling,
     pub scan_interval: Duration,
     pub snapshot_interval: Duration,
     /// Formats written in each snapshot, without duplicates.
     pub snapshot_formats: Vec<Format>,
     pub out: PathBuf,
     pub retention: RetentionPolicy,
-    /// The bits of snapshot files and directories.
-    pub file_mode: FileMode,
-    /// Frames folded by function (`--function`).
-    pub by_function: bool,
-    /// Stacks rooted at their thread (`--threads`).
-    pub threads: bool,
-    /// The program to start (`-- COMMAND`), if any: the policy then matches nothing until
-    /// the daemon names the program's pid.
-    pub command: Vec<String>,
-    /// Wall mode without `--idle`: threads waiting for work left out.
-    pub leave_out_idle: bool,
     pub restart: RestartPolicy,
     pub metrics_addr: Option<SocketAddr>,
     pub listen: ListenSettings,
     pub health_addr: Option<SocketAddr>,
     pub duration: Option<Duration>,
-    pub read_only: bool,
-    pub blocking: bool,
-    pub switch_log: bool,
-    /// How stacks are taken, resolved for the mode (`Auto`: the kernel capture if it starts).
-    pub capture: crate::capture::Capture,
     pub push: Option<PushSettings>,
-}
-
-/// `--exclude-role` values, checked.
-pub fn parse_roles(names: &[String]) -> Result<Vec<Role>, String> {
-    names
-        .iter()
-        .map(|n| {
-            n.parse::<Role>()
-                .map_err(|e| format!("--exclude-role: {e}"))
-        })
-        .collect()
 }
 
 fn seconds(name: &str, v: Option<Seconds>, default: f64) -> Result<Duration, String> {
@@ -380,66 +270,64 @@ fn seconds(name: &str, v: Option<Seconds>, default: f64) -> Result<Duration, Str
 }
 
 impl RunOptions {
-    /// Reads a config file.
+    /// Reads a config file: its keys are the long options of `run` (the sampling options
+    /// and the daemon's own), and the `[listen]` and `[pyroscope]` tables.
     pub fn from_file(path: &std::path::Path) -> Result<RunOptions, String> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
-        toml::from_str(&text).map_err(|e| {
-            let msg = e.message().replace('\n', " ");
-            match e.span() {
-                Some(span) => {
-                    let line = 1 + text.as_bytes()[..span.start.min(text.len())]
-                        .iter()
-                        .filter(|&&b| b == b'\n')
-                        .count();
-                    format!("invalid config {} line {line}: {msg}", path.display())
-                }
-                None => format!("invalid config {}: {msg}", path.display()),
+        let at_line = |span: Option<std::ops::Range<usize>>, msg: &str| match span {
+            Some(span) => {
+                let line = 1 + text.as_bytes()[..span.start.min(text.len())]
+                    .iter()
+                    .filter(|&&b| b == b'\n')
+                    .count();
+                format!("invalid config {} line {line}: {msg}", path.display())
             }
-        })
+            None => format!("invalid config {}: {msg}", path.display()),
+        };
+        let located = |e: toml::de::Error| at_line(e.span(), &e.message().replace('\n', " "));
+        // Each part reads the whole file and takes its own keys; a key neither takes is a
+        // mistake.
+        let keys: std::collections::BTreeMap<toml::Spanned<String>, serde::de::IgnoredAny> =
+            toml::from_str(&text).map_err(located)?;
+        let (sampling_keys, own_keys) = (
+            struct_keys::<SamplingOptions>(),
+            struct_keys::<RunOptions>(),
+        );
+        if let Some(key) = keys.keys().find(|k| {
+            !sampling_keys.contains(&k.get_ref().as_str())
+                && !own_keys.contains(&k.get_ref().as_str())
+        }) {
+            return Err(at_line(
+                Some(key.span()),
+                &format!(
+                    "unknown key `{}` (the keys are `pyfleet run`'s long options, and the \
+                     [listen] and [pyroscope] tables)",
+                    crate::output::for_terminal(key.get_ref())
+                ),
+            ));
+        }
+        let mut options: RunOptions = toml::from_str(&text).map_err(located)?;
+        options.sampling = toml::from_str(&text).map_err(located)?;
+        Ok(options)
     }
 
     /// These options over `file`'s: a value given here wins, lists given here replace the
     /// file's.
     pub fn over(self, file: RunOptions) -> RunOptions {
-        fn list<T>(a: Vec<T>, b: Vec<T>) -> Vec<T> {
-            if a.is_empty() {
-                b
-            } else {
-                a
-            }
-        }
+        let snapshot_format = match self.snapshot_format.is_empty() {
+            true => file.snapshot_format,
+            false => self.snapshot_format,
+        };
         RunOptions {
-            matches: list(self.matches, file.matches),
-            exclude: list(self.exclude, file.exclude),
-            match_label: list(self.match_label, file.match_label),
-            exclude_label: list(self.exclude_label, file.exclude_label),
-            exclude_role: list(self.exclude_role, file.exclude_role),
-            subprocesses: self.subprocesses || file.subprocesses,
-            pids: list(self.pids, file.pids),
-            rate: self.rate.or(file.rate),
-            mode: self.mode.or(file.mode),
+            sampling: self.sampling.over(file.sampling),
             max_cpu: self.max_cpu.or(file.max_cpu),
             scan_interval: self.scan_interval.or(file.scan_interval),
             snapshot_interval: self.snapshot_interval.or(file.snapshot_interval),
-            snapshot_format: list(self.snapshot_format, file.snapshot_format),
+            snapshot_format,
             out: self.out.or(file.out),
             keep: self.keep.or(file.keep),
             max_bytes: self.max_bytes.or(file.max_bytes),
-            file_mode: self.file_mode.or(file.file_mode),
-            function: self.function || file.function,
-            threads: self.threads || file.threads,
-            // The command line's choice, if it makes one, else the file's.
-            idle: if self.idle || self.no_idle {
-                self.idle
-            } else {
-                file.idle
-            },
-            no_idle: if self.idle || self.no_idle {
-                self.no_idle
-            } else {
-                file.no_idle
-            },
             metrics_addr: self.metrics_addr.or(file.metrics_addr),
             health_addr: self.health_addr.or(file.health_addr),
             listen_token_file: self.listen_token_file,
@@ -450,15 +338,10 @@ impl RunOptions {
             insecure_listen: self.insecure_listen,
             listen: file.listen,
             duration: self.duration.or(file.duration),
-            read_only: self.read_only || file.read_only,
-            blocking: self.blocking || file.blocking,
-            switch_log: self.switch_log || file.switch_log,
-            capture: self.capture.or(file.capture),
             pyroscope_url: self.pyroscope_url,
             push_interval: self.push_interval,
             pyroscope: file.pyroscope,
             config: self.config,
-            command: self.command,
         }
     }
 
@@ -468,46 +351,12 @@ impl RunOptions {
             Some(path) => self.over(RunOptions::from_file(&path)?),
             None => self,
         };
-        if let Some(bad) = o.pids.iter().find(|p| **p <= 0) {
-            return Err(format!("--pid must be a positive process id (got {bad})"));
+        if !o.sampling.command.is_empty() && o.duration.is_some() {
+            return Err(
+                "a program after -- is profiled until it exits: --duration goes with processes"
+                    .into(),
+            );
         }
-        if !o.command.is_empty() {
-            if !(o.pids.is_empty() && o.matches.is_empty() && o.match_label.is_empty()) {
-                return Err("give either a program after -- or processes to profile \
-                            (pid, match, match-label), not both"
-                    .into());
-            }
-            if o.duration.is_some() {
-                return Err(
-                    "a program after -- is profiled until it exits: --duration goes with \
-                     processes"
-                        .into(),
-                );
-            }
-        }
-        let policy = MatchPolicy::new(&o.matches, &o.exclude, &o.pids, Some(self_pid))
-            .map_err(|e| e.to_string())?
-            .with_label_rules(&o.match_label, &o.exclude_label)
-            .map_err(|e| e.to_string())?;
-        let rate = RatePolicy::new(
-            o.rate.unwrap_or(pyfleet_policies::rate::DEFAULT_RATE_HZ),
-            o.max_cpu
-                .unwrap_or(pyfleet_policies::rate::DEFAULT_MAX_CPU_PERCENT),
-        )
-        .map_err(|e| e.to_string())?;
-        let mode: Mode = match &o.mode {
-            Some(m) => m
-                .parse()
-                .map_err(|e: pyfleet_policies::ModeError| e.to_string())?,
-            None => Mode::default(),
-        };
-        let capture: crate::capture::Capture = o
-            .capture
-            .as_deref()
-            .unwrap_or("auto")
-            .parse()
-            .map_err(|e| format!("capture {e}"))?;
-        let capture = capture.resolve(o.blocking, o.switch_log, "capture")?;
         let max_bytes = match &o.max_bytes {
             Some(s) => Some(parse_size(s).map_err(|e| format!("--max-bytes: {e}"))?),
             None => None,
@@ -541,29 +390,19 @@ impl RunOptions {
                 insecure,
             )?;
         }
-        let exclude_roles = parse_roles(&o.exclude_role)?;
         let push = push_settings(&o)?;
+        let sampling = o.sampling.resolve(
+            self_pid,
+            o.max_cpu
+                .unwrap_or(pyfleet_policies::rate::DEFAULT_MAX_CPU_PERCENT),
+        )?;
         Ok(RunSettings {
-            policy,
-            exclude_roles,
-            subprocesses: o.subprocesses || !o.command.is_empty(),
-            matches: o.matches,
-            pids: o.pids,
-            rate,
-            mode,
+            sampling,
             scan_interval: seconds("scan-interval", o.scan_interval, 1.0)?,
             snapshot_interval: seconds("snapshot-interval", o.snapshot_interval, 60.0)?,
             snapshot_formats,
             out: o.out.unwrap_or_else(|| PathBuf::from(DEFAULT_OUT)),
             retention,
-            file_mode: match &o.file_mode {
-                Some(m) => m.parse().map_err(|e| format!("--file-mode: {e}"))?,
-                None => FileMode::default(),
-            },
-            by_function: o.function,
-            threads: o.threads,
-            command: o.command,
-            leave_out_idle: pyfleet_policies::leave_out_idle(mode, o.idle, o.no_idle)?,
             restart: RestartPolicy::default(),
             metrics_addr,
             listen,
@@ -572,13 +411,39 @@ impl RunOptions {
                 Some(d) => Some(seconds("duration", Some(d), 0.0)?),
                 None => None,
             },
-            read_only: o.read_only,
-            blocking: o.blocking,
-            switch_log: o.switch_log,
-            capture,
             push,
         })
     }
+}
+
+/// The keys a derived `Deserialize` struct takes: serde's own list (after renames, without
+/// skipped fields), which its derive hands to `deserialize_struct`.
+fn struct_keys<T: serde::de::DeserializeOwned>() -> &'static [&'static str] {
+    use serde::de::{Error, Visitor};
+    struct Keys<'a>(&'a mut &'static [&'static str]);
+    impl<'de> serde::Deserializer<'de> for Keys<'_> {
+        type Error = serde::de::value::Error;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(Error::custom("not a struct"))
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            Err(Error::custom("keys taken"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+            identifier ignored_any
+        }
+    }
+    let mut keys: &'static [&'static str] = &[];
+    let _ = T::deserialize(Keys(&mut keys));
+    keys
 }
 
 /// A listener's address option: IP:PORT or `off`.
@@ -708,16 +573,16 @@ mod tests {
     #[test]
     fn defaults() {
         let s = RunOptions::default().resolve(1).unwrap();
-        assert!(s.policy.matches_everything());
-        assert_eq!(s.rate.base_hz(), 100.0);
-        assert_eq!(s.rate.max_cpu_percent(), 5.0);
-        assert_eq!(s.mode, Mode::Cpu);
+        assert!(s.sampling.policy.matches_everything());
+        assert_eq!(s.sampling.rate.base_hz(), 100.0);
+        assert_eq!(s.sampling.rate.max_cpu_percent(), 5.0);
+        assert_eq!(s.sampling.mode, pyfleet_policies::Mode::Cpu);
         assert_eq!(s.scan_interval, Duration::from_secs(1));
         assert_eq!(s.snapshot_interval, Duration::from_secs(60));
         assert_eq!(s.retention.keep, 60);
         assert_eq!(s.metrics_addr, Some("127.0.0.1:9464".parse().unwrap()));
         assert_eq!(s.duration, None);
-        assert!(!s.read_only);
+        assert!(!s.sampling.read_only);
         assert_eq!(s.snapshot_formats, vec![Format::Folded, Format::Svg]);
         assert_eq!(s.health_addr, None);
         assert!(s.listen.access.token.is_none() && s.listen.tls.is_none());
@@ -764,14 +629,20 @@ mod tests {
         let cases: Vec<(RunOptions, &str)> = vec![
             (
                 RunOptions {
-                    matches: vec!["(".into()],
+                    sampling: SamplingOptions {
+                        matches: vec!["(".into()],
+                        ..Default::default()
+                    },
                     ..Default::default()
                 },
                 "invalid regex",
             ),
             (
                 RunOptions {
-                    rate: Some(0.0),
+                    sampling: SamplingOptions {
+                        rate: Some(0.0),
+                        ..Default::default()
+                    },
                     ..Default::default()
                 },
                 "--rate",
@@ -835,7 +706,10 @@ mod tests {
             ),
             (
                 RunOptions {
-                    mode: Some("fast".into()),
+                    sampling: SamplingOptions {
+                        mode: Some("fast".into()),
+                        ..Default::default()
+                    },
                     ..Default::default()
                 },
                 "mode",
@@ -863,7 +737,10 @@ mod tests {
             ),
             (
                 RunOptions {
-                    pids: vec![0],
+                    sampling: SamplingOptions {
+                        pids: vec![0],
+                        ..Default::default()
+                    },
                     ..Default::default()
                 },
                 "--pid",
@@ -901,10 +778,49 @@ mod tests {
         .resolve(1)
         .unwrap();
         assert_eq!(
-            s.matches,
+            s.sampling.matches,
             vec!["gunicorn".to_string(), "celery".to_string()]
         );
         assert_eq!(s.retention.max_bytes, Some(2 << 30));
+    }
+
+    /// The config file takes each of `run`'s long options under its own name (the sampling
+    /// options `record` shares too), but those with a table of their own and `--config`.
+    #[test]
+    fn every_long_option_is_a_config_key() {
+        use clap::Args;
+        let command_line_only = [
+            "config",
+            "listen-token-file",
+            "listen-metrics-token",
+            "listen-tls-cert",
+            "listen-tls-key",
+            "listen-client-ca",
+            "insecure-listen",
+            "pyroscope",
+            "push-interval",
+        ];
+        let run = RunOptions::augment_args(clap::Command::new("run"));
+        let keys: Vec<&str> = struct_keys::<SamplingOptions>()
+            .iter()
+            .chain(struct_keys::<RunOptions>())
+            .copied()
+            .collect();
+        // `pyroscope` is both: the push URL's option, and the file's table.
+        let tables = ["listen", "pyroscope"];
+        let mut longs = 0;
+        for long in run.get_arguments().filter_map(|a| a.get_long()) {
+            longs += 1;
+            let is_key = keys.contains(&long) && !tables.contains(&long);
+            assert!(
+                is_key != command_line_only.contains(&long),
+                "--{long}: a config key unless it is command-line only, never both"
+            );
+        }
+        assert!(longs > 30, "{longs} long options");
+        for table in tables {
+            assert!(keys.contains(&table), "[{table}]");
+        }
     }
 
     #[test]
@@ -917,19 +833,25 @@ mod tests {
         )
         .unwrap();
         let cli = RunOptions {
-            rate: Some(20.0),
+            sampling: SamplingOptions {
+                rate: Some(20.0),
+                ..Default::default()
+            },
             config: Some(path.clone()),
             ..Default::default()
         };
         let s = cli.resolve(1).unwrap();
-        assert_eq!(s.matches, vec!["gunicorn".to_string()]);
-        assert_eq!(s.rate.base_hz(), 20.0, "the command line wins");
-        assert_eq!(s.rate.max_cpu_percent(), 2.5);
+        assert_eq!(s.sampling.matches, vec!["gunicorn".to_string()]);
+        assert_eq!(s.sampling.rate.base_hz(), 20.0, "the command line wins");
+        assert_eq!(s.sampling.rate.max_cpu_percent(), 2.5);
         assert_eq!(s.out, PathBuf::from("/var/lib/pyfleet"));
-        assert!(s.read_only);
+        assert!(s.sampling.read_only);
         assert_eq!(s.snapshot_formats, vec![Format::Pprof, Format::Svg]);
         assert_eq!(
-            (s.file_mode.file(), s.file_mode.directory()),
+            (
+                s.sampling.file_mode.file(),
+                s.sampling.file_mode.directory()
+            ),
             (0o640, 0o750)
         );
         let cli = RunOptions {
@@ -950,7 +872,10 @@ mod tests {
         }
         .resolve(1)
         .unwrap_err();
-        assert!(e.contains("line 2") && e.contains("bogus"), "{e}");
+        assert!(
+            e.contains("line 2") && e.contains("unknown key `bogus`"),
+            "{e}"
+        );
         assert_eq!(e.lines().count(), 1, "{e}");
         let e = RunOptions {
             config: Some(dir.path().join("missing.toml")),
@@ -988,7 +913,7 @@ mod tests {
             .resolve(1)
         };
         let s = from(RunOptions::default()).unwrap();
-        assert!(s.policy.uses_labels());
+        assert!(s.sampling.policy.uses_labels());
         let push = s.push.expect("push settings");
         assert_eq!(push.target.authority, "pyro:4040");
         assert_eq!(push.target.tenant.as_deref(), Some("team-a"));
@@ -1052,7 +977,10 @@ mod tests {
             ),
             (
                 RunOptions {
-                    match_label: vec!["colour=red".into()],
+                    sampling: SamplingOptions {
+                        match_label: vec!["colour=red".into()],
+                        ..Default::default()
+                    },
                     ..Default::default()
                 },
                 "unknown label 'colour'",

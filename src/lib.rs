@@ -13,6 +13,7 @@ pub mod memory;
 pub mod output;
 pub mod process;
 pub mod push;
+pub mod sampling_options;
 pub mod stack_source;
 pub mod stacks;
 pub mod thread_frames;

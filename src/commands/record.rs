@@ -17,7 +17,7 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use pyfleet::capture::OffCpu;
-use pyfleet::config::Seconds;
+use pyfleet::config::{Sampling, SamplingOptions, Seconds};
 use pyfleet::cpython;
 use pyfleet::discovery::HostDiscovery;
 use pyfleet::output::format::{Format, RenderContext};
@@ -25,7 +25,7 @@ use pyfleet::output::record_file::RecordFile;
 use pyfleet::output::snapshot_dir::utc_name;
 use pyfleet::stack_source::{Counted, SampleCounters, UnwinderFactory};
 use pyfleet_actors::{Fleet, FleetConfig, FleetStatus, ProcessState};
-use pyfleet_policies::{FileMode, MatchPolicy, Mode, RatePolicy};
+use pyfleet_policies::Mode;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -50,38 +50,17 @@ const REDRAW: Duration = Duration::from_millis(250);
         .args(["pids", "bare_pids", "matches", "match_label", "command"])
 ))]
 pub struct RecordOptions {
-    /// Record this process (repeatable).
-    #[arg(long = "pid", short = 'p', value_name = "PID")]
-    pub pids: Vec<i32>,
     /// Processes to record, as `pyfleet record 1234` (the same as --pid).
     #[arg(value_name = "PID")]
     pub bare_pids: Vec<i32>,
-    /// Record the Python processes whose command line or executable name matches REGEX
-    /// (repeatable: any may match), including those that start during the recording.
-    #[arg(long = "match", short = 'm', value_name = "REGEX")]
-    pub matches: Vec<String>,
     /// Stop after this long (seconds, or 30s, 5m, 1h, ...) [default: at Ctrl-C, or when every
     /// target has exited].
     #[arg(long, short = 'd', value_name = "DURATION")]
     pub duration: Option<Seconds>,
-    /// Record the Python processes whose label KEY matches REGEX, as KEY=REGEX (repeatable:
-    /// every one must match; keys: service, namespace, pod, pod_uid, container_id).
-    #[arg(long, value_name = "KEY=REGEX")]
-    pub match_label: Vec<String>,
-    /// Never record processes whose label KEY matches REGEX (repeatable).
-    #[arg(long, value_name = "KEY=REGEX")]
-    pub exclude_label: Vec<String>,
     /// With --match: when nothing matches yet, wait for a match (the duration starts then)
     /// instead of failing.
     #[arg(long)]
     pub wait: bool,
-    /// Samples per second per process.
-    #[arg(long, short = 'r', value_name = "HZ", default_value_t = 100.0)]
-    pub rate: f64,
-    /// Which thread samples count: cpu (threads on a CPU: where the CPU goes), wall (every
-    /// thread, waiting too: where the time goes), gil (the thread holding the GIL).
-    #[arg(long, value_name = "cpu|wall|gil", default_value = "cpu")]
-    pub mode: String,
     /// Output file [default: pyfleet-<UTC time>.<format's extension>].
     #[arg(long, short = 'o', value_name = "FILE")]
     pub output: Option<PathBuf>,
@@ -89,138 +68,44 @@ pub struct RecordOptions {
     /// .svg, .json/.speedscope.json, .pb.gz/.pprof), else svg].
     #[arg(long, short = 'f', value_name = "FORMAT")]
     pub format: Option<String>,
-    /// Never record processes in this role: master, worker, helper or single (repeatable; see
-    /// `pyfleet list`).
-    #[arg(long, value_name = "ROLE")]
-    pub exclude_role: Vec<String>,
-    /// Also record every Python descendant of a target, however it was started (fork,
-    /// multiprocessing's spawn or forkserver, subprocess), found within a second.
-    #[arg(long)]
-    pub subprocesses: bool,
     /// Replace the output file even when it is not a profile (by default only a profile in
     /// the chosen format is replaced: never a source file by mistake).
     #[arg(long)]
     pub force: bool,
-    /// Never write to target processes (no 3.15 frame-cache marker; results stay exact).
-    #[arg(long)]
-    pub read_only: bool,
-    /// Pause the target's threads for each sample (ptrace), so that every stack is one
-    /// instant's; costs the target a short stop per sample (see docs/reference.md).
-    #[arg(long)]
-    pub blocking: bool,
-    /// Tell idle threads by the kernel's log of context switches (needs CAP_PERFMON): a sample
-    /// of a process that has not run costs no syscall, but every context switch on the host
-    /// costs a little more while pyfleet runs (see docs/reference.md).
-    #[arg(long)]
-    pub switch_log: bool,
-    /// How stacks are taken: `kernel` (the kernel copies a running thread's frames at its
-    /// CPU's sampling interrupt, and in wall and gil modes a thread's as it leaves its CPU:
-    /// each stack one instant's, the target never stopped; needs root), `reads`
-    /// (pyfleet reads each target's memory at each tick), or `auto` (kernel where it can,
-    /// else reads).
-    #[arg(long, value_name = "auto|reads|kernel", default_value = "auto")]
-    pub capture: String,
-    /// Permission bits of the output file, octal: read and write bits only, the owner's
-    /// always; set exactly, whatever the umask [default: 0600, the owner only].
-    #[arg(long, value_name = "OCTAL")]
-    pub file_mode: Option<String>,
-    /// Fold frames by function, without line numbers: one box per function however many of
-    /// its lines were sampled.
-    #[arg(long)]
-    pub function: bool,
-    /// Root each thread's stacks at a frame naming the thread (`thread NAME`, the kernel's
-    /// name of the thread, in file `tid TID`).
-    #[arg(long)]
-    pub threads: bool,
-    /// Wall mode: keep the samples of threads off their CPU that wait for work (a pool's
-    /// idle workers, an idle event loop); by default they are left out.
-    #[arg(long, conflicts_with = "no_idle")]
-    pub idle: bool,
-    /// Wall mode: leave out the samples of threads off their CPU that wait for work (the
-    /// default).
-    #[arg(long)]
-    pub no_idle: bool,
-    /// After `--`: a program to start and record, with its Python subprocesses, from its start
-    /// until it exits (`pyfleet record -o out.svg -- python app.py`); Ctrl-C goes to it, and
-    /// its exit status becomes pyfleet's.
-    #[arg(last = true, value_name = "COMMAND")]
-    pub command: Vec<String>,
+    #[command(flatten)]
+    pub sampling: SamplingOptions,
 }
 
 /// Validated settings.
 struct Plan {
-    policy: MatchPolicy,
-    pids: Vec<i32>,
-    matches: Vec<String>,
-    /// The `--match-label` rules.
-    labels: Vec<String>,
-    rate: RatePolicy,
-    mode: Mode,
+    /// What to sample and how, as `run` takes it too.
+    sampling: Sampling,
     duration: Option<Duration>,
     output: PathBuf,
     format: Format,
-    read_only: bool,
-    blocking: bool,
-    switch_log: bool,
-    /// `--capture`, resolved for the mode.
-    capture: pyfleet::capture::Capture,
     force: bool,
-    file_mode: FileMode,
     wait: bool,
-    exclude_roles: Vec<pyfleet_policies::Role>,
-    subprocesses: bool,
-    /// The program to start (`-- COMMAND`), if any.
-    command: Vec<String>,
-    /// `--function`.
-    by_function: bool,
-    /// `--threads`.
-    threads: bool,
-    /// Wall mode without `--idle`.
-    leave_out_idle: bool,
 }
 
 fn plan(mut o: RecordOptions) -> Result<Plan> {
-    if !o.command.is_empty() {
-        if !(o.pids.is_empty()
-            && o.bare_pids.is_empty()
-            && o.matches.is_empty()
-            && o.match_label.is_empty())
-        {
-            bail!(
-                "give either a program after -- or processes to record (--pid, --match), not both"
-            );
-        }
-        if o.duration.is_some() || o.wait {
-            bail!("a program after -- is recorded until it exits: --duration and --wait go with processes");
-        }
+    o.sampling.pids.append(&mut o.bare_pids);
+    let command = !o.sampling.command.is_empty();
+    if command && (o.duration.is_some() || o.wait) {
+        bail!("a program after -- is recorded until it exits: --duration and --wait go with processes");
     }
-    o.pids.append(&mut o.bare_pids);
-    if let Some(bad) = o.pids.iter().find(|p| **p <= 0) {
-        bail!("--pid must be a positive process id (got {bad})");
-    }
-    let policy = MatchPolicy::new(
-        &o.matches,
-        [] as [&str; 0],
-        &o.pids,
-        Some(std::process::id() as i32),
-    )?
-    .with_label_rules(&o.match_label, &o.exclude_label)?;
-    let rate = RatePolicy::new(o.rate, RECORD_MAX_CPU_PERCENT)?;
-    let mode: Mode = o.mode.parse()?;
-    let duration = o
-        .duration
-        .map(|d| d.positive("duration"))
-        .transpose()
-        .map_err(|e| anyhow!(e))?;
-    if o.wait && o.matches.is_empty() && o.match_label.is_empty() {
+    if o.wait && o.sampling.matches.is_empty() && o.sampling.match_label.is_empty() {
         bail!(
             "--wait goes with --match or --match-label (it waits for a matching process to start)"
         );
     }
-    let capture: pyfleet::capture::Capture =
-        o.capture.parse().map_err(|e| anyhow!("--capture {e}"))?;
-    let capture = capture
-        .resolve(o.blocking, o.switch_log, "--capture")
+    let sampling = o
+        .sampling
+        .resolve(std::process::id() as i32, RECORD_MAX_CPU_PERCENT)
+        .map_err(|e| anyhow!(e))?;
+    let duration = o
+        .duration
+        .map(|d| d.positive("duration"))
+        .transpose()
         .map_err(|e| anyhow!(e))?;
     let format = match (&o.format, &o.output) {
         (Some(f), out) => {
@@ -257,32 +142,12 @@ fn plan(mut o: RecordOptions) -> Result<Plan> {
         ))
     });
     Ok(Plan {
-        policy,
-        pids: o.pids,
-        matches: o.matches,
-        labels: o.match_label,
-        rate,
-        mode,
+        sampling,
         duration,
         output,
         format,
-        read_only: o.read_only,
-        blocking: o.blocking,
-        switch_log: o.switch_log,
-        capture,
         force: o.force,
-        file_mode: match &o.file_mode {
-            Some(m) => m.parse().map_err(|e| anyhow!("--file-mode: {e}"))?,
-            None => FileMode::default(),
-        },
         wait: o.wait,
-        exclude_roles: pyfleet::config::parse_roles(&o.exclude_role).map_err(|e| anyhow!(e))?,
-        subprocesses: o.subprocesses || !o.command.is_empty(),
-        command: o.command,
-        by_function: o.function,
-        threads: o.threads,
-        leave_out_idle: pyfleet_policies::leave_out_idle(mode, o.idle, o.no_idle)
-            .map_err(|e| anyhow!(e))?,
     })
 }
 
@@ -310,29 +175,34 @@ impl Target {
 
 pub fn run(opts: RecordOptions) -> Result<()> {
     let mut plan = plan(opts)?;
-    let what = match plan.command.is_empty() {
+    let what = match plan.sampling.command.is_empty() {
         true => describe_targets(&plan),
-        false => {
-            pyfleet::output::for_terminal(&format!("`{}`", plan.command.join(" "))).into_owned()
-        }
+        false => pyfleet::output::for_terminal(&format!("`{}`", plan.sampling.command.join(" ")))
+            .into_owned(),
     };
     let ctx = RenderContext {
         title: format!("pyfleet record: {what}"),
-        rate_hz: Some(plan.rate.base_hz()),
-        mode: plan.mode,
+        rate_hz: Some(plan.sampling.rate.base_hz()),
+        mode: plan.sampling.mode,
         duration: None,
     };
     // The output first: an unwritable file fails before anything else happens.
-    let writer = RecordFile::open(&plan.output, plan.format, ctx, plan.force, plan.file_mode)
-        .map_err(|e| anyhow!(e))?
-        .by_function(plan.by_function);
+    let writer = RecordFile::open(
+        &plan.output,
+        plan.format,
+        ctx,
+        plan.force,
+        plan.sampling.file_mode,
+    )
+    .map_err(|e| anyhow!(e))?
+    .by_function(plan.sampling.by_function);
     // A program to start: started stopped (it runs once the recorder is ready), then recorded
     // by its pid and its Python descendants.
-    let mut launched = match plan.command.is_empty() {
+    let mut launched = match plan.sampling.command.is_empty() {
         true => None,
         false => {
-            let program = super::launched::Launched::spawn(&plan.command)?;
-            plan.policy = MatchPolicy::new(
+            let program = super::launched::Launched::spawn(&plan.sampling.command)?;
+            plan.sampling.policy = pyfleet_policies::MatchPolicy::new(
                 &[] as &[String],
                 [] as [&str; 0],
                 &[program.pid()],
@@ -347,7 +217,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
     };
     // Each --pid must be a Python process we can read, now (one-line errors as `dump`'s).
     let mut targets = Vec::new();
-    for &pid in &plan.pids {
+    for &pid in &plan.sampling.pids {
         cpython::attach(
             pid,
             cpython::UnwinderOptions {
@@ -375,21 +245,29 @@ pub fn run(opts: RecordOptions) -> Result<()> {
             Some(_) => super::launched::SCAN,
             None => FleetConfig::default().scan_interval,
         },
-        mode: plan.mode,
-        rate: plan.rate.clone(),
+        mode: plan.sampling.mode,
+        rate: plan.sampling.rate.clone(),
         stop_timeout: super::fleet_runtime::STOP_GRACE,
         ..FleetConfig::default()
     };
     config.validate().map_err(|e| anyhow!("{e}"))?;
     let (capture, how) = plan
+        .sampling
         .capture
-        .start(plan.rate.base_hz(), plan.mode != Mode::Cpu)
+        .start(
+            plan.sampling.rate.base_hz(),
+            plan.sampling.mode != Mode::Cpu,
+        )
         .map_err(|e| anyhow!(e))?;
     eprintln!(
         "pyfleet: recording {what} at {} Hz ({} mode{}); {how}",
-        plan.rate.base_hz(),
-        plan.mode.as_str(),
-        if plan.read_only { ", read-only" } else { "" },
+        plan.sampling.rate.base_hz(),
+        plan.sampling.mode.as_str(),
+        if plan.sampling.read_only {
+            ", read-only"
+        } else {
+            ""
+        },
     );
     if !matched_now {
         await_match(&plan);
@@ -397,7 +275,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
     let counters = Arc::new(SampleCounters::default());
     super::fleet_runtime::warn_without_ptrace("recorded");
     pyfleet::process::runstate::raise_open_file_limit();
-    if plan.switch_log {
+    if plan.sampling.switch_log {
         super::fleet_runtime::start_switch_log();
     }
     let runtime = super::fleet_runtime::runtime()?;
@@ -409,18 +287,18 @@ pub fn run(opts: RecordOptions) -> Result<()> {
         let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
         let fleet = Fleet::start(
             config,
-            HostDiscovery::new(plan.policy.clone())
-                .with_subprocesses(plan.subprocesses)
-                .excluding_roles(&plan.exclude_roles),
+            HostDiscovery::new(plan.sampling.policy.clone())
+                .with_subprocesses(plan.sampling.subprocesses)
+                .excluding_roles(&plan.sampling.exclude_roles),
             Counted {
                 inner: UnwinderFactory {
-                    read_only: plan.read_only,
-                    blocking: plan.blocking,
+                    read_only: plan.sampling.read_only,
+                    blocking: plan.sampling.blocking,
                     capture: capture.clone(),
-                    reads_if_deeper: plan.capture == pyfleet::capture::Capture::Auto,
-                    off_cpu: OffCpu::for_mode(plan.mode, plan.rate.base_hz()),
-                    threads: plan.threads,
-                    leave_out_idle: plan.leave_out_idle,
+                    reads_if_deeper: plan.sampling.capture == pyfleet::capture::Capture::Auto,
+                    off_cpu: OffCpu::for_mode(plan.sampling.mode, plan.sampling.rate.base_hz()),
+                    threads: plan.sampling.threads,
+                    leave_out_idle: plan.sampling.leave_out_idle,
                 },
                 counters: counters.clone(),
             },
@@ -464,7 +342,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
                 break None;
             }
             if let Ok(s) = fleet.status().await {
-                if s.rate_hz != plan.rate.base_hz() {
+                if s.rate_hz != plan.sampling.rate.base_hz() {
                     rate_changed = true;
                 }
                 seen_any |= s
@@ -506,7 +384,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
     if !top.is_empty() {
         eprintln!(
             "pyfleet: highest own share ({} mode: {} samples):",
-            plan.mode.as_str(),
+            plan.sampling.mode.as_str(),
             written.samples
         );
         for (label, share) in &top {
@@ -520,7 +398,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
         if written.processes == 1 { "" } else { "es" },
         writer.path().display(),
         writer.format(),
-        plan.mode.as_str(),
+        plan.sampling.mode.as_str(),
     );
     if let Some((label, share)) = top.first() {
         line.push_str(&format!("; hottest: {label} {share:.1}%"));
@@ -528,7 +406,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
     line.push_str(&failed_note(
         counters.errors(),
         counters.samples(),
-        !plan.blocking && capture.is_none(),
+        !plan.sampling.blocking && capture.is_none(),
     ));
     let lost = capture.as_ref().map_or(0, |c| c.lost());
     if lost > 0 {
@@ -543,7 +421,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
     }
     if written.samples == 0
         && counters.errors() == 0
-        && plan.mode == Mode::Cpu
+        && plan.sampling.mode == Mode::Cpu
         && launched.is_none()
     {
         line.push_str(
@@ -551,7 +429,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
              --mode wall shows where idle threads wait",
         );
     }
-    if written.samples == 0 && counters.errors() == 0 && plan.leave_out_idle {
+    if written.samples == 0 && counters.errors() == 0 && plan.sampling.leave_out_idle {
         line.push_str(
             "; wall mode left out threads waiting for work (a pool's idle workers, an idle \
              event loop): --idle keeps them",
@@ -569,9 +447,9 @@ pub fn run(opts: RecordOptions) -> Result<()> {
 fn matches_now(plan: &Plan) -> Result<bool> {
     use pyfleet_actors::Discovery;
     // What the fleet would list: the same scan, rules and roles.
-    let mut discovery = HostDiscovery::new(plan.policy.clone())
-        .with_subprocesses(plan.subprocesses)
-        .excluding_roles(&plan.exclude_roles);
+    let mut discovery = HostDiscovery::new(plan.sampling.policy.clone())
+        .with_subprocesses(plan.sampling.subprocesses)
+        .excluding_roles(&plan.sampling.exclude_roles);
     let found = !discovery.scan().is_empty();
     let refused = pyfleet::discovery::refusal_line(&discovery.refused());
     if found {
@@ -601,9 +479,9 @@ fn matches_now(plan: &Plan) -> Result<bool> {
 /// With `--match --wait`: returns once a process matches.
 fn await_match(plan: &Plan) {
     use pyfleet_actors::Discovery;
-    let mut discovery = HostDiscovery::new(plan.policy.clone())
-        .with_subprocesses(plan.subprocesses)
-        .excluding_roles(&plan.exclude_roles);
+    let mut discovery = HostDiscovery::new(plan.sampling.policy.clone())
+        .with_subprocesses(plan.sampling.subprocesses)
+        .excluding_roles(&plan.sampling.exclude_roles);
     eprintln!(
         "pyfleet: waiting for a Python process matching {} (Ctrl-C to give up)",
         plan.rules()
@@ -622,13 +500,13 @@ fn await_match(plan: &Plan) {
 /// recording of a master that only waits would otherwise be empty without a word why.
 fn note_left_out_subprocesses(plan: &Plan) {
     use pyfleet_actors::Discovery;
-    if plan.subprocesses {
+    if plan.sampling.subprocesses {
         return;
     }
     let scan = |subprocesses| {
-        HostDiscovery::new(plan.policy.clone())
+        HostDiscovery::new(plan.sampling.policy.clone())
             .with_subprocesses(subprocesses)
-            .excluding_roles(&plan.exclude_roles)
+            .excluding_roles(&plan.sampling.exclude_roles)
             .scan()
             .into_iter()
             .map(|p| p.pid)
@@ -708,7 +586,12 @@ fn ended(
 }
 
 fn describe_targets(plan: &Plan) -> String {
-    let mut parts: Vec<String> = plan.pids.iter().map(|p| format!("pid {p}")).collect();
+    let mut parts: Vec<String> = plan
+        .sampling
+        .pids
+        .iter()
+        .map(|p| format!("pid {p}"))
+        .collect();
     if plan.by_rule() {
         parts.push(plan.rules());
     }
@@ -718,16 +601,16 @@ fn describe_targets(plan: &Plan) -> String {
 impl Plan {
     /// Whether processes are chosen by rules (`--match`, `--match-label`), not only by pid.
     fn by_rule(&self) -> bool {
-        !self.matches.is_empty() || !self.labels.is_empty()
+        !self.sampling.matches.is_empty() || !self.sampling.labels.is_empty()
     }
 
     /// The rules, as the user gave them: `/A|B/` for the patterns, then each label rule.
     fn rules(&self) -> String {
         let mut parts = Vec::new();
-        if !self.matches.is_empty() {
-            parts.push(format!("/{}/", self.matches.join("|")));
+        if !self.sampling.matches.is_empty() {
+            parts.push(format!("/{}/", self.sampling.matches.join("|")));
         }
-        parts.extend(self.labels.iter().cloned());
+        parts.extend(self.sampling.labels.iter().cloned());
         pyfleet::output::for_terminal(&parts.join(" ")).into_owned()
     }
 }

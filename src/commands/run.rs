@@ -59,17 +59,21 @@ pub fn run(opts: RunOptions) -> Result<()> {
     let mut settings = opts
         .resolve(std::process::id() as i32)
         .map_err(|e| anyhow!(e))?;
-    let writer = SnapshotDir::open(&settings.out, settings.retention, settings.file_mode)
-        .map_err(|e| anyhow!(e))?
-        .with_formats(&settings.snapshot_formats)
-        .by_function(settings.by_function)
-        .with_sampling(settings.mode, settings.rate.base_hz());
+    let writer = SnapshotDir::open(
+        &settings.out,
+        settings.retention,
+        settings.sampling.file_mode,
+    )
+    .map_err(|e| anyhow!(e))?
+    .with_formats(&settings.snapshot_formats)
+    .by_function(settings.sampling.by_function)
+    .with_sampling(settings.sampling.mode, settings.sampling.rate.base_hz());
     let mut config = FleetConfig {
         scan_interval: settings.scan_interval,
         snapshot_interval: settings.snapshot_interval,
         ends_after: settings.duration,
-        mode: settings.mode,
-        rate: settings.rate.clone(),
+        mode: settings.sampling.mode,
+        rate: settings.sampling.rate.clone(),
         restart: settings.restart.clone(),
         stop_timeout: super::fleet_runtime::STOP_GRACE,
         ..FleetConfig::default()
@@ -81,8 +85,8 @@ pub fn run(opts: RunOptions) -> Result<()> {
     let profiler = Arc::new(std::sync::OnceLock::new());
     let pull = pyfleet::listener::Pull {
         profiler: profiler.clone(),
-        mode: settings.mode,
-        rate_hz: settings.rate.base_hz(),
+        mode: settings.sampling.mode,
+        rate_hz: settings.sampling.rate.base_hz(),
     };
     let result: Result<Option<i32>> = runtime.block_on(async move {
         if let Some(addr) = settings.metrics_addr {
@@ -156,19 +160,20 @@ pub fn run(opts: RunOptions) -> Result<()> {
             ));
         }
         let (capture, how) = settings
+            .sampling
             .capture
             .start(
-                settings.rate.base_hz(),
-                settings.mode != pyfleet_policies::Mode::Cpu,
+                settings.sampling.rate.base_hz(),
+                settings.sampling.mode != pyfleet_policies::Mode::Cpu,
             )
             .map_err(|e| anyhow!(e))?;
         // A program to start: started stopped (it runs once the fleet is ready), then
         // profiled by its pid and its Python descendants.
-        let mut launched = match settings.command.is_empty() {
+        let mut launched = match settings.sampling.command.is_empty() {
             true => None,
             false => {
-                let program = super::launched::Launched::spawn(&settings.command)?;
-                settings.policy = pyfleet_policies::MatchPolicy::new(
+                let program = super::launched::Launched::spawn(&settings.sampling.command)?;
+                settings.sampling.policy = pyfleet_policies::MatchPolicy::new(
                     &[] as &[String],
                     [] as [&str; 0],
                     &[program.pid()],
@@ -179,24 +184,24 @@ pub fn run(opts: RunOptions) -> Result<()> {
             }
         };
         let what = if let Some(program) = &launched {
-            let command = format!("`{}`", settings.command.join(" "));
+            let command = format!("`{}`", settings.sampling.command.join(" "));
             format!(
                 "{} (pid {})",
                 pyfleet::output::for_terminal(&command),
                 program.pid()
             )
-        } else if settings.matches.is_empty() && settings.pids.is_empty() {
+        } else if settings.sampling.matches.is_empty() && settings.sampling.pids.is_empty() {
             "every Python process".to_string()
         } else {
-            let mut parts: Vec<String> = settings.matches.iter().map(|m| format!("/{m}/")).collect();
-            parts.extend(settings.pids.iter().map(|p| format!("pid {p}")));
+            let mut parts: Vec<String> = settings.sampling.matches.iter().map(|m| format!("/{m}/")).collect();
+            parts.extend(settings.sampling.pids.iter().map(|p| format!("pid {p}")));
             parts.join(", ")
         };
         eprintln!(
             "pyfleet: profiling {what} at {} Hz ({} mode{}); {how}; snapshots ({}) every {} s in {}; metrics {}{}{}",
-            settings.rate.base_hz(),
-            settings.mode,
-            if settings.read_only { ", read-only" } else { "" },
+            settings.sampling.rate.base_hz(),
+            settings.sampling.mode,
+            if settings.sampling.read_only { ", read-only" } else { "" },
             settings
                 .snapshot_formats
                 .iter()
@@ -229,11 +234,11 @@ pub fn run(opts: RunOptions) -> Result<()> {
         );
         super::fleet_runtime::warn_without_ptrace("profiled");
         pyfleet::process::runstate::raise_open_file_limit();
-        if settings.switch_log {
+        if settings.sampling.switch_log {
             super::fleet_runtime::start_switch_log();
         }
         tokio::spawn(export_capture_state(how, capture.clone()));
-        for &pid in &settings.pids {
+        for &pid in &settings.sampling.pids {
             use pyfleet::discovery::Probed;
             match pyfleet::discovery::probe_within(pid, pyfleet::discovery::PROBE_DEADLINE) {
                 Probed::Python(_) => {}
@@ -252,8 +257,8 @@ pub fn run(opts: RunOptions) -> Result<()> {
             let pusher = pyfleet::push::Pusher::start(
                 p.target.clone(),
                 p.queue,
-                settings.mode,
-                settings.rate.base_hz(),
+                settings.sampling.mode,
+                settings.sampling.rate.base_hz(),
             );
             config.push = Some(pyfleet_actors::PushSchedule {
                 interval: p.interval,
@@ -263,18 +268,18 @@ pub fn run(opts: RunOptions) -> Result<()> {
         });
         let fleet = Fleet::start(
             config,
-            HostDiscovery::new(settings.policy.clone())
-                .with_subprocesses(settings.subprocesses)
-                .excluding_roles(&settings.exclude_roles)
+            HostDiscovery::new(settings.sampling.policy.clone())
+                .with_subprocesses(settings.sampling.subprocesses)
+                .excluding_roles(&settings.sampling.exclude_roles)
                 .warning_of_refusals(),
             UnwinderFactory {
-                read_only: settings.read_only,
-                blocking: settings.blocking,
+                read_only: settings.sampling.read_only,
+                blocking: settings.sampling.blocking,
                 capture,
-                reads_if_deeper: settings.capture == pyfleet::capture::Capture::Auto,
-                off_cpu: OffCpu::for_mode(settings.mode, settings.rate.base_hz()),
-                threads: settings.threads,
-                leave_out_idle: settings.leave_out_idle,
+                reads_if_deeper: settings.sampling.capture == pyfleet::capture::Capture::Auto,
+                off_cpu: OffCpu::for_mode(settings.sampling.mode, settings.sampling.rate.base_hz()),
+                threads: settings.sampling.threads,
+                leave_out_idle: settings.sampling.leave_out_idle,
             },
             writer,
         )
