@@ -113,15 +113,9 @@ impl UnwinderSource {
             return result;
         }
         self.switched_last = None;
-        // A target that changed its stack under the read (a torn frame chain, a frame freed
-        // mid-read) usually reads fine a moment later: one immediate retry, so the profile
-        // loses fewer samples. Both attempts count in the unwinder's own error stats.
-        let first = self.unwinder.sample().map(|_| ());
-        let result = match first {
-            Err(e) if !e.is_process_gone() => self.unwinder.sample().map(|_| ()),
-            other => other,
-        };
-        if let Err(e) = result {
+        // A read the target changed under is read again by the unwinder itself (its one
+        // retry policy, `MAX_SAMPLE_READS`); any failure that reaches here is counted.
+        if let Err(e) = self.unwinder.sample() {
             return Err(SampleError {
                 kind: e.kind(),
                 process_gone: e.is_process_gone(),

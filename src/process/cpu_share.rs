@@ -14,6 +14,8 @@
 //! state alone; so does one past [`MAX_TRACKED`] and one whose schedstat cannot be read
 //! (gone, or a kernel without `CONFIG_SCHED_INFO`). Pure: the caller reads the run times.
 
+use std::time::{Duration, Instant};
+
 /// Most threads of one process whose credit is kept.
 pub const MAX_TRACKED: usize = 1024;
 
@@ -21,6 +23,10 @@ pub const MAX_TRACKED: usize = 1024;
 /// at the ticks (short bursts between them) spends it at the next ticks it is, one a tick; more
 /// than this is dropped rather than counted in a burst.
 pub const MAX_CREDIT: f64 = 4.0;
+
+/// Shortest time between two samples taken as the sampling interval: a sample taken right
+/// after another (in the same tick) says nothing of the interval.
+pub const MIN_INTERVAL: Duration = Duration::from_micros(200);
 
 /// One thread's credit, in sampling intervals.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -56,19 +62,34 @@ impl Credit {
 pub struct CpuShare {
     /// (thread id, its run time at its last check, its credit).
     threads: Vec<(i32, u64, Credit)>,
+    /// When the process's last sample began, and the time between its last two (ns): a
+    /// time under a quarter of the interval, or under [`MIN_INTERVAL`], is not taken.
+    last_sample_at: Option<Instant>,
+    interval_ns: Option<u64>,
 }
 
 impl CpuShare {
+    /// A sample of the process begins, at `now`.
+    pub fn sample_began(&mut self, now: Instant) {
+        let Some(last) = self.last_sample_at else {
+            self.last_sample_at = Some(now);
+            return;
+        };
+        let ns = u64::try_from(now.saturating_duration_since(last).as_nanos()).unwrap_or(u64::MAX);
+        let floor = self
+            .interval_ns
+            .map_or(0, |i| i / 4)
+            .max(MIN_INTERVAL.as_nanos() as u64);
+        if ns >= floor {
+            self.interval_ns = Some(ns);
+            self.last_sample_at = Some(now);
+        }
+    }
+
     /// Whether the sample of thread `tid` taken now counts in cpu mode. `runnable`: the
-    /// thread is in state `R` now; `run_ns`: its schedstat run time now, if read;
-    /// `interval_ns`: the time between the process's samples, if known.
-    pub fn counts(
-        &mut self,
-        tid: i32,
-        runnable: bool,
-        run_ns: Option<u64>,
-        interval_ns: Option<u64>,
-    ) -> bool {
+    /// thread is in state `R` now; `run_ns`: its schedstat run time now, if read.
+    pub fn counts(&mut self, tid: i32, runnable: bool, run_ns: Option<u64>) -> bool {
+        let interval_ns = self.interval_ns;
         // Not in state R: it does not count, and its run time since counts at its next
         // check (no read now).
         if !runnable {
@@ -171,16 +192,22 @@ mod tests {
     #[test]
     fn a_thread_counts_by_its_state_until_it_has_an_interval() {
         let mut share = CpuShare::default();
-        assert!(share.counts(7, true, Some(0), None));
-        assert!(!share.counts(7, false, Some(0), Some(10 * MS)));
+        let t0 = Instant::now();
+        share.sample_began(t0);
+        assert!(share.counts(7, true, Some(0)));
+        // Samples 10 ms apart; one 1 ms after another does not change the interval.
+        share.sample_began(t0 + Duration::from_millis(10));
+        share.sample_began(t0 + Duration::from_millis(11));
+        assert_eq!(share.interval_ns, Some(10 * MS));
+        assert!(!share.counts(7, false, Some(0)));
         // First check: its state; then its credit (a quarter of a CPU: one in four).
-        assert!(share.counts(8, true, Some(0), Some(10 * MS)));
+        assert!(share.counts(8, true, Some(0)));
         let counted = (1..=8)
-            .filter(|k| share.counts(8, true, Some(k * 2_500_000), Some(10 * MS)))
+            .filter(|k| share.counts(8, true, Some(k * 2_500_000)))
             .count();
         assert_eq!(counted, 2);
         // Without a reading of its run time: its state again.
-        assert!(share.counts(8, true, None, Some(10 * MS)));
+        assert!(share.counts(8, true, None));
     }
 
     #[test]

@@ -112,8 +112,7 @@ impl<M: RemoteMemory> Unwinder<M> {
             .find(|s| s.native_thread_id == tid as u64)
             .copied();
         // Each captured sample has the budget of a sample of its own.
-        self.sample_started.set(None);
-        self.syscalls_before = self.mem.stats().reads();
+        self.budget.begin(self.mem.stats().reads());
         let f = self.layout.frame.clone();
         let fsize = (f.size as usize).min(FRAME_BYTES);
         self.raws.clear();
@@ -219,7 +218,7 @@ impl<M: RemoteMemory> Unwinder<M> {
     /// fingerprint are used as they are; the others are loaded in one batch, and must then
     /// have it.
     fn resolve_captured_codes(&mut self, fingerprints: &[u64]) -> Result<(), UnwindError> {
-        self.codes_changed = false;
+        self.codes.changed = false;
         let mut wanted = std::mem::take(&mut self.spare.captured_codes);
         wanted.clear();
         for (r, &fp) in self.raws.iter().zip(fingerprints) {
@@ -249,10 +248,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                 Some(cached) if cached == fp => self.stats.code_cache_hits += 1,
                 Some(_) => {
                     self.stats.stale_invalidations += 1;
-                    self.codes_changed = true;
-                    if let Some(e) = self.codes.pop(&addr) {
-                        self.code_bytes = self.code_bytes.saturating_sub(entry_bytes(&e));
-                    }
+                    self.codes.invalidate(addr);
                     load.push(addr);
                 }
                 None => load.push(addr),
@@ -271,7 +267,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                         .ok()
                         .map(|i| wanted[i].1);
                     changed |= captured != Some(entry.fingerprint);
-                    self.cache_code(addr, entry);
+                    self.codes.insert(addr, entry);
                 }
                 match changed {
                     true => Err(UnwindError::Capture(

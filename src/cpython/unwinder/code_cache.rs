@@ -25,6 +25,100 @@ pub(super) const MAX_CODES_PER_SAMPLE: usize = 1024;
 /// Most bytes of code objects (names, decoded line tables) one unwinder keeps.
 pub(super) const MAX_CODE_CACHE_BYTES: usize = 8 << 20;
 
+/// The cached code objects and what the cache knows besides. Invariant: `bytes` is the sum of
+/// [`entry_bytes`] over the entries, at most [`MAX_CODE_CACHE_BYTES`] (the least recently used
+/// leave first), and every way in or out of `entries` goes through the methods that keep it.
+pub(super) struct CodeCache {
+    entries: LruCache<u64, CodeEntry, FxBuildHasher>,
+    bytes: usize,
+    /// An entry was found stale (and dropped) during the sample under way.
+    pub(super) changed: bool,
+    /// The distinct code objects of the last sample: their validation fields are prefetched
+    /// with the next sample's batch (before 3.14), so validating costs no syscall of its own.
+    pub(super) previous: Vec<u64>,
+    /// Code objects of frames that stopped the search for a top (see `walk`), loaded after
+    /// the sample (at most [`MAX_CALLEE_CODES`]).
+    pub(super) callees: Vec<u64>,
+    /// Addresses found to be no code object's (the newest [`MAX_NOT_CODE`]).
+    not_code: Vec<u64>,
+}
+
+impl CodeCache {
+    /// An empty cache of at most `capacity` entries.
+    pub(super) fn new(capacity: NonZeroUsize) -> CodeCache {
+        CodeCache {
+            entries: LruCache::with_hasher(capacity, FxBuildHasher),
+            bytes: 0,
+            changed: false,
+            previous: Vec::new(),
+            callees: Vec::new(),
+            not_code: Vec::new(),
+        }
+    }
+
+    pub(super) fn peek(&self, addr: &u64) -> Option<&CodeEntry> {
+        self.entries.peek(addr)
+    }
+
+    pub(super) fn peek_mut(&mut self, addr: &u64) -> Option<&mut CodeEntry> {
+        self.entries.peek_mut(addr)
+    }
+
+    /// The entry, made the most recently used.
+    pub(super) fn get(&mut self, addr: &u64) -> Option<&CodeEntry> {
+        self.entries.get(addr)
+    }
+
+    /// Caches a code object, the least recently used ones leaving first when the cache would
+    /// hold more than [`MAX_CODE_CACHE_BYTES`] (or its entry count).
+    pub(super) fn insert(&mut self, addr: u64, entry: CodeEntry) {
+        let size = entry_bytes(&entry);
+        while self.bytes + size > MAX_CODE_CACHE_BYTES {
+            match self.entries.pop_lru() {
+                Some((_, old)) => self.bytes = self.bytes.saturating_sub(entry_bytes(&old)),
+                None => break,
+            }
+        }
+        self.bytes += size;
+        if let Some((_, old)) = self.entries.push(addr, entry) {
+            self.bytes = self.bytes.saturating_sub(entry_bytes(&old));
+        }
+    }
+
+    /// Drops an entry that may have been read torn: it is loaded again when next needed.
+    pub(super) fn forget(&mut self, addr: u64) {
+        if let Some(e) = self.entries.pop(&addr) {
+            self.bytes = self.bytes.saturating_sub(entry_bytes(&e));
+        }
+    }
+
+    /// Drops an entry found stale (its object is another one now), noting the change.
+    pub(super) fn invalidate(&mut self, addr: u64) {
+        self.changed = true;
+        self.forget(addr);
+    }
+
+    /// Drops every entry and what was found to be no code object.
+    pub(super) fn clear(&mut self) {
+        self.entries.clear();
+        self.bytes = 0;
+        self.previous.clear();
+        self.not_code.clear();
+    }
+
+    pub(super) fn is_not_code(&self, addr: u64) -> bool {
+        self.not_code.contains(&addr)
+    }
+
+    /// Remembers an address as no code object's, the oldest forgotten past [`MAX_NOT_CODE`].
+    pub(super) fn mark_not_code(&mut self, addr: u64) {
+        if self.not_code.len() >= MAX_NOT_CODE {
+            self.not_code.remove(0);
+        }
+        self.not_code.push(addr);
+    }
+}
+
 pub(super) struct CodeEntry {
     pub(super) function: FunctionId,
     pub(super) info: Arc<CodeInfo>,
@@ -43,7 +137,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         b: &ReadPlan,
         generation: u64,
     ) -> Result<(), UnwindError> {
-        self.codes_changed = false;
+        self.codes.changed = false;
         let generation =
             Some(generation).filter(|_| self.layout.interp.code_object_generation.is_some());
         // Epoch stamps live apart from generations (top bit set), so that one never passes
@@ -111,10 +205,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                     self.stats.code_cache_hits += 1;
                 } else {
                     self.stats.stale_invalidations += 1;
-                    self.codes_changed = true;
-                    if let Some(e) = self.codes.pop(&a) {
-                        self.code_bytes = self.code_bytes.saturating_sub(entry_bytes(&e));
-                    }
+                    self.codes.invalidate(a);
                     load.push(a);
                 }
             }
@@ -132,10 +223,10 @@ impl<M: RemoteMemory> Unwinder<M> {
                 // Every frame but the interpreter's shims runs a code object: one that does
                 // not was read while it changed (its bytes are another frame's, or none), and
                 // the sample is read again or fails; it is never shortened.
-                self.cache_code(a, entry?);
+                self.codes.insert(a, entry?);
             }
         }
-        self.spare.codes = std::mem::replace(&mut self.prev_codes, distinct);
+        self.spare.codes = std::mem::replace(&mut self.codes.previous, distinct);
         self.spare.check = check;
         self.spare.load = load;
         match over {
@@ -170,10 +261,10 @@ impl<M: RemoteMemory> Unwinder<M> {
     /// Loads, best effort, the code objects of frames that stopped the search for a top
     /// (their size was unknown, see `walk`); what is no code object is remembered as such.
     pub(super) fn load_callee_codes(&mut self) {
-        let mut pending = std::mem::take(&mut self.callee_codes);
+        let mut pending = std::mem::take(&mut self.codes.callees);
         pending.retain(|c| self.codes.peek(c).is_none());
         if pending.is_empty() {
-            self.callee_codes = pending;
+            self.codes.callees = pending;
             return;
         }
         // Stamped 0: validated as any cached one before its first use in a stack.
@@ -183,45 +274,19 @@ impl<M: RemoteMemory> Unwinder<M> {
         };
         for (&a, entry) in pending.iter().zip(entries) {
             match entry {
-                Some(Ok(entry)) => self.cache_code(a, entry),
-                _ => {
-                    if self.not_code.len() >= MAX_NOT_CODE {
-                        self.not_code.remove(0);
-                    }
-                    self.not_code.push(a);
-                }
+                Some(Ok(entry)) => self.codes.insert(a, entry),
+                _ => self.codes.mark_not_code(a),
             }
         }
         pending.clear();
-        self.callee_codes = pending;
+        self.codes.callees = pending;
     }
 
     /// Drops every cached code object (and what was found to be none), with the threads'
     /// caches that refer to them.
     pub(super) fn forget_codes(&mut self) {
         self.codes.clear();
-        self.code_bytes = 0;
-        self.prev_codes.clear();
-        self.not_code.clear();
         self.threads.clear();
-    }
-
-    /// Caches a code object, the least recently used ones leaving first when the cache would
-    /// hold more than [`MAX_CODE_CACHE_BYTES`] (or its entry count).
-    pub(super) fn cache_code(&mut self, addr: u64, entry: CodeEntry) {
-        let size = entry_bytes(&entry);
-        while self.code_bytes + size > MAX_CODE_CACHE_BYTES {
-            match self.codes.pop_lru() {
-                Some((_, old)) => {
-                    self.code_bytes = self.code_bytes.saturating_sub(entry_bytes(&old))
-                }
-                None => break,
-            }
-        }
-        self.code_bytes += size;
-        if let Some((_, old)) = self.codes.push(addr, entry) {
-            self.code_bytes = self.code_bytes.saturating_sub(entry_bytes(&old));
-        }
     }
 }
 

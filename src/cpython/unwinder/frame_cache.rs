@@ -86,7 +86,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         // frames identical to last sample's from the bottom up (same address, code object,
         // caller and instruction) keep their frame ids, so only the top is resolved. Not
         // after a code object was found stale this sample (its function may differ).
-        let common = match (w.tail, self.codes_changed) {
+        let common = match (w.tail, self.codes.changed) {
             (None, false) => self.threads.get(&w.ts.addr).map_or(0, |tc| {
                 raws.iter()
                     .rev()

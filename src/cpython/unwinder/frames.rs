@@ -132,10 +132,7 @@ impl<M: RemoteMemory> Unwinder<M> {
             }
             // Checked before reading: what this read would add (merged ranges cost no more).
             let planned: usize = o.ranges.iter().map(|r| r.1).sum();
-            self.sample_bytes = self.sample_bytes.saturating_add(planned);
-            if self.sample_bytes > MAX_SAMPLE_BYTES {
-                return Err((addr, UnwindError::Budget("bytes read in one sample")));
-            }
+            self.budget.add_bytes(planned).map_err(|e| (addr, e))?;
             o.fetch(&self.mem);
             // Which thread holds the GIL, and where, was read with the interpreter.
             let (interp_id, order, holds_gil, gil) = (ts.interp_id, ts.order, ts.holds_gil, ts.gil);
@@ -321,11 +318,11 @@ impl<M: RemoteMemory> Unwinder<M> {
             }
         }
         if let Some(code) = unknown_callee.filter(|c| {
-            !self.not_code.contains(c)
-                && !self.callee_codes.contains(c)
-                && self.callee_codes.len() < MAX_CALLEE_CODES
+            !self.codes.is_not_code(*c)
+                && !self.codes.callees.contains(c)
+                && self.codes.callees.len() < MAX_CALLEE_CODES
         }) {
-            self.callee_codes.push(code);
+            self.codes.callees.push(code);
         }
         let top = addr;
         let mut tail = None;
@@ -433,9 +430,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                 if size.is_some_and(|size| size > 0 && addr.wrapping_add(size) != x) {
                     // Either the stack changed or the cached size is wrong (its code object
                     // was read torn): the entry is loaded again when next needed.
-                    if let Some(e) = self.codes.pop(&code) {
-                        self.code_bytes = self.code_bytes.saturating_sub(entry_bytes(&e));
-                    }
+                    self.codes.forget(code);
                     return Err(UnwindError::BadObject {
                         addr: x,
                         what: "a frame whose caller does not end where it begins (read while \

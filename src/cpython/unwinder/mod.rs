@@ -93,10 +93,6 @@ use top::*;
 /// attached together do not fall on the same tick.
 pub const MAX_KEPT: u32 = 1000;
 
-/// Shortest time between two samples taken as the sampling interval (see
-/// `Unwinder::time_interval`).
-const MIN_INTERVAL_NS: u64 = 200_000;
-
 /// What a successful sample cost (the actors count samples by it).
 pub use pyfleet_actors::SampleKind;
 
@@ -213,7 +209,7 @@ pub struct Unwinder<M: RemoteMemory> {
     binary: PathBuf,
     opts: UnwinderOptions,
     use_marker: bool,
-    codes: LruCache<u64, CodeEntry, FxBuildHasher>,
+    codes: CodeCache,
     table: StackTable,
     threads: FxHashMap<u64, ThreadCache>,
     interps: Vec<u64>,
@@ -221,14 +217,8 @@ pub struct Unwinder<M: RemoteMemory> {
     batch: ReadPlan,
     epoch: u64,
     stats: UnwinderStats,
-    /// What the cached code objects cost (see [`entry_bytes`]).
-    code_bytes: usize,
-    /// Bytes of stacks read by the sample under way (see [`MAX_SAMPLE_BYTES`]).
-    sample_bytes: usize,
-    /// When the sample under way went past its first two reads, and the syscalls made
-    /// before it (see [`Unwinder::check_budget`]).
-    sample_started: Cell<Option<Instant>>,
-    syscalls_before: u64,
+    /// The sample under way against its limits.
+    budget: SampleBudget,
     out: Vec<ThreadSample>,
     /// Ids of the interpreters seen by the last sample, in list order.
     interp_ids: Vec<i64>,
@@ -237,22 +227,8 @@ pub struct Unwinder<M: RemoteMemory> {
     work: Vec<Work>,
     ids: Vec<FrameId>,
     chain_new: Vec<ChainFrame>,
-    /// A cached code object was found stale (and reloaded) this sample.
-    codes_changed: bool,
-    /// The distinct code objects of the last sample: their validation fields are prefetched
-    /// with the next sample's batch (before 3.14), so validating costs no syscall of its own.
-    prev_codes: Vec<u64>,
-    /// Code objects of frames that stopped the search for a top (see `walk`), loaded after
-    /// the sample (at most [`MAX_CALLEE_CODES`]), and addresses found to be none (the newest
-    /// [`MAX_NOT_CODE`]).
-    callee_codes: Vec<u64>,
-    not_code: Vec<u64>,
-    /// Which threads ran since they were read (`skip_idle`), the epoch of the last sample
-    /// read in full that succeeded (`out` holds it), and how many samples in a row were
-    /// kept whole since.
-    watch: Option<RunWatch>,
-    last_full: Option<u64>,
-    whole_kept: u32,
+    /// Which threads, or whether the whole last sample (`out`), may be kept unread.
+    idle: Idle,
     /// What the last successful sample cost.
     last_kind: SampleKind,
     /// Samples in a row that failed (see [`FORGET_AFTER_FAILURES`]).
@@ -260,11 +236,9 @@ pub struct Unwinder<M: RemoteMemory> {
     /// `blocking`: pauses the target around each read; which threads ran just before.
     pauser: Option<Pauser>,
     running: Vec<i32>,
-    /// cpu mode: each thread's credit of CPU used (see [`cpu_share`]).
+    /// cpu mode: each thread's credit of CPU used, and the sampling interval (see
+    /// [`cpu_share`]).
     cpu_share: CpuShare,
-    /// When the last sample began, and the time between the last two (ns).
-    last_sample_at: Option<std::time::Instant>,
-    sample_interval_ns: Option<u64>,
     /// The target's thread ids mapped to ours (containers).
     tids: ThreadIds,
     /// Buffers a sample fills and the next one reuses, so that a steady-state sample
@@ -317,7 +291,7 @@ impl<M: RemoteMemory> Unwinder<M> {
             binary: loc.path.clone(),
             opts,
             use_marker,
-            codes: LruCache::with_hasher(cap, FxBuildHasher),
+            codes: CodeCache::new(cap),
             table: StackTable::new(),
             threads: FxHashMap::default(),
             interps: Vec::new(),
@@ -325,34 +299,25 @@ impl<M: RemoteMemory> Unwinder<M> {
             batch: ReadPlan::default(),
             epoch: 0,
             stats: UnwinderStats::default(),
-            code_bytes: 0,
-            sample_bytes: 0,
-            sample_started: Cell::new(None),
-            syscalls_before: 0,
+            budget: SampleBudget::default(),
             out: Vec::new(),
             interp_ids: Vec::new(),
             raws: Vec::new(),
             work: Vec::new(),
             ids: Vec::new(),
             chain_new: Vec::new(),
-            codes_changed: false,
-            prev_codes: Vec::new(),
-            callee_codes: Vec::new(),
-            not_code: Vec::new(),
-            watch: if opts.skip_idle && !opts.blocking {
-                RunWatch::new(pid)
-            } else {
-                None
-            },
-            last_full: None,
-            whole_kept: (pid as u32).wrapping_mul(0x9E37_79B1) % MAX_KEPT,
+            idle: Idle::new(
+                pid,
+                match opts.skip_idle && !opts.blocking {
+                    true => RunWatch::new(pid),
+                    false => None,
+                },
+            ),
             last_kind: SampleKind::Read,
             failed_in_row: 0,
             pauser: opts.blocking.then(|| Pauser::new(pid)),
             running: Vec::new(),
             cpu_share: CpuShare::default(),
-            last_sample_at: None,
-            sample_interval_ns: None,
             tids: ThreadIds::new(pid),
             spare: Spare::default(),
         }
@@ -411,7 +376,7 @@ impl<M: RemoteMemory> Unwinder<M> {
     /// Takes one sample of every thread of every interpreter.
     pub fn sample(&mut self) -> Result<&[ThreadSample], UnwindError> {
         self.epoch += 1;
-        self.time_interval();
+        self.cpu_share.sample_began(Instant::now());
         // Memory stays bounded however many distinct stacks a process shows over days: past
         // a limit the interning starts afresh (stack ids are not reused, so an id from before
         // resolves to nothing), with the caches that hold function and frame ids.
@@ -421,35 +386,25 @@ impl<M: RemoteMemory> Unwinder<M> {
             self.table.reset();
             self.forget_codes();
             self.stats.table_resets += 1;
-            self.last_full = None;
+            self.idle.forget();
         }
-        let mut checked = false;
-        if let Some(w) = self.watch.as_mut() {
-            let still = w.check(self.epoch);
-            checked = w.last_check_read();
-            // No thread ran since the last full sample read them: it is still the truth.
-            if still == Still::All
-                && self.whole_kept < MAX_KEPT
-                && self.last_full.is_some_and(|f| f >= w.newest_reference())
-            {
-                self.whole_kept += 1;
-                let n = self.out.len() as u64;
-                self.stats.samples += 1;
-                self.stats.samples_unchanged += 1;
-                self.last_kind = SampleKind::Kept;
-                self.stats.threads_unchanged += n;
-                self.stats.frame_cache_hits += n;
-                if self.opts.cpu_status {
-                    for s in &mut self.out {
-                        s.on_cpu = Some(false);
-                    }
+        let (kept, checked) = self.idle.check(self.epoch);
+        // No thread ran since the last full sample read them: it is still the truth.
+        if kept {
+            let n = self.out.len() as u64;
+            self.stats.samples += 1;
+            self.stats.samples_unchanged += 1;
+            self.last_kind = SampleKind::Kept;
+            self.stats.threads_unchanged += n;
+            self.stats.frame_cache_hits += n;
+            if self.opts.cpu_status {
+                for s in &mut self.out {
+                    s.on_cpu = Some(false);
                 }
-                return Ok(&self.out);
             }
+            return Ok(&self.out);
         }
-        self.whole_kept = 0;
-        self.sample_started.set(None);
-        self.syscalls_before = self.mem.stats().reads();
+        self.budget.begin(self.mem.stats().reads());
         let mut batch = std::mem::take(&mut self.batch);
         // Blocking: every thread stays stopped until the sample is read in full (the guard
         // resumes them when dropped, on every path).
@@ -479,13 +434,8 @@ impl<M: RemoteMemory> Unwinder<M> {
             Ok(()) => {
                 self.stats.samples += 1;
                 self.failed_in_row = 0;
-                self.last_full = Some(self.epoch);
-                if let Some(w) = self.watch.as_mut() {
-                    w.was_read();
-                    for tc in self.threads.values() {
-                        w.watch(tc.tid, tc.heavy);
-                    }
-                }
+                self.idle
+                    .read_in_full(self.epoch, self.threads.values().map(|t| (t.tid, t.heavy)));
                 if checked {
                     self.stats.samples_checked += 1;
                     self.last_kind = SampleKind::Checked;
@@ -496,7 +446,7 @@ impl<M: RemoteMemory> Unwinder<M> {
             }
             Err(e) => {
                 self.stats.errors += 1;
-                self.last_full = None;
+                self.idle.forget();
                 self.out.clear();
                 // The interpreter list is read afresh next time; a thread whose walk failed
                 // has already lost its cache (`collect`).
@@ -577,7 +527,7 @@ impl<M: RemoteMemory> Unwinder<M> {
     fn sample_with(&mut self, b: &mut ReadPlan) -> Result<(), UnwindError> {
         self.predict(b);
         b.fetch(&self.mem);
-        self.sample_bytes = b.buf.len();
+        self.budget.set_bytes(b.buf.len());
         self.out.clear();
         self.raws.clear();
         let mut work = std::mem::take(&mut self.work);
@@ -626,6 +576,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         let runnable = match self.pauser.is_some() {
             true => self.running.contains(&tid),
             false => self
+                .idle
                 .watch
                 .as_mut()
                 .and_then(|w| w.on_cpu(tid))
@@ -635,33 +586,14 @@ impl<M: RemoteMemory> Unwinder<M> {
         // Runnable is not running: the sample counts as the CPU the thread used says.
         let run_ns = match runnable {
             true => self
+                .idle
                 .watch
                 .as_ref()
                 .and_then(|w| w.run_ns(tid))
                 .or_else(|| cpu_share::run_ns(self.pid, tid)),
             false => None,
         };
-        self.cpu_share
-            .counts(tid, runnable, run_ns, self.sample_interval_ns)
-    }
-
-    /// Measures the time since the last sample. A sample taken right after another (a retry
-    /// after a failure, in the same tick) says nothing of the interval and is not counted.
-    fn time_interval(&mut self) {
-        let now = std::time::Instant::now();
-        let Some(last) = self.last_sample_at else {
-            self.last_sample_at = Some(now);
-            return;
-        };
-        let ns = u64::try_from(now.saturating_duration_since(last).as_nanos()).unwrap_or(u64::MAX);
-        let floor = self
-            .sample_interval_ns
-            .map_or(0, |i| i / 4)
-            .max(MIN_INTERVAL_NS);
-        if ns >= floor {
-            self.sample_interval_ns = Some(ns);
-            self.last_sample_at = Some(now);
-        }
+        self.cpu_share.counts(tid, runnable, run_ns)
     }
 
     fn push_sample(&mut self, ts: &Tstate, holds_gil: bool, on_cpu: Option<bool>, stack: StackId) {

@@ -24,6 +24,64 @@ pub(super) const TOP_OVERLAP: u64 = 256;
 /// 3.12+: bytes of C stack prefetched below a thread's innermost entry frame.
 pub(super) const ENTRY_WINDOW: u64 = 8192;
 
+/// What tells that threads, or a whole sample, may be kept unread (`skip_idle`): the
+/// kernel's run watch of the process's threads, the epoch of the last sample read in full that
+/// succeeded, and how many samples in a row were kept whole since it (a full read at least
+/// every [`MAX_KEPT`]). Without a watch nothing is kept.
+pub(super) struct Idle {
+    pub(super) watch: Option<RunWatch>,
+    last_full: Option<u64>,
+    whole_kept: u32,
+}
+
+impl Idle {
+    /// For process `pid`: its count of kept samples starts at a point of its own (from the
+    /// pid), so that the forced reads of processes attached together fall on different ticks.
+    pub(super) fn new(pid: i32, watch: Option<RunWatch>) -> Idle {
+        Idle {
+            watch,
+            last_full: None,
+            whole_kept: (pid as u32).wrapping_mul(0x9E37_79B1) % MAX_KEPT,
+        }
+    }
+
+    /// At the start of the sample of `epoch`: whether the last sample read in full is still
+    /// the truth (no thread ran since), and whether the check read the kernel's figures.
+    pub(super) fn check(&mut self, epoch: u64) -> (bool, bool) {
+        let Some(w) = self.watch.as_mut() else {
+            return (false, false);
+        };
+        let still = w.check(epoch);
+        let checked = w.last_check_read();
+        let kept = still == Still::All
+            && self.whole_kept < MAX_KEPT
+            && self.last_full.is_some_and(|f| f >= w.newest_reference());
+        match kept {
+            true => self.whole_kept += 1,
+            false => self.whole_kept = 0,
+        }
+        (kept, checked)
+    }
+
+    /// The sample of `epoch` was read in full: its threads (id, and whether it costs more to
+    /// read than to check) are watched from now.
+    pub(super) fn read_in_full(&mut self, epoch: u64, threads: impl Iterator<Item = (i32, bool)>) {
+        self.last_full = Some(epoch);
+        if let Some(w) = self.watch.as_mut() {
+            w.was_read();
+            for (tid, heavy) in threads {
+                w.watch(tid, heavy);
+            }
+        }
+    }
+
+    /// Nothing read before may stand for now (a sample failed, or the interning started
+    /// afresh).
+    pub(super) fn forget(&mut self) {
+        self.last_full = None;
+    }
+}
+
 impl<M: RemoteMemory> Unwinder<M> {
     pub(super) fn predict(&self, b: &mut ReadPlan) {
         let l = &self.layout;
@@ -60,7 +118,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         }
         if l.interp.code_object_generation.is_none() {
             let (fp_lo, fp_len) = fingerprint_span(&self.layout);
-            for &a in &self.prev_codes {
+            for &a in &self.codes.previous {
                 b.push(Key::Code(a), a.wrapping_add(fp_lo), fp_len);
             }
         }
@@ -115,6 +173,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         tc.last_stack.is_some()
             && tc.kept < MAX_KEPT
             && self
+                .idle
                 .watch
                 .as_ref()
                 .and_then(|w| w.quiet_since(tc.tid))
