@@ -4,8 +4,8 @@
 //! tick looks at instead of the lock.
 
 use crate::cpython;
+use crate::host::PidNamespace;
 use crate::memory::kernel_capture::{GilAt, KernelCapture};
-use crate::process::host::PidNamespace;
 use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};

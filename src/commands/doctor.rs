@@ -9,8 +9,8 @@
 //! target controls except versions pyfleet parsed.
 
 use anyhow::Result;
+use pyfleet::host::{self, PidNamespace};
 use pyfleet::memory::kernel_capture::{CaptureError, KernelCapture};
-use pyfleet::process::host::{self, PidNamespace};
 use std::collections::BTreeMap;
 
 /// Most Python processes doctor tries to read (each attach reads its ELF files).
@@ -366,7 +366,7 @@ fn pythons() -> Pythons {
         }
         if std::fs::read_link(format!("/proc/{pid}/exe")).is_err() {
             out.refused
-                .push((pid, pyfleet::process::access::why_denied(pid)));
+                .push((pid, pyfleet::host::access::why_denied(pid)));
         }
     }
     out

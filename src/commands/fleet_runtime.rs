@@ -48,7 +48,7 @@ pub fn runtime() -> Result<tokio::runtime::Runtime> {
 /// Says so when pyfleet runs without root or CAP_SYS_PTRACE: only the user's own processes
 /// can then be read, and the others would silently be missing.
 pub fn warn_without_ptrace(what: &str) {
-    if pyfleet::process::has_ptrace_capability() == Some(false) {
+    if pyfleet::host::has_ptrace_capability() == Some(false) {
         eprintln!(
             "pyfleet: warning: without root or CAP_SYS_PTRACE only this user's own processes \
              can be {what}"

@@ -217,7 +217,7 @@ impl HostDiscovery {
         let refused = Refused {
             pid,
             cmdline: argv.join(" "),
-            why: why.unwrap_or_else(|| process::access::why_denied(pid)),
+            why: why.unwrap_or_else(|| crate::host::access::why_denied(pid)),
         };
         self.refused.insert(pid, (start, refused));
     }

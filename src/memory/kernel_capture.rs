@@ -26,8 +26,8 @@
 //! Nothing is written to any target. Needs CAP_BPF and CAP_PERFMON (or root) and Linux 5.8.
 //! Threads and processes are named by the ids of pyfleet's own pid namespace.
 
-use crate::process::host::{self, PidNamespace};
-use crate::process::kernel_types;
+use crate::host::kernel_types;
+use crate::host::{self, PidNamespace};
 use aya::maps::{Array, HashMap as BpfMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{
     PerfEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent,

@@ -50,7 +50,7 @@ pub enum MemoryError {
     #[error("no such process (pid {0})")]
     ProcessGone(i32),
     /// The kernel refused access (EPERM): no ptrace permission over the target.
-    #[error("permission denied reading memory of pid {0}: {why}", why = crate::process::access::why_denied(*.0))]
+    #[error("permission denied reading memory of pid {0}: {why}", why = crate::host::access::why_denied(*.0))]
     PermissionDenied(i32),
     /// The range is not (or no longer) mapped in the target.
     #[error("unreadable target memory at {addr:#x} ({len} bytes)")]

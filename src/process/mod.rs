@@ -8,10 +8,7 @@
 //! always non-blocking (a FIFO planted at the path cannot stall pyfleet), and only regular files
 //! no larger than [`MAX_MAPPED_FILE`].
 
-pub mod access;
 pub mod cpu_share;
-pub mod host;
-pub mod kernel_types;
 pub mod namespace;
 pub mod runstate;
 pub mod switches;
@@ -28,7 +25,7 @@ pub const MAX_MAPPED_FILE: u64 = 1 << 30;
 pub enum ProcessError {
     #[error("no such process (pid {0})")]
     NoSuchProcess(i32),
-    #[error("permission denied for pid {0}: {why}", why = access::why_denied(*.0))]
+    #[error("permission denied for pid {0}: {why}", why = crate::host::access::why_denied(*.0))]
     PermissionDenied(i32),
     /// The target's files could not be opened through /proc/PID/root: reading another user's
     /// files (and their directories) takes CAP_DAC_READ_SEARCH besides CAP_SYS_PTRACE.
@@ -428,25 +425,11 @@ pub fn thread_name(pid: i32, tid: u64) -> Option<String> {
     comm_of(&file, &mut buf).map(|name| String::from_utf8_lossy(name).into_owned())
 }
 
-/// `/proc/PID/stat` from field 3 (the state) on: the command name before it is in parentheses
-/// and may hold anything, spaces and parentheses included.
-pub fn stat_after_command(pid: i32) -> Option<String> {
-    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
-    let close = stat.iter().rposition(|&b| b == b')')?;
-    String::from_utf8(stat.get(close + 2..)?.to_vec()).ok()
-}
-
 /// This process's resident memory in bytes (`/proc/self/statm`).
 pub fn own_rss_bytes() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: u64 = s.split_whitespace().nth(1)?.parse().ok()?;
     Some(pages * procfs::page_size())
-}
-
-/// Whether this process holds CAP_SYS_PTRACE (root normally does): without it, only processes
-/// of the same user can be read. From `CapEff` in /proc/self/status; `None` if unreadable.
-pub fn has_ptrace_capability() -> Option<bool> {
-    host::has_capability(host::CAP_SYS_PTRACE)
 }
 
 /// CPU time used so far by the calling thread, in nanoseconds (`/proc/thread-self/schedstat`).

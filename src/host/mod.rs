@@ -1,9 +1,29 @@
 //! What this host and pyfleet's own privileges allow: effective capabilities, the kernel's
 //! release, the sysctls that gate reading other processes and BPF, and the pid namespace
-//! pyfleet runs in. Read from procfs only; never fails (what cannot be read is
-//! `None`).
+//! pyfleet runs in; why the kernel refused a process (`access`), and where a field of a
+//! kernel struct lies (`kernel_types`), with the one procfs parse they share (a stat line
+//! after its command name). Read from procfs and sysfs only; never fails (what
+//! cannot be read is `None`). Imports no other room of pyfleet: `process` and `memory` both
+//! stand on it.
+
+pub mod access;
+pub mod kernel_types;
 
 use std::os::unix::fs::MetadataExt;
+
+/// `/proc/PID/stat` from field 3 (the state) on: the command name before it is in parentheses
+/// and may hold anything, spaces and parentheses included.
+pub fn stat_after_command(pid: i32) -> Option<String> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    String::from_utf8(stat.get(close + 2..)?.to_vec()).ok()
+}
+
+/// Whether this process holds CAP_SYS_PTRACE (root normally does): without it, only processes
+/// of the same user can be read. From `CapEff` in /proc/self/status; `None` if unreadable.
+pub fn has_ptrace_capability() -> Option<bool> {
+    has_capability(CAP_SYS_PTRACE)
+}
 
 /// Capabilities pyfleet uses, by number (`linux/capability.h`).
 pub const CAP_DAC_READ_SEARCH: u32 = 2;
