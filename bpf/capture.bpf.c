@@ -80,7 +80,7 @@ const volatile __u64 pidns_ino = 0;
 // Offset of `pid` in the kernel's `struct task_struct` (0: switch-ins are not told).
 const volatile __u64 task_pid_at = 0;
 
-// Keep in step with src/memory/kernel_capture.rs.
+// Keep in step with src/memory/capture_records.rs.
 #define MAX_FRAMES 256
 #define FRAME_BYTES 80
 #define MAX_FINGERPRINT_BYTES 64

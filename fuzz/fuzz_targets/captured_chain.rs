@@ -10,7 +10,7 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use pyfleet::cpython::synthetic::{captured_record, runtime, unwinder};
-use pyfleet::memory::kernel_capture::CapturedRecord;
+use pyfleet::memory::capture_records::CapturedRecord;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&cut, edits)) = data.split_first() else {

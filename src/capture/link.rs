@@ -6,7 +6,7 @@ use super::shared::{PendingRecord, SharedCapture};
 use super::wall_time::{self, Chain, Seen, SwitchedOut, WallTime};
 use super::{OffCpu, CAPTURE_FULL_REFRESH, CAPTURE_RECHECK, CAPTURE_RETRY};
 use crate::cpython::{self, Unwinder};
-use crate::memory::kernel_capture::frames_in;
+use crate::memory::capture_records::frames_in;
 use crate::memory::{ProcessMemory, RemoteMemory};
 use pyfleet_actors::{CapturedCounts, SampleError, SampleKind, SampledThread, ThreadStatus};
 use rustc_hash::FxHashMap;

@@ -3,9 +3,11 @@
 //! (`shared.rs`, [`SharedCapture`]); each process's link to it and the rules by which a
 //! captured chain becomes a sample or a counted failure, decided in one place
 //! (`link.rs`, [`CaptureLink::sample`]); and wall and gil modes' time off the CPU
-//! ([`wall_time`]). The BPF program and its ring are loaded and read by
-//! `memory::kernel_capture` (`unsafe` lives in `memory` only); `stack_source` is the actors'
-//! adapter over this and the reads.
+//! ([`wall_time`]); the BPF program loaded, fed the threads to watch and its ring drained
+//! (`kernel.rs`, [`kernel::KernelCapture`]). What a record holds and the layout a chain is
+//! copied by are `memory::capture_records` (the cpython decoder reads them too, and the map
+//! value is `unsafe`'s, which lives in `memory` only); `stack_source` is the actors' adapter
+//! over this and the reads.
 //!
 //! [`Capture`] is `--capture`: which way, resolved for the mode, and starting the kernel capture
 //! (or, for `auto`, falling back to reads). With a [`SharedCapture`] (the kernel capture), a source
@@ -29,6 +31,7 @@
 //! under its pid, and each source takes its own (at most [`MAX_PENDING`] waiting per process; older
 //! ones are dropped and counted).
 
+pub mod kernel;
 mod link;
 mod shared;
 pub mod wall_time;
@@ -36,7 +39,7 @@ pub mod wall_time;
 pub use link::CaptureLink;
 pub use shared::{CaptureLosses, SharedCapture, MAX_PENDING};
 
-use crate::memory::kernel_capture::KernelCapture;
+use crate::capture::kernel::KernelCapture;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -3,9 +3,10 @@
 //! waiting per process (older ones dropped and counted), and the two atomics an idle source's
 //! tick looks at instead of the lock.
 
+use super::kernel::KernelCapture;
 use crate::cpython;
 use crate::host::PidNamespace;
-use crate::memory::kernel_capture::{GilAt, KernelCapture};
+use crate::memory::capture_records::GilAt;
 use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -49,7 +50,7 @@ pub(super) struct PendingRecord {
     pub(super) incomplete: Option<&'static str>,
     /// It is not whole because it is deeper than the capture copies.
     pub(super) truncated: bool,
-    /// The frames as the ring held them (`kernel_capture::frames_in`).
+    /// The frames as the ring held them (`capture_records::frames_in`).
     pub(super) frames: Vec<u8>,
 }
 
@@ -153,7 +154,7 @@ impl SharedCapture {
         &self,
         pid: u32,
         threads: &[cpython::CapturedThread],
-        layout: crate::memory::kernel_capture::CaptureLayout,
+        layout: crate::memory::capture_records::CaptureLayout,
         with_gil: bool,
     ) -> Result<(), String> {
         let mut s = self.lock();

@@ -9,8 +9,8 @@
 //! target controls except versions pyfleet parsed.
 
 use anyhow::Result;
+use pyfleet::capture::kernel::{CaptureError, KernelCapture};
 use pyfleet::host::{self, PidNamespace};
-use pyfleet::memory::kernel_capture::{CaptureError, KernelCapture};
 use std::collections::BTreeMap;
 
 /// Most Python processes doctor tries to read (each attach reads its ELF files).

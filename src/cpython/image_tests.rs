@@ -326,7 +326,7 @@ fn random_corruption_never_panics() {
 
 #[test]
 fn a_captured_chain_decodes_to_the_stack_a_read_finds() {
-    use crate::memory::kernel_capture::CapturedRecord;
+    use crate::memory::capture_records::CapturedRecord;
     let (img, _) = runtime();
     let mut u = unwinder(img);
     let read: Vec<_> = u.sample().unwrap().to_vec();
@@ -344,7 +344,7 @@ fn a_captured_chain_decodes_to_the_stack_a_read_finds() {
             .expect("the thread was read");
         assert_eq!(captured.stack, same.stack, "thread {}", t.tid);
         // Any frame cut off the end is a chain that stops early: a counted failure.
-        let cut = &bytes[..bytes.len() - (16 + crate::memory::kernel_capture::FRAME_BYTES)];
+        let cut = &bytes[..bytes.len() - (16 + crate::memory::capture_records::FRAME_BYTES)];
         let mut head = cut.to_vec();
         let frames = u16::from_le_bytes([head[16], head[17]]) - 1;
         head[16..18].copy_from_slice(&frames.to_le_bytes());

@@ -7,7 +7,7 @@ use super::layout::{Layout, Version};
 use super::objects::fingerprint;
 use super::{Unwinder, UnwinderOptions};
 use crate::binary::RuntimeLocation;
-use crate::memory::kernel_capture::{CaptureLayout, FRAME_BYTES, MAX_FRAMES};
+use crate::memory::capture_records::{CaptureLayout, FRAME_BYTES, MAX_FRAMES};
 use crate::memory::{MemoryImage, RemoteMemory};
 use std::path::PathBuf;
 
@@ -226,7 +226,7 @@ pub fn unwinder_with(img: MemoryImage, opts: UnwinderOptions) -> Unwinder<Memory
 /// The ring record the kernel capture would send at an interrupt of the thread whose state is
 /// at `tstate`: a model of `bpf/capture.bpf.c` over the image (the chain followed from the
 /// current-frame pointer as `layout` says, each frame's first bytes and its code object's
-/// fingerprint), encoded as the ring holds it (`kernel_capture::CapturedRecord::parse`).
+/// fingerprint), encoded as the ring holds it (`capture_records::CapturedRecord::parse`).
 pub fn captured_record(
     img: &MemoryImage,
     layout: CaptureLayout,

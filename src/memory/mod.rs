@@ -7,16 +7,16 @@
 //! [`Pauser`] stops a target's threads for a read that must see one instant (`--blocking`).
 //! [`switch_ring::SwitchRing`] reads the kernel's log of context switches on one CPU from
 //! the ring buffer it shares with pyfleet (memory too, though not a target's).
-//! [`kernel_capture::KernelCapture`] has the kernel copy watched threads' frame chains at each
-//! sampling interrupt (a BPF program), one instant each, without stopping them.
+//! [`capture_records`] is what the kernel capture copies of a target (its records, and the
+//! layout a chain is copied by, a map value of the program's); `capture::kernel` loads it.
 //! [`limit_malloc_arenas`] keeps pyfleet's own heap from spreading over one arena per thread.
 //!
 //! It is the only home of `unsafe` in pyfleet. It knows nothing about CPython: callers ask for
 //! byte ranges and get bytes or a [`MemoryError`]. Every syscall is counted in [`ReadStats`],
 //! because syscalls, not bytes, are what a sample costs.
 
+pub mod capture_records;
 mod image;
-pub mod kernel_capture;
 pub mod pause;
 mod process_vm;
 pub mod switch_ring;

@@ -1,4 +1,4 @@
-//! Stacks from the kernel capture (`memory::kernel_capture`): a thread's frame chain copied at
+//! Stacks from the kernel capture (`memory::capture_records`, loaded by `capture::kernel`): a thread's frame chain copied at
 //! one sampling interrupt, decoded with the version's frame layout and interned as a paused
 //! thread's walk is (the chain is one instant's: nothing moved while it was copied, so there
 //! is no top to settle and nothing to read again).
@@ -14,7 +14,7 @@
 
 use super::*;
 use crate::cpython::objects::fingerprint_span;
-use crate::memory::kernel_capture::{CaptureLayout, CapturedFrame, FRAME_BYTES};
+use crate::memory::capture_records::{CaptureLayout, CapturedFrame, FRAME_BYTES};
 
 /// A thread the capture may watch: the host's id and its thread state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -63,7 +63,7 @@ use super::objects::{
 use super::resolved::{Frame, InterpreterStacks, ThreadStack, MAX_DEPTH};
 use super::UnwindError;
 use crate::binary::RuntimeLocation;
-use crate::memory::kernel_capture::GilAt;
+use crate::memory::capture_records::GilAt;
 use crate::memory::{Bytes, Pauser, RemoteMemory};
 use crate::process::cpu_share::{self, CpuShare};
 use crate::process::namespace::ThreadIds;
