@@ -115,7 +115,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         self.budget.begin(self.mem.stats().reads());
         let f = self.layout.frame.clone();
         let fsize = (f.size as usize).min(FRAME_BYTES);
-        self.raws.clear();
+        self.spare.raws.clear();
         let mut fingerprints = std::mem::take(&mut self.spare.captured_fingerprints);
         fingerprints.clear();
         let mut expected: Option<u64> = None;
@@ -125,7 +125,7 @@ impl<M: RemoteMemory> Unwinder<M> {
             bytes,
         } in frames
         {
-            if self.raws.len() >= MAX_DEPTH {
+            if self.spare.raws.len() >= MAX_DEPTH {
                 return Err(UnwindError::TooLong("frame chain", MAX_DEPTH));
             }
             // The kernel followed `previous`: a frame must be where its callee said.
@@ -154,7 +154,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                     what: "a frame without its code object".into(),
                 });
             }
-            self.raws.push(raw);
+            self.spare.raws.push(raw);
             fingerprints.push(code_fingerprint);
             expected = Some(h.previous);
         }
@@ -165,9 +165,9 @@ impl<M: RemoteMemory> Unwinder<M> {
         }
         // Entry frames alone: an eval loop entered or left at the interrupt. But for the
         // thread's base frame alone, in its thread state (3.15): no Python code runs on it.
-        let base_alone = self.raws.len() == 1
-            && self.raws[0].addr.wrapping_sub(tstate) < self.layout.tstate.size.max(4096);
-        if !self.raws.is_empty() && !base_alone && self.raws.iter().all(|r| r.shim) {
+        let base_alone = self.spare.raws.len() == 1
+            && self.spare.raws[0].addr.wrapping_sub(tstate) < self.layout.tstate.size.max(4096);
+        if !self.spare.raws.is_empty() && !base_alone && self.spare.raws.iter().all(|r| r.shim) {
             return Err(UnwindError::Capture(
                 "entry frames only (an eval loop entered or left at the interrupt)",
             ));
@@ -185,7 +185,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                 s.namespace_thread_id.unwrap_or(s.native_thread_id)
             }),
             host_tid: tid,
-            current_frame: self.raws.first().map_or(0, |r| r.addr),
+            current_frame: self.spare.raws.first().map_or(0, |r| r.addr),
             top_unread: false,
             entry_link: EntryLink::Unchecked,
             base_frame: 0,
@@ -196,7 +196,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         };
         let w = Work {
             ts,
-            raw: 0..self.raws.len(),
+            raw: 0..self.spare.raws.len(),
             tail: None,
             holds_gil: last.is_some_and(|s| s.holds_gil),
         };
@@ -221,7 +221,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         self.codes.changed = false;
         let mut wanted = std::mem::take(&mut self.spare.captured_codes);
         wanted.clear();
-        for (r, &fp) in self.raws.iter().zip(fingerprints) {
+        for (r, &fp) in self.spare.raws.iter().zip(fingerprints) {
             if r.shim || r.code == 0 {
                 continue;
             }

@@ -149,7 +149,8 @@ impl<M: RemoteMemory> Unwinder<M> {
         let mut distinct = std::mem::take(&mut self.spare.codes);
         distinct.clear();
         distinct.extend(
-            self.raws
+            self.spare
+                .raws
                 .iter()
                 .filter(|r| !r.shim && r.code != 0)
                 .map(|r| r.code),

@@ -78,10 +78,10 @@ impl<M: RemoteMemory> Unwinder<M> {
     /// chain after the marker, one interned stack id (last sample's when nothing changed).
     pub(super) fn intern_stack(&mut self, w: &Work) -> StackId {
         let adaptive = self.layout.code.code_adaptive;
-        let mut chain_new = std::mem::take(&mut self.chain_new);
+        let mut chain_new = std::mem::take(&mut self.spare.chain_new);
         chain_new.clear();
-        self.ids.clear();
-        let raws = &self.raws[w.raw.clone()];
+        self.spare.ids.clear();
+        let raws = &self.spare.raws[w.raw.clone()];
         // Without the 3.15 marker every frame is walked, but the outer ones rarely change:
         // frames identical to last sample's from the bottom up (same address, code object,
         // caller and instruction) keep their frame ids, so only the top is resolved. Not
@@ -120,7 +120,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                 None // not a code object: not a Python function's frame
             };
             if let Some(id) = id {
-                self.ids.push(id);
+                self.spare.ids.push(id);
             }
             chain_new.push(ChainFrame {
                 addr: r.addr,
@@ -131,7 +131,7 @@ impl<M: RemoteMemory> Unwinder<M> {
             });
         }
         let tc = self.threads.entry(w.ts.addr).or_default();
-        let walked_ids = self.ids.len();
+        let walked_ids = self.spare.ids.len();
         let stack = match w.tail {
             Some(i) => {
                 let tail_len = tc.chain.len() - (i + 1);
@@ -141,7 +141,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                 } else {
                     self.stats.frame_cache_partial_hits += 1;
                 }
-                let unchanged = tc.last_tail_len == tail_len && tc.last_walked == self.ids;
+                let unchanged = tc.last_tail_len == tail_len && tc.last_walked == self.spare.ids;
                 // Replace the walked part of the chain; the cached rest stays in place.
                 if chain_new.len() == i + 1 {
                     tc.chain[..=i].copy_from_slice(&chain_new);
@@ -152,9 +152,9 @@ impl<M: RemoteMemory> Unwinder<M> {
                     Some(id) if unchanged => id,
                     _ => {
                         let rest = &tc.chain[w.raw.len()..];
-                        self.ids.extend(rest.iter().filter_map(|c| c.id));
+                        self.spare.ids.extend(rest.iter().filter_map(|c| c.id));
                         tc.last_tail_len = tail_len;
-                        self.table.stack(&self.ids)
+                        self.table.stack(&self.spare.ids)
                     }
                 }
             }
@@ -169,8 +169,8 @@ impl<M: RemoteMemory> Unwinder<M> {
                     Some(id) if same => id,
                     _ => {
                         let rest = &tc.chain[top..];
-                        self.ids.extend(rest.iter().filter_map(|c| c.id));
-                        self.table.stack(&self.ids)
+                        self.spare.ids.extend(rest.iter().filter_map(|c| c.id));
+                        self.table.stack(&self.spare.ids)
                     }
                 }
             }
@@ -178,17 +178,18 @@ impl<M: RemoteMemory> Unwinder<M> {
                 self.stats.frame_cache_misses += 1;
                 std::mem::swap(&mut tc.chain, &mut chain_new);
                 tc.last_tail_len = usize::MAX;
-                self.table.stack(&self.ids)
+                self.table.stack(&self.spare.ids)
             }
         };
         tc.last_walked.clear();
-        tc.last_walked.extend_from_slice(&self.ids[..walked_ids]);
+        tc.last_walked
+            .extend_from_slice(&self.spare.ids[..walked_ids]);
         tc.last_stack = Some(stack);
         tc.tid = w.ts.host_tid;
         tc.gil = w.ts.gil;
         tc.read_at = self.epoch;
         tc.kept = 0;
-        self.chain_new = chain_new;
+        self.spare.chain_new = chain_new;
         stack
     }
 }

@@ -65,7 +65,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         b: &ReadPlan,
         mut ts: Tstate,
     ) -> Result<(Tstate, Option<usize>), (u64, UnwindError)> {
-        let start = self.raws.len();
+        let start = self.spare.raws.len();
         let mut own: Option<ReadPlan> = None;
         let mut reads = 1;
         loop {
@@ -88,7 +88,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                 }
                 Err(e) => e,
             };
-            self.raws.truncate(start);
+            self.spare.raws.truncate(start);
             if reads >= MAX_READS || err.is_process_gone() {
                 return Err((ts.addr, err));
             }
@@ -148,7 +148,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         }
     }
 
-    /// Walks one thread's frames into `self.raws`; returns the cached chain index from which
+    /// Walks one thread's frames into `self.spare.raws`; returns the cached chain index from which
     /// the rest of the stack is unchanged (3.15 marker), if any, and the top frame walked
     /// from (see [`settle_top`]).
     pub(super) fn walk(
@@ -334,7 +334,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         let mut entries: Option<u64> = None;
         let mut outside = std::mem::take(&mut self.spare.outside);
         outside.clear();
-        let walked_from = self.raws.len();
+        let walked_from = self.spare.raws.len();
         let mut outside_frames = 0usize;
         // Frames of the current chunk come lower and lower down the stack.
         let mut last_in_chunk = u64::MAX;
@@ -349,7 +349,7 @@ impl<M: RemoteMemory> Unwinder<M> {
             if depth > MAX_DEPTH {
                 return Err(UnwindError::TooLong("frame chain", MAX_DEPTH));
             }
-            if self.raws.len() >= MAX_SAMPLE_FRAMES {
+            if self.spare.raws.len() >= MAX_SAMPLE_FRAMES {
                 return Err(UnwindError::Budget("frames in one sample"));
             }
             let out = frame_buf
@@ -414,7 +414,7 @@ impl<M: RemoteMemory> Unwinder<M> {
             // The entry frame of a C call into Python lives on the C stack, read at another
             // time than the data stack: when it no longer names the frame the callee was pushed
             // after (the C call returned, its stack was reused), that frame is the caller.
-            let from = self.raws[walked_from..].last().map(|r| r.addr);
+            let from = self.spare.raws[walked_from..].last().map(|r| r.addr);
             // A thread's frames lie back to back in its chunk: a caller that does not end
             // where its callee begins was pushed after the callee was read (the callee and its
             // caller returned meanwhile). Their chain would splice two instants.
@@ -530,7 +530,7 @@ impl<M: RemoteMemory> Unwinder<M> {
             // stack pointer first (it waits) and takes it back once the callee returned: one
             // that runs below such a callee was read after the callee returned (the part of
             // the data stack above it was read first).
-            let callee = self.raws[walked_from..]
+            let callee = self.spare.raws[walked_from..]
                 .last()
                 .filter(|c| c.previous == addr)
                 .copied();
@@ -555,7 +555,7 @@ impl<M: RemoteMemory> Unwinder<M> {
             if previous == addr {
                 return Err(UnwindError::Cycle("frame chain"));
             }
-            self.raws.push(raw);
+            self.spare.raws.push(raw);
             if let Some(i) = valid {
                 if chain[i].addr == addr {
                     if chain[i].code == raw.code && chain[i].previous == previous {
@@ -572,7 +572,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         if missing.any() || no_top {
             // Read this thread again, whole, in one read: what the cache predicted and what
             // this walk lacked (the top with room to move).
-            self.raws.truncate(walked_from);
+            self.spare.raws.truncate(walked_from);
             let tc = self.threads.entry(ts.addr).or_default();
             if let Some((low, end)) = missing.chunk {
                 let end = end.saturating_add(REREAD_GROWTH).min(chunk_hi);
@@ -601,7 +601,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         // On 3.11 the outermost frame is the first one its eval loop ran (`is_entry`), and not
         // a generator's (a generator's frame loses its `previous` when it yields: read then,
         // its chain ends there).
-        let walked = &self.raws[walked_from..];
+        let walked = &self.spare.raws[walked_from..];
         // Entry frames alone: an eval loop was being entered or left (the thread's current
         // frame its entry frame for an instant). Not a stack of the thread: no Python frame.
         // But for the thread's base frame alone (3.15): no Python code runs on it.
@@ -659,7 +659,7 @@ impl<M: RemoteMemory> Unwinder<M> {
             }
         }
         if tail.is_none() && (!f.shim_owners.is_empty() || f.is_entry.is_some()) {
-            if let Some(last) = self.raws[walked_from..]
+            if let Some(last) = self.spare.raws[walked_from..]
                 .last()
                 .filter(|r| !r.shim && (!r.entry || r.generator))
             {
@@ -669,7 +669,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                 });
             }
         }
-        self.stats.frames_from_memory += (self.raws.len() - walked_from) as u64;
+        self.stats.frames_from_memory += (self.spare.raws.len() - walked_from) as u64;
         let tc = self.threads.entry(ts.addr).or_default();
         tc.chain = chain;
         tc.older = older;

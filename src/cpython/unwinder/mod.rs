@@ -222,11 +222,6 @@ pub struct Unwinder<M: RemoteMemory> {
     out: Vec<ThreadSample>,
     /// Ids of the interpreters seen by the last sample, in list order.
     interp_ids: Vec<i64>,
-    // Scratch, kept to avoid allocating in steady state.
-    raws: Vec<RawFrame>,
-    work: Vec<Work>,
-    ids: Vec<FrameId>,
-    chain_new: Vec<ChainFrame>,
     /// Which threads, or whether the whole last sample (`out`), may be kept unread.
     idle: Idle,
     /// What the last successful sample cost.
@@ -248,6 +243,12 @@ pub struct Unwinder<M: RemoteMemory> {
 
 #[derive(Default)]
 struct Spare {
+    /// The walk: the frames of the thread under way, what is left to read, their interned
+    /// ids, and the part of a chain new since the frame cache.
+    raws: Vec<RawFrame>,
+    work: Vec<Work>,
+    ids: Vec<FrameId>,
+    chain_new: Vec<ChainFrame>,
     interps: Vec<u64>,
     gils: Vec<u64>,
     interp_ids: Vec<i64>,
@@ -302,10 +303,6 @@ impl<M: RemoteMemory> Unwinder<M> {
             budget: SampleBudget::default(),
             out: Vec::new(),
             interp_ids: Vec::new(),
-            raws: Vec::new(),
-            work: Vec::new(),
-            ids: Vec::new(),
-            chain_new: Vec::new(),
             idle: Idle::new(
                 pid,
                 match opts.skip_idle && !opts.blocking {
@@ -529,14 +526,14 @@ impl<M: RemoteMemory> Unwinder<M> {
         b.fetch(&self.mem);
         self.budget.set_bytes(b.buf.len());
         self.out.clear();
-        self.raws.clear();
-        let mut work = std::mem::take(&mut self.work);
+        self.spare.raws.clear();
+        let mut work = std::mem::take(&mut self.spare.work);
         work.clear();
         let r = self.collect(b, &mut work).and_then(|gen| {
             self.resolve_codes(b, gen)?;
             self.finish(&mut work)
         });
-        self.work = work;
+        self.spare.work = work;
         self.load_callee_codes();
         r
     }

@@ -210,7 +210,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         // Threads, oldest first within each interpreter (the lists are newest first).
         tstates.sort_unstable_by_key(|t| (t.interp_id, std::cmp::Reverse(t.order)));
         for ts in tstates.drain(..) {
-            let start = self.raws.len();
+            let start = self.spare.raws.len();
             let holds_gil = ts.holds_gil.unwrap_or_else(|| holders.contains(&ts.addr));
             if ts.keep {
                 self.threads.entry(ts.addr).or_default().seen = self.epoch;
@@ -238,7 +238,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                 }
             };
             work.push(Work {
-                raw: start..self.raws.len(),
+                raw: start..self.spare.raws.len(),
                 tail,
                 holds_gil,
                 ts,
