@@ -7,7 +7,7 @@
 
 use crate::output::format::Format;
 use crate::output::snapshot_dir::DEFAULT_FORMATS;
-pub use crate::sampling_options::{parse_roles, Sampling, SamplingOptions};
+use crate::sampling_options::{Sampling, SamplingOptions};
 use pyfleet_policies::{parse_size, RestartPolicy, RetentionPolicy};
 use serde::Deserialize;
 use std::net::SocketAddr;

@@ -131,7 +131,7 @@ pub struct Sampling {
 }
 
 /// `--exclude-role` values, checked.
-pub fn parse_roles(names: &[String]) -> Result<Vec<Role>, String> {
+fn parse_roles(names: &[String]) -> Result<Vec<Role>, String> {
     names
         .iter()
         .map(|n| {

@@ -10,6 +10,7 @@
 use anyhow::{anyhow, Result};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use pyfleet_policies::MatchPolicy;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, ExitStatus};
 use std::time::Duration;
@@ -30,7 +31,7 @@ impl Launched {
     pub fn spawn(command: &[String]) -> Result<Launched> {
         let (program, args) = command
             .split_first()
-            .ok_or_else(|| anyhow!("give the program to record after --"))?;
+            .ok_or_else(|| anyhow!("give the program to start after --"))?;
         let child = Command::new(program).args(args).spawn().map_err(|e| {
             anyhow!(
                 "cannot start {}: {e}",
@@ -47,6 +48,17 @@ impl Launched {
 
     pub fn pid(&self) -> i32 {
         i32::try_from(self.child.id()).unwrap_or(i32::MAX)
+    }
+
+    /// What to profile: this program by its pid (its Python descendants come with
+    /// `--subprocesses`, which a program started here always has), never pyfleet itself.
+    pub fn policy(&self) -> Result<MatchPolicy> {
+        Ok(MatchPolicy::new(
+            &[] as &[String],
+            [] as [&str; 0],
+            &[self.pid()],
+            Some(std::process::id() as i32),
+        )?)
     }
 
     /// Lets the program run.

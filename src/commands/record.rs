@@ -17,12 +17,13 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use pyfleet::capture::OffCpu;
-use pyfleet::config::{Sampling, SamplingOptions, Seconds};
+use pyfleet::config::Seconds;
 use pyfleet::cpython;
 use pyfleet::discovery::HostDiscovery;
 use pyfleet::output::format::{Format, RenderContext};
 use pyfleet::output::record_file::RecordFile;
 use pyfleet::output::snapshot_dir::utc_name;
+use pyfleet::sampling_options::{Sampling, SamplingOptions};
 use pyfleet::stack_source::{Counted, SampleCounters, UnwinderFactory};
 use pyfleet_actors::{Fleet, FleetConfig, FleetStatus, ProcessState};
 use pyfleet_policies::Mode;
@@ -89,8 +90,7 @@ struct Plan {
 
 fn plan(mut o: RecordOptions) -> Result<Plan> {
     o.sampling.pids.append(&mut o.bare_pids);
-    let command = !o.sampling.command.is_empty();
-    if command && (o.duration.is_some() || o.wait) {
+    if !o.sampling.command.is_empty() && (o.duration.is_some() || o.wait) {
         bail!("a program after -- is recorded until it exits: --duration and --wait go with processes");
     }
     if o.wait && o.sampling.matches.is_empty() && o.sampling.match_label.is_empty() {
@@ -202,12 +202,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
         true => None,
         false => {
             let program = super::launched::Launched::spawn(&plan.sampling.command)?;
-            plan.sampling.policy = pyfleet_policies::MatchPolicy::new(
-                &[] as &[String],
-                [] as [&str; 0],
-                &[program.pid()],
-                Some(std::process::id() as i32),
-            )?;
+            plan.sampling.policy = program.policy()?;
             Some(program)
         }
     };

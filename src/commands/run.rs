@@ -173,12 +173,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
             true => None,
             false => {
                 let program = super::launched::Launched::spawn(&settings.sampling.command)?;
-                settings.sampling.policy = pyfleet_policies::MatchPolicy::new(
-                    &[] as &[String],
-                    [] as [&str; 0],
-                    &[program.pid()],
-                    Some(std::process::id() as i32),
-                )?;
+                settings.sampling.policy = program.policy()?;
                 config.scan_interval = config.scan_interval.min(super::launched::SCAN);
                 Some(program)
             }
