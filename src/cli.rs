@@ -44,6 +44,10 @@ pub enum Command {
         /// read, so that the stacks are one instant's).
         #[arg(long)]
         nonblocking: bool,
+        /// Also every asyncio task (Python 3.14+): its name, thread, whether it runs, its
+        /// coroutine frames and the tasks awaiting it.
+        #[arg(long = "async")]
+        tasks: bool,
     },
     /// Sample one process back to back and report the cost per sample and the caches' work.
     /// Costly for the target: samples as fast as it can (tens of thousands a second), and on
@@ -133,8 +137,9 @@ pub fn run(cli: Cli) -> Result<()> {
             bare_pid,
             json,
             nonblocking,
+            tasks,
         } => match pid.or(bare_pid) {
-            Some(pid) => commands::dump::run(pid, json, !nonblocking),
+            Some(pid) => commands::dump::run(pid, json, !nonblocking, tasks),
             None => anyhow::bail!("dump needs a process: `pyfleet dump PID`"),
         },
         Command::Doctor { json } => commands::doctor::run(json),

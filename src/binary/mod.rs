@@ -66,35 +66,9 @@ impl PythonSymbols {
     /// and string tables (a few hundred KiB of a 30 MiB libpython with debug info), so that
     /// attaching to many processes costs neither time nor memory.
     pub fn from_reader<R: Read + Seek>(f: &mut R) -> Result<Option<Self>, String> {
-        let mut ident = [0u8; 64];
-        f.read_exact(&mut ident)
-            .map_err(|e| format!("not an ELF file: {e}"))?;
         let mut budget = MAX_ELF_READ;
-        let header = Elf::parse_header(&ident).map_err(|e| e.to_string())?;
-        let ctx = Ctx::new(
-            header.container().map_err(|e| e.to_string())?,
-            header.endianness().map_err(|e| e.to_string())?,
-        );
-        let phdrs = read_at(
-            f,
-            &mut budget,
-            header.e_phoff,
-            ProgramHeader::size(ctx) * usize::from(header.e_phnum),
-        )?;
-        let program_headers = ProgramHeader::parse(&phdrs, 0, usize::from(header.e_phnum), ctx)
-            .map_err(|e| e.to_string())?;
-        let shdrs = read_at(
-            f,
-            &mut budget,
-            header.e_shoff,
-            SectionHeader::size(ctx) * usize::from(header.e_shnum),
-        )?;
-        let sections = if header.e_shoff == 0 || header.e_shnum == 0 {
-            Vec::new()
-        } else {
-            SectionHeader::parse_from(&shdrs, 0, usize::from(header.e_shnum), ctx)
-                .map_err(|e| e.to_string())?
-        };
+        let elf = ElfHeaders::read(f, &mut budget)?;
+        let (ctx, sections) = (elf.ctx, &elf.sections);
         let section = |i: usize| sections.get(i);
         let read_section = |f: &mut R, budget: &mut u64, sh: &SectionHeader| {
             read_at(
@@ -139,29 +113,14 @@ impl PythonSymbols {
         }
         if runtime.is_none() {
             // 3.13+ place _PyRuntime in its own section so that it can be found without symbols.
-            if let Some(names_sh) = section(usize::from(header.e_shstrndx)) {
-                let names = read_section(f, &mut budget, names_sh)?;
-                let names = Strtab::parse(&names, 0, names.len(), 0).map_err(|e| e.to_string())?;
-                runtime = sections
-                    .iter()
-                    .find(|sh| {
-                        matches!(
-                            names.get_at(sh.sh_name),
-                            Some(".PyRuntime") | Some("PyRuntime")
-                        )
-                    })
-                    .map(|sh| sh.sh_addr);
-            }
+            runtime = elf
+                .section_named(f, &mut budget, &[".PyRuntime", "PyRuntime"])?
+                .map(|sh| sh.sh_addr);
         }
         let Some(runtime) = runtime else {
             return Ok(None);
         };
-        let first_load = program_headers
-            .iter()
-            .filter(|ph| ph.p_type == PT_LOAD)
-            .min_by_key(|ph| ph.p_vaddr)
-            .map(|ph| (ph.p_vaddr, ph.p_offset))
-            .ok_or("no PT_LOAD segment")?;
+        let first_load = elf.first_load()?;
         Ok(Some(PythonSymbols {
             runtime,
             py_version,
@@ -169,6 +128,143 @@ impl PythonSymbols {
             first_load,
         }))
     }
+}
+
+/// An ELF file's header, program headers and section headers, read with a budget.
+struct ElfHeaders {
+    ctx: Ctx,
+    shstrndx: usize,
+    program_headers: Vec<ProgramHeader>,
+    sections: Vec<SectionHeader>,
+}
+
+impl ElfHeaders {
+    fn read<R: Read + Seek>(f: &mut R, budget: &mut u64) -> Result<ElfHeaders, String> {
+        let mut ident = [0u8; 64];
+        f.seek(SeekFrom::Start(0))
+            .map_err(|e| format!("not an ELF file: {e}"))?;
+        f.read_exact(&mut ident)
+            .map_err(|e| format!("not an ELF file: {e}"))?;
+        let header = Elf::parse_header(&ident).map_err(|e| e.to_string())?;
+        let ctx = Ctx::new(
+            header.container().map_err(|e| e.to_string())?,
+            header.endianness().map_err(|e| e.to_string())?,
+        );
+        let phdrs = read_at(
+            f,
+            budget,
+            header.e_phoff,
+            ProgramHeader::size(ctx) * usize::from(header.e_phnum),
+        )?;
+        let program_headers = ProgramHeader::parse(&phdrs, 0, usize::from(header.e_phnum), ctx)
+            .map_err(|e| e.to_string())?;
+        let shdrs = read_at(
+            f,
+            budget,
+            header.e_shoff,
+            SectionHeader::size(ctx) * usize::from(header.e_shnum),
+        )?;
+        let sections = if header.e_shoff == 0 || header.e_shnum == 0 {
+            Vec::new()
+        } else {
+            SectionHeader::parse_from(&shdrs, 0, usize::from(header.e_shnum), ctx)
+                .map_err(|e| e.to_string())?
+        };
+        Ok(ElfHeaders {
+            ctx,
+            shstrndx: usize::from(header.e_shstrndx),
+            program_headers,
+            sections,
+        })
+    }
+
+    /// The first section named one of `names`.
+    fn section_named<R: Read + Seek>(
+        &self,
+        f: &mut R,
+        budget: &mut u64,
+        names: &[&str],
+    ) -> Result<Option<&SectionHeader>, String> {
+        let Some(names_sh) = self.sections.get(self.shstrndx) else {
+            return Ok(None);
+        };
+        let data = read_at(
+            f,
+            budget,
+            names_sh.sh_offset,
+            usize::try_from(names_sh.sh_size).unwrap_or(usize::MAX),
+        )?;
+        let strtab = Strtab::parse(&data, 0, data.len(), 0).map_err(|e| e.to_string())?;
+        Ok(self.sections.iter().find(|sh| {
+            strtab
+                .get_at(sh.sh_name)
+                .is_some_and(|n| names.contains(&n))
+        }))
+    }
+
+    /// The lowest PT_LOAD segment: (p_vaddr, p_offset).
+    fn first_load(&self) -> Result<(u64, u64), String> {
+        self.program_headers
+            .iter()
+            .filter(|ph| ph.p_type == PT_LOAD)
+            .min_by_key(|ph| ph.p_vaddr)
+            .map(|ph| (ph.p_vaddr, ph.p_offset))
+            .ok_or_else(|| "no PT_LOAD segment".to_string())
+    }
+}
+
+/// A section's file address, with the file's lowest PT_LOAD segment (p_vaddr, p_offset)
+/// for its load bias.
+struct SectionAt {
+    addr: u64,
+    first_load: (u64, u64),
+}
+
+/// Where the section named one of `names` is in an ELF file; `None` when it has none.
+fn section_address<R: Read + Seek>(f: &mut R, names: &[&str]) -> Result<Option<SectionAt>, String> {
+    let mut budget = MAX_ELF_READ;
+    let elf = ElfHeaders::read(f, &mut budget)?;
+    let Some(addr) = elf
+        .section_named(f, &mut budget, names)?
+        .map(|sh| sh.sh_addr)
+    else {
+        return Ok(None);
+    };
+    Ok(Some(SectionAt {
+        addr,
+        first_load: elf.first_load()?,
+    }))
+}
+
+/// The target address of the section named one of `names` in the first file mapped by
+/// `process` that `wanted` accepts (by its path) and that has the section.
+pub fn locate_section(
+    process: &Process,
+    names: &[&str],
+    wanted: impl Fn(&Path) -> bool,
+) -> Result<Option<u64>, BinaryError> {
+    let maps = process.file_mappings()?;
+    let mut tried: Vec<&Path> = Vec::new();
+    for first in &maps {
+        let path = first.path.as_path();
+        if tried.contains(&path) || !wanted(path) {
+            continue;
+        }
+        tried.push(path);
+        let bad = |msg: String| BinaryError::BadElf {
+            path: path.to_path_buf(),
+            msg,
+        };
+        let mut f = std::io::BufReader::new(process.open_mapped(first)?);
+        let Some(at) = section_address(&mut f, names).map_err(bad)? else {
+            continue;
+        };
+        let file_maps: Vec<&Mapping> = maps.iter().filter(|m| m.path == path).collect();
+        let bias = load_bias(&file_maps, at.first_load)
+            .ok_or_else(|| bad("its first segment is not mapped".into()))?;
+        return Ok(Some(at.addr.wrapping_add(bias)));
+    }
+    Ok(None)
 }
 
 /// Reads `len` bytes at `offset` of `f`, out of `budget` (bounded: ELF sizes are the file's,

@@ -8,7 +8,9 @@ use pyfleet::process::Process;
 /// Reads of a running process tried before `dump` reports the failure.
 const DUMP_ATTEMPTS: u32 = 10;
 
-pub fn run(pid: i32, json: bool, blocking: bool) -> Result<()> {
+/// `tasks`: also every asyncio task (`--async`, 3.14+), read with the stacks (in the same
+/// pause when blocking).
+pub fn run(pid: i32, json: bool, blocking: bool, tasks: bool) -> Result<()> {
     // A dump is one sample: it needs no frame cache, and must not write to the target.
     let opts = cpython::UnwinderOptions {
         frame_cache: false,
@@ -18,14 +20,31 @@ pub fn run(pid: i32, json: bool, blocking: bool) -> Result<()> {
         ..Default::default()
     };
     let mut unwinder = cpython::attach(pid, opts)?;
+    // The task layout, when asked: `None` inside when the target has not loaded `_asyncio`
+    // (it has no task).
+    let task_layout = match tasks {
+        true => Some(cpython::asyncio::locate(
+            &Process::new(pid)?,
+            unwinder.memory(),
+            unwinder.layout(),
+        )?),
+        false => None,
+    };
     // A process that runs changes its stacks while they are read; a torn read (a frame freed
     // mid-walk) is worth a few immediate retries before it is reported. An exited process is
     // not.
     let mut attempt = 0;
-    let stacks = loop {
+    let (stacks, tasks) = loop {
         attempt += 1;
-        match unwinder.snapshot() {
-            Ok(s) => break s,
+        let read = match &task_layout {
+            Some(Some((table, objects))) => unwinder
+                .snapshot_then(|u| u.tasks(table, objects))
+                .map(|(s, t)| (s, Some(t))),
+            Some(None) => unwinder.snapshot().map(|s| (s, Some(Vec::new()))),
+            None => unwinder.snapshot().map(|s| (s, None)),
+        };
+        match read {
+            Ok(read) => break read,
             Err(e) if !e.is_process_gone() && attempt < DUMP_ATTEMPTS => continue,
             Err(e) => {
                 return Err(e)
@@ -52,9 +71,9 @@ pub fn run(pid: i32, json: bool, blocking: bool) -> Result<()> {
         cmdline: &cmdline,
     };
     let out = if json {
-        dump::to_json(&header, &stacks)
+        dump::to_json(&header, &stacks, tasks.as_deref())
     } else {
-        dump::to_text(&header, &stacks)
+        dump::to_text(&header, &stacks, tasks.as_deref())
     };
     outln!("{out}");
     Ok(())

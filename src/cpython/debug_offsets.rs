@@ -13,7 +13,7 @@
 
 use super::layout::{
     BytesLayout, CodeLayout, CurrentFrame, FrameLayout, GilLayout, InterpLayout, Layout, Liveness,
-    ThreadLayout, UnicodeLayout, Version,
+    TaskObjectsLayout, ThreadLayout, UnicodeLayout, Version,
 };
 use super::tables;
 use super::AttachError;
@@ -564,7 +564,52 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
             ob_size: d.offset("bytes_object", "ob_size")?,
             ob_sval: d.offset("bytes_object", "ob_sval")?,
         },
+        task_objects: task_objects(d, &extras)?,
     })
+}
+
+/// The objects reading asyncio tasks needs, from the tables that describe them (3.14+);
+/// `None` for a table without generators.
+fn task_objects(
+    d: &DebugOffsets,
+    extras: &tables::Extras,
+) -> Result<Option<TaskObjectsLayout>, String> {
+    if d.opt("gen_object.gi_iframe").is_none() {
+        return Ok(None);
+    }
+    let gen = |f| d.offset("gen_object", f);
+    let gen_iframe = gen("gi_iframe")?;
+    let frame_size = d.get("interpreter_frame.size")?;
+    let gen_size = gen_iframe
+        .checked_add(frame_size)
+        .filter(|&n| n <= MAX_READ_SPAN)
+        .ok_or("a generator's frame lies too far in")?;
+    let llist_next = d.get("llist_node.next")?;
+    if llist_next > 8 {
+        return Err(format!("llist_node.next = {llist_next}"));
+    }
+    Ok(Some(TaskObjectsLayout {
+        ob_type: d.offset("pyobject", "ob_type")?,
+        tp_flags: d.offset("type_object", "tp_flags")?,
+        gen_size,
+        gen_iframe,
+        gen_frame_state: gen("gi_frame_state")?,
+        gen_cleared: extras.gen_cleared,
+        gen_yield_from: extras.gen_yield_from,
+        frame_stackpointer: d.offset("interpreter_frame", "stackpointer")?,
+        awaited_depth: extras.awaited_depth,
+        set_size: span(&[
+            d.offset("set_object", "used")?,
+            d.offset("set_object", "mask")?,
+            d.offset("set_object", "table")?,
+        ]),
+        set_used: d.offset("set_object", "used")?,
+        set_mask: d.offset("set_object", "mask")?,
+        set_table: d.offset("set_object", "table")?,
+        long_lv_tag: d.offset("long_object", "lv_tag")?,
+        long_digit: d.offset("long_object", "ob_digit")?,
+        llist_next,
+    }))
 }
 
 /// Reads and validates the target's debug offsets (`names`: its version's field list, from

@@ -207,6 +207,37 @@ pub struct UnicodeLayout {
     pub ascii_bit: u32,
 }
 
+/// 3.14+: the objects that reading asyncio tasks goes through besides the tasks themselves
+/// (`_Py_DebugOffsets` describes them from 3.14 on), with the version's generator states.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskObjectsLayout {
+    /// `PyObject.ob_type`, `PyTypeObject.tp_flags`.
+    pub ob_type: u64,
+    pub tp_flags: u64,
+    /// Bytes of a generator read to get its state and its frame's fields (up to
+    /// `gen_iframe` plus the frame's `size`).
+    pub gen_size: u64,
+    pub gen_iframe: u64,
+    pub gen_frame_state: u64,
+    /// `gi_frame_state` values: cleared, and suspended awaiting another object.
+    pub gen_cleared: i8,
+    pub gen_yield_from: &'static [i8],
+    /// A suspended frame's `_PyStackRef *stackpointer`, and how many slots below it the
+    /// object it awaits lies.
+    pub frame_stackpointer: u64,
+    pub awaited_depth: u64,
+    /// `PySetObject`: `used`, `mask`, `table` (entries of a key pointer and its hash).
+    pub set_size: u64,
+    pub set_used: u64,
+    pub set_mask: u64,
+    pub set_table: u64,
+    /// `PyLongObject`: `lv_tag` and the first digit (`ob_digit`, 30-bit digits).
+    pub long_lv_tag: u64,
+    pub long_digit: u64,
+    /// `struct llist_node.next`.
+    pub llist_next: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BytesLayout {
     pub ob_size: u64,
@@ -226,6 +257,8 @@ pub struct Layout {
     pub code: CodeLayout,
     pub unicode: UnicodeLayout,
     pub bytes: BytesLayout,
+    /// 3.14+ (`None` before: no asyncio layout is published).
+    pub task_objects: Option<TaskObjectsLayout>,
 }
 
 #[cfg(test)]

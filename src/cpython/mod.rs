@@ -5,6 +5,7 @@
 //! version, and builds the target's [`Layout`] from `_Py_DebugOffsets` (3.13+) or the built-in
 //! tables (3.11, 3.12). It must not write to the target.
 
+pub mod asyncio;
 pub mod debug_offsets;
 pub mod layout;
 pub mod linetable;
@@ -22,7 +23,7 @@ pub mod synthetic;
 
 pub use layout::{Layout, Version};
 pub use objects::CodeInfo;
-pub use resolved::{Frame, InterpreterStacks, ThreadStack};
+pub use resolved::{Frame, InterpreterStacks, InterpreterTasks, Task, ThreadStack};
 pub use unwinder::{
     CapturedThread, SampleKind, ThreadSample, Unwinder, UnwinderOptions, UnwinderStats,
 };

@@ -42,3 +42,27 @@ pub struct InterpreterStacks {
     pub id: i64,
     pub threads: Vec<ThreadStack>,
 }
+
+/// One asyncio task (3.14+), as `dump --async` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Task {
+    /// The task object's address.
+    pub id: u64,
+    /// `Task.get_name()`; untrusted.
+    pub name: String,
+    /// The thread whose task list holds it, or that runs it (`None`: a thread that ended).
+    pub thread_id: Option<u64>,
+    pub running: bool,
+    /// Innermost first: a running task's frames on its thread down to its coroutine's, a
+    /// pending task's coroutine chain (empty when it is done).
+    pub frames: Vec<Frame>,
+    /// The ids of the tasks awaiting it.
+    pub awaited_by: Vec<u64>,
+}
+
+/// One interpreter's tasks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InterpreterTasks {
+    pub id: i64,
+    pub tasks: Vec<Task>,
+}

@@ -31,6 +31,13 @@ pub struct Extras {
     /// have `_PyStackRef *stackpointer` there, set to NULL only in debug builds (liveness is
     /// then told by the cleared code object, see `Liveness::ClearedCode`).
     pub stacktop_after_instr: bool,
+    /// Generator frame states (`gi_frame_state`, `enum _framestate`): `FRAME_CLEARED`, and the
+    /// states of a generator suspended in `yield from` / `await` (3.15 adds a locked one).
+    pub gen_cleared: i8,
+    pub gen_yield_from: &'static [i8],
+    /// How far below a suspended frame's `stackpointer` the object it awaits lies (slots:
+    /// `_PyFrame_StackPeek` in `_PyGen_yf`).
+    pub awaited_depth: u64,
 }
 
 /// Extras for 3.13+ (`None` for versions not known).
@@ -46,6 +53,9 @@ pub fn extras(minor: u32) -> Option<Extras> {
             shim_owners: &[3],
             code_tag_mask: 0,
             stacktop_after_instr: true,
+            gen_cleared: 4,
+            gen_yield_from: &[-1],
+            awaited_depth: 1,
         }),
         // Same unicode layout; FRAME_OWNED_BY_INTERPRETER = 3, FRAME_OWNED_BY_CSTACK = 4;
         // f_executable is a _PyStackRef whose low bits are tags (Py_TAG_BITS is 1 or 3
@@ -58,6 +68,10 @@ pub fn extras(minor: u32) -> Option<Extras> {
             shim_owners: &[3, 4],
             code_tag_mask: 3,
             stacktop_after_instr: false,
+            // FRAME_SUSPENDED_YIELD_FROM = -1, FRAME_CLEARED = 4; `stackpointer[-1]`.
+            gen_cleared: 4,
+            gen_yield_from: &[-1],
+            awaited_depth: 1,
         }),
         // 3.15 has no FRAME_OWNED_BY_CSTACK: entry frames are FRAME_OWNED_BY_INTERPRETER = 3.
         15 => Some(Extras {
@@ -68,6 +82,11 @@ pub fn extras(minor: u32) -> Option<Extras> {
             shim_owners: &[3],
             code_tag_mask: 3,
             stacktop_after_instr: false,
+            // FRAME_SUSPENDED_YIELD_FROM = 2, FRAME_SUSPENDED_YIELD_FROM_LOCKED = 3,
+            // FRAME_CLEARED = 5; `stackpointer[-2]`.
+            gen_cleared: 5,
+            gen_yield_from: &[2, 3],
+            awaited_depth: 2,
         }),
         _ => None,
     }
@@ -148,6 +167,7 @@ pub fn layout_311(version: Version) -> Layout {
             ob_size: 16,
             ob_sval: 32,
         },
+        task_objects: None,
     }
 }
 
@@ -225,6 +245,7 @@ pub fn layout_312(version: Version) -> Layout {
             ob_size: 16,
             ob_sval: 32,
         },
+        task_objects: None,
     }
 }
 

@@ -1,7 +1,7 @@
 //! `pyfleet dump`: every interpreter, thread and frame of one process, as text or JSON.
 
 use super::for_terminal;
-use crate::cpython::{InterpreterStacks, Version};
+use crate::cpython::{Frame, InterpreterStacks, InterpreterTasks, Version};
 use serde::Serialize;
 use std::fmt::Write;
 
@@ -24,6 +24,19 @@ struct JsonDump<'a> {
 struct JsonInterpreter<'a> {
     id: i64,
     threads: Vec<JsonThread<'a>>,
+    /// With `--async` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tasks: Option<Vec<JsonTask<'a>>>,
+}
+
+#[derive(Serialize)]
+struct JsonTask<'a> {
+    id: u64,
+    name: &'a str,
+    thread_id: Option<u64>,
+    state: &'static str,
+    frames: Vec<JsonFrame<'a>>,
+    awaited_by: &'a [u64],
 }
 
 #[derive(Serialize)]
@@ -49,8 +62,13 @@ struct JsonFrame<'a> {
     line: Option<i32>,
 }
 
-/// The dump as one JSON object (the format documented in docs/reference.md).
-pub fn to_json(h: &DumpHeader<'_>, interps: &[InterpreterStacks]) -> String {
+/// The dump as one JSON object (the format documented in docs/reference.md); `tasks`: each
+/// interpreter's asyncio tasks, with `--async`.
+pub fn to_json(
+    h: &DumpHeader<'_>,
+    interps: &[InterpreterStacks],
+    tasks: Option<&[InterpreterTasks]>,
+) -> String {
     let doc = JsonDump {
         pid: h.pid,
         python_version: h.version.to_string(),
@@ -69,18 +87,22 @@ pub fn to_json(h: &DumpHeader<'_>, interps: &[InterpreterStacks]) -> String {
                         os_name: t.os_name.as_deref(),
                         holds_gil: t.holds_gil,
                         on_cpu: t.on_cpu,
-                        frames: t
-                            .frames
-                            .iter()
-                            .map(|f| JsonFrame {
-                                function: &f.function.name,
-                                qualname: &f.function.qualname,
-                                file: &f.function.filename,
-                                line: f.line,
-                            })
-                            .collect(),
+                        frames: json_frames(&t.frames),
                     })
                     .collect(),
+                tasks: tasks.map(|all| {
+                    tasks_of(all, i.id)
+                        .iter()
+                        .map(|t| JsonTask {
+                            id: t.id,
+                            name: &t.name,
+                            thread_id: t.thread_id,
+                            state: if t.running { "running" } else { "pending" },
+                            frames: json_frames(&t.frames),
+                            awaited_by: &t.awaited_by,
+                        })
+                        .collect()
+                }),
             })
             .collect(),
     };
@@ -88,8 +110,32 @@ pub fn to_json(h: &DumpHeader<'_>, interps: &[InterpreterStacks]) -> String {
     serde_json::to_string_pretty(&doc).unwrap_or_default()
 }
 
-/// The dump as text for a person at a terminal.
-pub fn to_text(h: &DumpHeader<'_>, interps: &[InterpreterStacks]) -> String {
+fn json_frames(frames: &[Frame]) -> Vec<JsonFrame<'_>> {
+    frames
+        .iter()
+        .map(|f| JsonFrame {
+            function: &f.function.name,
+            qualname: &f.function.qualname,
+            file: &f.function.filename,
+            line: f.line,
+        })
+        .collect()
+}
+
+/// The tasks of interpreter `id` (none when it has no entry).
+fn tasks_of(all: &[InterpreterTasks], id: i64) -> &[crate::cpython::Task] {
+    all.iter()
+        .find(|t| t.id == id)
+        .map(|t| t.tasks.as_slice())
+        .unwrap_or_default()
+}
+
+/// The dump as text for a person at a terminal; `tasks` as for [`to_json`].
+pub fn to_text(
+    h: &DumpHeader<'_>,
+    interps: &[InterpreterStacks],
+    tasks: Option<&[InterpreterTasks]>,
+) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "Process {}: {}", h.pid, for_terminal(h.cmdline));
     let _ = writeln!(s, "Python {} ({})", h.version, for_terminal(h.binary));
@@ -137,17 +183,56 @@ pub fn to_text(h: &DumpHeader<'_>, interps: &[InterpreterStacks]) -> String {
                 t.native_thread_id,
                 status.join(", ")
             );
-            for f in &t.frames {
-                let line = f.line.map_or("?".to_string(), |l| l.to_string());
-                let _ = writeln!(
-                    s,
-                    "    {} ({}:{})",
-                    for_terminal(&f.function.qualname),
-                    for_terminal(&f.function.filename),
-                    line
-                );
-            }
+            text_frames(&mut s, &t.frames);
+        }
+        if let Some(all) = tasks {
+            text_tasks(&mut s, tasks_of(all, i.id));
         }
     }
     s
+}
+
+fn text_frames(s: &mut String, frames: &[Frame]) {
+    for f in frames {
+        let line = f.line.map_or("?".to_string(), |l| l.to_string());
+        let _ = writeln!(
+            s,
+            "    {} ({}:{})",
+            for_terminal(&f.function.qualname),
+            for_terminal(&f.function.filename),
+            line
+        );
+    }
+}
+
+/// Each task with its frames and the tasks awaiting it (by name and id).
+fn text_tasks(s: &mut String, tasks: &[crate::cpython::Task]) {
+    let _ = writeln!(s, "  asyncio tasks:");
+    if tasks.is_empty() {
+        let _ = writeln!(s, "  (none)");
+    }
+    for t in tasks {
+        let thread = t.thread_id.map_or("a thread that ended".to_string(), |id| {
+            format!("thread {id}")
+        });
+        let state = if t.running { "running" } else { "pending" };
+        let _ = writeln!(
+            s,
+            "  Task \"{}\" ({:#x}, {thread}) [{state}]",
+            for_terminal(&t.name),
+            t.id
+        );
+        text_frames(s, &t.frames);
+        if !t.awaited_by.is_empty() {
+            let names: Vec<String> = t
+                .awaited_by
+                .iter()
+                .map(|id| match tasks.iter().find(|o| o.id == *id) {
+                    Some(o) => format!("\"{}\" ({id:#x})", for_terminal(&o.name)),
+                    None => format!("{id:#x}"),
+                })
+                .collect();
+            let _ = writeln!(s, "    awaited by {}", names.join(", "));
+        }
+    }
 }

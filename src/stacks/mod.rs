@@ -131,13 +131,16 @@ impl StackTable {
     /// stack id to what it shows (`None` for an id from before a reset).
     pub fn resolve(&self, id: StackId) -> Option<impl Iterator<Item = ResolvedFrame<'_>> + '_> {
         let frames = self.stack_frames(id)?;
-        Some(frames.iter().filter_map(|&f| {
-            let key = self.frames.get(f as usize)?;
-            Some(ResolvedFrame {
-                function: self.functions.get(key.function as usize)?,
-                line: key.line,
-            })
-        }))
+        Some(frames.iter().filter_map(|&f| self.resolve_frame(f)))
+    }
+
+    /// One frame as its function and line (`None` for an id from before a reset).
+    pub fn resolve_frame(&self, id: FrameId) -> Option<ResolvedFrame<'_>> {
+        let key = self.frames.get(id as usize)?;
+        Some(ResolvedFrame {
+            function: self.functions.get(key.function as usize)?,
+            line: key.line,
+        })
     }
 
     /// Sizes: (functions, frames, stacks).

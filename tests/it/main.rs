@@ -16,6 +16,7 @@ mod deploy;
 mod doctor;
 mod dump_errors;
 mod dump_exact;
+mod dump_tasks;
 mod file_modes;
 mod fleet;
 mod formats;

@@ -50,6 +50,7 @@ mod frame_cache;
 mod frames;
 mod next_read;
 mod read_plan;
+mod tasks;
 mod threads;
 mod top;
 
@@ -372,6 +373,17 @@ impl<M: RemoteMemory> Unwinder<M> {
 
     /// Takes one sample of every thread of every interpreter.
     pub fn sample(&mut self) -> Result<&[ThreadSample], UnwindError> {
+        self.sample_then(|_| Ok(()))?;
+        Ok(&self.out)
+    }
+
+    /// Takes one sample, then calls `after` on the unwinder at once: with `blocking`, while
+    /// the target is still paused, so that what `after` reads (the tasks of `dump --async`)
+    /// is of the sample's instant. A failure of `after` fails the sample.
+    pub fn sample_then<T>(
+        &mut self,
+        after: impl FnOnce(&mut Self) -> Result<T, UnwindError>,
+    ) -> Result<T, UnwindError> {
         self.epoch += 1;
         self.cpu_share.sample_began(Instant::now());
         // Memory stays bounded however many distinct stacks a process shows over days: past
@@ -399,7 +411,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                     s.on_cpu = Some(false);
                 }
             }
-            return Ok(&self.out);
+            return after(self);
         }
         self.budget.begin(self.mem.stats().reads());
         let mut batch = std::mem::take(&mut self.batch);
@@ -422,13 +434,13 @@ impl<M: RemoteMemory> Unwinder<M> {
                     self.interps.clear();
                     r = self.sample_with(&mut batch);
                 }
-                r
+                r.and_then(|()| after(self))
             }
             Err(e) => Err(e.into()),
         };
         self.batch = batch;
         match r {
-            Ok(()) => {
+            Ok(extra) => {
                 self.stats.samples += 1;
                 self.failed_in_row = 0;
                 self.idle
@@ -439,7 +451,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                 } else {
                     self.last_kind = SampleKind::Read;
                 }
-                Ok(&self.out)
+                Ok(extra)
             }
             Err(e) => {
                 self.stats.errors += 1;
@@ -462,7 +474,17 @@ impl<M: RemoteMemory> Unwinder<M> {
     /// One sample, fully resolved: every interpreter (main first) with its threads that run
     /// Python code (as `sys._current_frames()` lists them) and their frames. For `dump`.
     pub fn snapshot(&mut self) -> Result<Vec<InterpreterStacks>, UnwindError> {
-        let samples = self.sample()?.to_vec();
+        self.snapshot_then(|_| Ok(())).map(|(stacks, ())| stacks)
+    }
+
+    /// [`Unwinder::snapshot`], with what `after` reads right after the sample (see
+    /// [`Unwinder::sample_then`]).
+    pub fn snapshot_then<T>(
+        &mut self,
+        after: impl FnOnce(&mut Self) -> Result<T, UnwindError>,
+    ) -> Result<(Vec<InterpreterStacks>, T), UnwindError> {
+        let extra = self.sample_then(after)?;
+        let samples = self.out.clone();
         let mut ids = self.interp_ids.clone();
         ids.sort_unstable();
         ids.dedup();
@@ -500,7 +522,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                 });
             }
         }
-        Ok(out)
+        Ok((out, extra))
     }
 
     /// Bytes at `addr`: from the batch when it holds them under `key`, else from the target.

@@ -1,0 +1,381 @@
+//! Reading one interpreter's tasks: the lists of its threads and its own, each task's name,
+//! its coroutine chain (a pending task's: the coroutines it awaits, one within the other), and
+//! the tasks that await it.
+//!
+//! Contracts:
+//! - A task is listed once, with the thread whose list holds it (`None`: the interpreter's list,
+//!   tasks of threads that ended), and is running when its thread's `asyncio_running_task`
+//!   names it while a loop runs there.
+//! - A pending task's chain starts at its coroutine and follows what each coroutine awaits
+//!   (`_PyGen_yf`: the object below its frame's stack pointer) while that is a coroutine of the
+//!   same type, as CPython's own remote reader does; a cleared coroutine (a task that is done)
+//!   has no frame. A running task's frames are its thread's, down to its coroutine's frame
+//!   ([`RawTask::frame`]): they are the caller's to take from the thread's stack.
+//! - Awaiters are tasks of the lists read: a future that is not a task (what `gather` returns)
+//!   is looked through to the tasks awaiting it; a set's removed entries (hash -1) are skipped.
+//! - Bounded: at most [`MAX_TASKS`] tasks, [`MAX_CHAIN`] coroutines in a chain,
+//!   [`MAX_SET_SLOTS`] slots in a set of awaiters and [`MAX_FUTURES`] futures looked through
+//!   per task; a list or chain that loops is a [`UnwindError::Cycle`], never a hang.
+
+use super::super::layout::{Layout, TaskObjectsLayout, OWNED_BY_GENERATOR};
+use super::super::objects::read_unicode;
+use super::super::UnwindError;
+use super::AsyncioLayout;
+use crate::memory::{Bytes, RemoteMemory};
+use rustc_hash::{FxHashMap, FxHashSet};
+
+/// Most tasks read in one interpreter.
+pub const MAX_TASKS: usize = 1 << 16;
+/// Most coroutines in one task's chain.
+pub const MAX_CHAIN: usize = 1024;
+/// Most slots of a set of awaiters read.
+pub const MAX_SET_SLOTS: u64 = 1 << 16;
+/// Most futures that are not tasks looked through to find the tasks awaiting one task.
+pub const MAX_FUTURES: usize = 256;
+
+/// `Py_TPFLAGS_LONG_SUBCLASS`, `Py_TPFLAGS_UNICODE_SUBCLASS`.
+const LONG_SUBCLASS: u64 = 1 << 24;
+const UNICODE_SUBCLASS: u64 = 1 << 28;
+/// Tag bits of object pointers kept as `_PyStackRef`s or tagged by asyncio.
+const TAG_BITS: u64 = 3;
+
+/// A thread whose task list is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskThread {
+    pub thread_id: u64,
+    pub tstate: u64,
+}
+
+/// One coroutine of a chain: its code object and instruction pointer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CoroutineFrame {
+    pub code: u64,
+    pub instr: u64,
+}
+
+/// A task as read, before its code objects are resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawTask {
+    /// The task object's address: its id.
+    pub addr: u64,
+    /// Untrusted (`Task.get_name()`; an unnamed task's counter gives `Task-N`).
+    pub name: String,
+    pub thread_id: Option<u64>,
+    pub running: bool,
+    /// The frame of its coroutine (inside the coroutine object; 0 when it has none).
+    pub frame: u64,
+    /// A pending task's chain, innermost first (empty for a running or finished task).
+    pub frames: Vec<CoroutineFrame>,
+    /// The tasks awaiting it (addresses), each once.
+    pub awaited_by: Vec<u64>,
+}
+
+/// Reads tasks of one target, remembering type flags between reads.
+pub struct TaskReader<'a, M: RemoteMemory> {
+    mem: &'a M,
+    layout: &'a Layout,
+    objects: &'a TaskObjectsLayout,
+    table: &'a AsyncioLayout,
+    type_flags: FxHashMap<u64, u64>,
+}
+
+/// A task found in a list, with its object's bytes.
+struct Listed {
+    addr: u64,
+    thread_id: Option<u64>,
+    bytes: Vec<u8>,
+}
+
+impl<'a, M: RemoteMemory> TaskReader<'a, M> {
+    pub fn new(
+        mem: &'a M,
+        layout: &'a Layout,
+        objects: &'a TaskObjectsLayout,
+        table: &'a AsyncioLayout,
+    ) -> Self {
+        TaskReader {
+            mem,
+            layout,
+            objects,
+            table,
+            type_flags: FxHashMap::default(),
+        }
+    }
+
+    /// Every task of the interpreter at `interp` whose threads are `threads`.
+    pub fn read(
+        &mut self,
+        interp: u64,
+        threads: &[TaskThread],
+    ) -> Result<Vec<RawTask>, UnwindError> {
+        let mut listed = Vec::new();
+        let mut seen = FxHashSet::default();
+        let mut running: FxHashMap<u64, u64> = FxHashMap::default();
+        for t in threads {
+            let running_loop = self
+                .mem
+                .read_u64(t.tstate.wrapping_add(self.table.thread_running_loop))?;
+            if running_loop != 0 {
+                let task = self
+                    .mem
+                    .read_u64(t.tstate.wrapping_add(self.table.thread_running_task))?
+                    & !TAG_BITS;
+                if task != 0 {
+                    running.insert(task, t.thread_id);
+                }
+            }
+            let head = t.tstate.wrapping_add(self.table.thread_tasks_head);
+            self.list(head, Some(t.thread_id), &mut listed, &mut seen)?;
+        }
+        let head = interp.wrapping_add(self.table.interp_tasks_head);
+        self.list(head, None, &mut listed, &mut seen)?;
+
+        let mut tasks = Vec::with_capacity(listed.len());
+        for l in &listed {
+            let b = Bytes(&l.bytes);
+            let name = b.u64(self.table.task_name)? & !TAG_BITS;
+            let coro = b.u64(self.table.task_coro)? & !TAG_BITS;
+            let running_on = running.get(&l.addr).copied();
+            let frames = match (running_on, coro) {
+                (None, c) if c != 0 => self.coroutine_chain(c)?,
+                _ => Vec::new(),
+            };
+            tasks.push(RawTask {
+                addr: l.addr,
+                name: self.name(l.addr, name)?,
+                thread_id: running_on.or(l.thread_id),
+                running: running_on.is_some(),
+                frame: match coro {
+                    0 => 0,
+                    c => c.wrapping_add(self.objects.gen_iframe),
+                },
+                frames,
+                awaited_by: self.awaiters(&b, &seen)?,
+            });
+        }
+        Ok(tasks)
+    }
+
+    /// Appends the tasks of the circular list whose head is at `head`.
+    fn list(
+        &mut self,
+        head: u64,
+        thread_id: Option<u64>,
+        listed: &mut Vec<Listed>,
+        seen: &mut FxHashSet<u64>,
+    ) -> Result<(), UnwindError> {
+        let next_at = self.table.task_node + self.objects.llist_next;
+        let mut node = self
+            .mem
+            .read_u64(head.wrapping_add(self.objects.llist_next))?;
+        while node != head {
+            if node == 0 {
+                return Err(UnwindError::BadObject {
+                    addr: head,
+                    what: "a task list that does not come back to its head".into(),
+                });
+            }
+            if listed.len() >= MAX_TASKS {
+                return Err(UnwindError::TooLong("task lists", MAX_TASKS));
+            }
+            let addr = node.wrapping_sub(self.table.task_node);
+            if !seen.insert(addr) {
+                return Err(UnwindError::Cycle("task list"));
+            }
+            let bytes = self.mem.read_vec(addr, self.table.task_size as usize)?;
+            let b = Bytes(&bytes);
+            if b.u8(self.table.task_is_task)? != 1 {
+                return Err(UnwindError::BadObject {
+                    addr,
+                    what: "a task list holds an object that is not a task".into(),
+                });
+            }
+            node = b.u64(next_at)?;
+            listed.push(Listed {
+                addr,
+                thread_id,
+                bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// `Task.get_name()`: a string, or `Task-N` for the counter an unnamed task keeps.
+    fn name(&mut self, task: u64, name: u64) -> Result<String, UnwindError> {
+        let bad = |what: &str| UnwindError::BadObject {
+            addr: task,
+            what: what.into(),
+        };
+        if name == 0 {
+            return Err(bad("a task without a name"));
+        }
+        let flags = self.type_flags_of(name)?;
+        if flags & UNICODE_SUBCLASS != 0 {
+            return read_unicode(self.mem, self.layout, name);
+        }
+        if flags & LONG_SUBCLASS == 0 {
+            return Err(bad("a task name that is neither a str nor an int"));
+        }
+        let o = self.objects;
+        let lo = o.long_lv_tag.min(o.long_digit);
+        let len = (o.long_lv_tag.max(o.long_digit) - lo + 8) as usize;
+        let raw = self.mem.read_vec(name.wrapping_add(lo), len)?;
+        let b = Bytes(&raw);
+        let tag = b.u64(o.long_lv_tag - lo)?;
+        // Compact ints: `lv_tag` is the digit count shifted by 3, with the sign in its low
+        // two bits (0 positive, 1 zero, 2 negative); digits are 30 bits.
+        let digits = tag >> 3;
+        let sign = tag & 3;
+        if digits > 2 || sign == 3 {
+            return Err(bad("a task counter too large to be one"));
+        }
+        let d0 = u64::from(b.u32(o.long_digit - lo)?);
+        let d1 = u64::from(b.u32(o.long_digit - lo + 4)?);
+        let value = match (sign, digits) {
+            (1, _) | (_, 0) => 0,
+            (_, 1) => d0,
+            _ => d0 | (d1 << 30),
+        };
+        Ok(match sign {
+            2 => format!("Task--{value}"),
+            _ => format!("Task-{value}"),
+        })
+    }
+
+    /// `tp_flags` of the type of the object at `obj`.
+    fn type_flags_of(&mut self, obj: u64) -> Result<u64, UnwindError> {
+        let ty = self.mem.read_u64(obj.wrapping_add(self.objects.ob_type))?;
+        if let Some(&f) = self.type_flags.get(&ty) {
+            return Ok(f);
+        }
+        let flags = self.mem.read_u64(ty.wrapping_add(self.objects.tp_flags))?;
+        if self.type_flags.len() < 1024 {
+            self.type_flags.insert(ty, flags);
+        }
+        Ok(flags)
+    }
+
+    /// The chain of coroutines from `coro` inwards, innermost first.
+    fn coroutine_chain(&mut self, coro: u64) -> Result<Vec<CoroutineFrame>, UnwindError> {
+        let o = self.objects;
+        let f = &self.layout.frame;
+        let mut chain = Vec::new();
+        let mut visited = FxHashSet::default();
+        let mut at = coro;
+        loop {
+            if chain.len() >= MAX_CHAIN {
+                return Err(UnwindError::TooLong("coroutine chain", MAX_CHAIN));
+            }
+            let raw = self.mem.read_vec(at, o.gen_size as usize)?;
+            let g = Bytes(&raw);
+            let state = g.u8(o.gen_frame_state)? as i8;
+            if state == o.gen_cleared {
+                break;
+            }
+            let frame = o.gen_iframe;
+            if g.u8(frame + f.owner)? != OWNED_BY_GENERATOR {
+                return Err(UnwindError::BadObject {
+                    addr: at,
+                    what: "a coroutine whose frame is not its own".into(),
+                });
+            }
+            chain.push(CoroutineFrame {
+                code: g.u64(frame + f.code)? & !f.code_tag_mask,
+                instr: g.u64(frame + f.instr)?,
+            });
+            if !o.gen_yield_from.contains(&state) {
+                break;
+            }
+            let stack_pointer = g.u64(frame + o.frame_stackpointer)?;
+            let slot = stack_pointer.wrapping_sub(8 * o.awaited_depth);
+            if stack_pointer == 0 || slot > stack_pointer {
+                break;
+            }
+            let awaited = self.mem.read_u64(slot)? & !TAG_BITS;
+            if awaited == 0
+                || self.mem.read_u64(awaited.wrapping_add(o.ob_type))? != g.u64(o.ob_type)?
+            {
+                break;
+            }
+            if !visited.insert(awaited) || awaited == coro {
+                return Err(UnwindError::Cycle("coroutine chain"));
+            }
+            at = awaited;
+        }
+        chain.reverse();
+        Ok(chain)
+    }
+
+    /// The tasks of `known` awaiting the future whose bytes are `b`, looking through futures
+    /// that are not tasks.
+    fn awaiters(&mut self, b: &Bytes<'_>, known: &FxHashSet<u64>) -> Result<Vec<u64>, UnwindError> {
+        let t = self.table;
+        let mut out = Vec::new();
+        let mut pending = vec![(
+            b.u64(t.task_awaited_by)? & !TAG_BITS,
+            b.u8(t.task_awaited_by_is_set)? != 0,
+        )];
+        let mut looked_through = FxHashSet::default();
+        while let Some((awaited_by, is_set)) = pending.pop() {
+            if awaited_by == 0 {
+                continue;
+            }
+            let keys = match is_set {
+                true => self.set_keys(awaited_by)?,
+                false => vec![awaited_by],
+            };
+            for key in keys {
+                if known.contains(&key) {
+                    if !out.contains(&key) {
+                        out.push(key);
+                    }
+                    continue;
+                }
+                if !looked_through.insert(key) {
+                    continue;
+                }
+                if looked_through.len() > MAX_FUTURES {
+                    return Err(UnwindError::TooLong("futures awaiting a task", MAX_FUTURES));
+                }
+                let raw = self.mem.read_vec(key, t.future_span() as usize)?;
+                let f = Bytes(&raw);
+                // A task in no list read (made since) is not one of these tasks.
+                if f.u8(t.task_is_task)? != 0 {
+                    continue;
+                }
+                pending.push((
+                    f.u64(t.task_awaited_by)? & !TAG_BITS,
+                    f.u8(t.task_awaited_by_is_set)? != 0,
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The keys of the set at `set` (its removed entries, whose hash is -1, skipped).
+    fn set_keys(&mut self, set: u64) -> Result<Vec<u64>, UnwindError> {
+        let o = self.objects;
+        let raw = self.mem.read_vec(set, o.set_size as usize)?;
+        let s = Bytes(&raw);
+        let used = s.i64(o.set_used)?;
+        let mask = s.i64(o.set_mask)?;
+        let table = s.u64(o.set_table)?;
+        let slots = mask.wrapping_add(1);
+        if mask < 0 || slots as u64 > MAX_SET_SLOTS || used < 0 || used > slots {
+            return Err(UnwindError::BadObject {
+                addr: set,
+                what: format!("a set of awaiters with mask {mask} and {used} entries"),
+            });
+        }
+        let entries = self.mem.read_vec(table, slots as usize * 16)?;
+        let e = Bytes(&entries);
+        let mut keys = Vec::with_capacity(used as usize);
+        for i in 0..slots as u64 {
+            let key = e.u64(i * 16)?;
+            if key != 0 && e.i64(i * 16 + 8)? != -1 {
+                keys.push(key);
+            }
+        }
+        Ok(keys)
+    }
+}
