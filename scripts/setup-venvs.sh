@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Venvs with gunicorn for the fleet daemon's end-to-end test, cached outside the repo:
 #   $PYFLEET_VENVS/gunicorn-3.15 (Debian unstable's 3.15, set up by setup-pythons.sh), with
-#     uvicorn too (who is who among an ASGI server's workers)
+#     uvicorn too (who is who among an ASGI server's workers) and Starlette (asyncio task
+#     stacks of a real ASGI app)
 #   $PYFLEET_VENVS/gunicorn-3.11 (pyenv's newest 3.11)
 # PYFLEET_VENVS defaults to ~/.cache/pyfleet/venvs. Idempotent: seconds when cached.
 set -euo pipefail
@@ -11,6 +12,7 @@ VENVS=${PYFLEET_VENVS:-$HOME/.cache/pyfleet/venvs}
 PYTHONS=${PYFLEET_PYTHONS:-$HOME/.cache/pyfleet/pythons}
 GUNICORN_SPEC=${PYFLEET_GUNICORN:-gunicorn>=23,<24}
 UVICORN_SPEC=${PYFLEET_UVICORN:-uvicorn>=0.30,<1}
+STARLETTE_SPEC=${PYFLEET_STARLETTE:-starlette>=0.37,<1}
 
 say() { echo "setup-venvs: $*" >&2; }
 die() { say "error: $*"; exit 1; }
@@ -40,6 +42,11 @@ if ! "$dir/bin/python" -c 'import uvicorn' >/dev/null 2>&1; then
     say "installing $UVICORN_SPEC into $dir"
     "$dir/bin/python" -m pip install -q --disable-pip-version-check "$UVICORN_SPEC" \
         || die "pip could not install $UVICORN_SPEC into $dir"
+fi
+if ! "$dir/bin/python" -c 'import starlette' >/dev/null 2>&1; then
+    say "installing $STARLETTE_SPEC into $dir"
+    "$dir/bin/python" -m pip install -q --disable-pip-version-check "$STARLETTE_SPEC" \
+        || die "pip could not install $STARLETTE_SPEC into $dir"
 fi
 
 dir="$VENVS/gunicorn-3.11"

@@ -17,5 +17,6 @@ pub mod push;
 pub mod sampling_options;
 pub mod stack_source;
 pub mod stacks;
+pub mod task_stacks;
 pub mod thread_frames;
 pub mod tls;

@@ -90,6 +90,16 @@ pub struct SamplingOptions {
     /// default).
     #[arg(long)]
     pub no_idle: bool,
+    /// asyncio task stacks (Python 3.14+): a sample of a thread that runs a task shows the
+    /// task's frames under the frames of the tasks awaiting it, each task's topped by a frame
+    /// naming it (`task NAME`); stacks are then read from outside (see docs/reference.md).
+    #[arg(long = "async")]
+    #[serde(rename = "async")]
+    pub tasks: bool,
+    /// With --async: running (the task each thread runs, in place of its stack) or all (every
+    /// task at each tick, waiting ones too; wall mode) [default: running].
+    #[arg(long, value_name = "running|all")]
+    pub async_mode: Option<String>,
     /// After `--`: a program to start and profile, with its Python subprocesses, from its
     /// start until it exits (`pyfleet run -- gunicorn app:app`, `pyfleet record -o out.svg --
     /// python app.py`); Ctrl-C goes to it, and its exit status becomes pyfleet's.
@@ -125,6 +135,8 @@ pub struct Sampling {
     pub threads: bool,
     /// Wall mode without `--idle`: threads waiting for work left out.
     pub leave_out_idle: bool,
+    /// `--async`: which tasks a sample shows.
+    pub tasks: Option<crate::cpython::asyncio::TaskScope>,
     /// The program to start (`-- COMMAND`), if any: the policy then matches nothing until
     /// the command names the program's pid.
     pub command: Vec<String>,
@@ -171,6 +183,8 @@ impl SamplingOptions {
             file_mode: self.file_mode.or(file.file_mode),
             function: self.function || file.function,
             threads: self.threads || file.threads,
+            tasks: self.tasks || file.tasks,
+            async_mode: self.async_mode.or(file.async_mode),
             idle: if idle_given { self.idle } else { file.idle },
             no_idle: if idle_given {
                 self.no_idle
@@ -218,7 +232,23 @@ impl SamplingOptions {
             .unwrap_or("auto")
             .parse()
             .map_err(|e| format!("--capture {e}"))?;
-        let capture = capture.resolve(o.blocking, o.switch_log, "--capture")?;
+        let tasks = match (o.tasks, &o.async_mode) {
+            (false, Some(_)) => return Err("--async-mode goes with --async".into()),
+            (false, None) => None,
+            (true, m) => Some(
+                m.as_deref()
+                    .unwrap_or("running")
+                    .parse::<crate::cpython::asyncio::TaskScope>()
+                    .map_err(|e| format!("--async-mode {e}"))?,
+            ),
+        };
+        if tasks == Some(crate::cpython::asyncio::TaskScope::All) && mode != Mode::Wall {
+            return Err(format!(
+                "--async-mode all goes with --mode wall (a waiting task uses no CPU and holds no \
+                 GIL; got --mode {mode})"
+            ));
+        }
+        let capture = capture.resolve(o.blocking, o.switch_log, tasks.is_some(), "--capture")?;
         let file_mode = match &o.file_mode {
             Some(m) => m.parse().map_err(|e| format!("--file-mode: {e}"))?,
             None => FileMode::default(),
@@ -240,6 +270,7 @@ impl SamplingOptions {
             by_function: o.function,
             threads: o.threads,
             leave_out_idle: pyfleet_policies::leave_out_idle(mode, o.idle, o.no_idle)?,
+            tasks,
             command: o.command,
         })
     }

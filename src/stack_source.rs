@@ -9,9 +9,11 @@
 //! Must not schedule anything (the actors decide when) nor format output (`output/` does).
 
 use crate::capture::{CaptureLink, OffCpu, SharedCapture};
+use crate::cpython::asyncio::TaskScope;
 use crate::cpython::{self, Unwinder, UnwinderOptions};
 use crate::idle_stacks::IdleStacks;
 use crate::memory::ProcessMemory;
+use crate::task_stacks::TaskView;
 use crate::thread_frames::ThreadFrames;
 use pyfleet_actors::{
     CapturedCounts, FrameInfo, ProcessInfo, SampleError, SampleKind, SampledThread, SourceFactory,
@@ -41,6 +43,8 @@ pub struct UnwinderFactory {
     /// Wall mode's `--no-idle`: threads off their CPU waiting for work left out (see
     /// [`crate::idle_stacks`]).
     pub leave_out_idle: bool,
+    /// `--async`: asyncio task stacks (see [`crate::task_stacks`]); read from outside only.
+    pub tasks: Option<TaskScope>,
 }
 
 impl SourceFactory for UnwinderFactory {
@@ -70,7 +74,19 @@ impl SourceFactory for UnwinderFactory {
             ..Default::default()
         };
         let unwinder = cpython::attach(p.pid, opts).map_err(|e| e.to_string())?;
+        // A process whose tasks cannot be read is sampled by thread all the same (a fleet
+        // may mix versions; `record --pid` refuses it before it starts).
+        let tasks = self
+            .tasks
+            .and_then(|scope| match TaskView::new(scope, &unwinder) {
+                Ok(view) => Some(view),
+                Err(e) => {
+                    tracing::warn!(pid = p.pid, "no asyncio task stacks: {e}");
+                    None
+                }
+            });
         Ok(UnwinderSource {
+            tasks,
             unwinder,
             thread_frames: self.threads.then(|| ThreadFrames::new(p.pid)),
             idle: self.leave_out_idle.then(IdleStacks::default),
@@ -88,6 +104,8 @@ pub struct UnwinderSource {
     thread_frames: Option<ThreadFrames>,
     /// See [`UnwinderFactory::leave_out_idle`].
     idle: Option<IdleStacks>,
+    /// See [`UnwinderFactory::tasks`].
+    tasks: Option<TaskView>,
     capture: Option<CaptureLink>,
     /// See [`UnwinderFactory::reads_if_deeper`].
     reads_if_deeper: bool,
@@ -146,6 +164,20 @@ impl StackSource for UnwinderSource {
         if let Some(idle) = self.idle.as_mut() {
             idle.leave_out(self.unwinder.stacks(), out, from);
         }
+        let result = match (result, self.tasks.as_mut()) {
+            (Ok(kind), Some(tasks)) => match tasks.apply(&mut self.unwinder, out, from) {
+                Ok(()) => Ok(kind),
+                Err(e) => {
+                    out.truncate(from);
+                    Err(SampleError {
+                        kind: e.kind(),
+                        process_gone: e.is_process_gone(),
+                        message: format!("asyncio tasks: {e}"),
+                    })
+                }
+            },
+            (result, _) => result,
+        };
         if let Some(threads) = self.thread_frames.as_mut() {
             let now = Instant::now();
             if threads.names_due(now, out.iter().skip(from).map(|t| t.tid)) {

@@ -22,7 +22,7 @@ pub fn run(pid: i32, json: bool, blocking: bool, tasks: bool) -> Result<()> {
     let mut unwinder = cpython::attach(pid, opts)?;
     // The task layout, when asked: `None` inside when the target has not loaded `_asyncio`
     // (it has no task).
-    let task_layout = match tasks {
+    let mut task_layout = match tasks {
         true => Some(cpython::asyncio::locate(
             &Process::new(pid)?,
             unwinder.memory(),
@@ -36,9 +36,9 @@ pub fn run(pid: i32, json: bool, blocking: bool, tasks: bool) -> Result<()> {
     let mut attempt = 0;
     let (stacks, tasks) = loop {
         attempt += 1;
-        let read = match &task_layout {
-            Some(Some((table, objects))) => unwinder
-                .snapshot_then(|u| u.tasks(table, objects))
+        let read = match &mut task_layout {
+            Some(Some(layouts)) => unwinder
+                .snapshot_then(|u| u.tasks(layouts))
                 .map(|(s, t)| (s, Some(t))),
             Some(None) => unwinder.snapshot().map(|s| (s, Some(Vec::new()))),
             None => unwinder.snapshot().map(|s| (s, None)),

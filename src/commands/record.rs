@@ -213,7 +213,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
     // Each --pid must be a Python process we can read, now (one-line errors as `dump`'s).
     let mut targets = Vec::new();
     for &pid in &plan.sampling.pids {
-        cpython::attach(
+        let unwinder = cpython::attach(
             pid,
             cpython::UnwinderOptions {
                 frame_cache: false,
@@ -222,6 +222,13 @@ pub fn run(opts: RecordOptions) -> Result<()> {
             },
         )
         .with_context(|| format!("cannot record process {pid}"))?;
+        if plan.sampling.tasks.is_some() && unwinder.layout().task_objects.is_none() {
+            bail!(
+                "cannot record process {pid} with --async: asyncio tasks can be read from \
+                 Python 3.14 on, and it runs {}",
+                unwinder.layout().version
+            );
+        }
         let start = pyfleet::process::start_time(pid)
             .ok_or_else(|| anyhow!("cannot record process {pid}: it exited"))?;
         targets.push(Target { pid, start });
@@ -294,6 +301,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
                     off_cpu: OffCpu::for_mode(plan.sampling.mode, plan.sampling.rate.base_hz()),
                     threads: plan.sampling.threads,
                     leave_out_idle: plan.sampling.leave_out_idle,
+                    tasks: plan.sampling.tasks,
                 },
                 counters: counters.clone(),
             },

@@ -275,6 +275,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
                 off_cpu: OffCpu::for_mode(settings.sampling.mode, settings.sampling.rate.base_hz()),
                 threads: settings.sampling.threads,
                 leave_out_idle: settings.sampling.leave_out_idle,
+                tasks: settings.sampling.tasks,
             },
             writer,
         )

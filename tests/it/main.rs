@@ -31,6 +31,7 @@ mod real_code;
 mod record;
 mod sampler_consistency;
 mod steady_state;
+mod task_stacks;
 mod thread_status;
 mod thread_views;
 mod who_is_who;

@@ -133,6 +133,35 @@ impl AsyncioLayout {
     }
 }
 
+/// Which tasks a sample shows (`--async-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TaskScope {
+    /// The task each thread runs, in place of the thread's stack.
+    #[default]
+    Running,
+    /// Every task, running or waiting: each a sample of its own at each tick.
+    All,
+}
+
+impl std::str::FromStr for TaskScope {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<TaskScope, String> {
+        match s {
+            "running" => Ok(TaskScope::Running),
+            "all" => Ok(TaskScope::All),
+            other => Err(format!("must be running or all (got {other:?})")),
+        }
+    }
+}
+
+/// What reading one target's tasks needs and keeps: its layouts and the reader's memo.
+pub struct Tasks {
+    pub table: AsyncioLayout,
+    pub objects: TaskObjectsLayout,
+    pub memo: walk::TaskMemo,
+}
+
 /// Why a process's tasks cannot be read at all.
 #[derive(Debug, thiserror::Error)]
 pub enum TasksUnavailable {
@@ -152,7 +181,7 @@ pub fn locate<M: RemoteMemory>(
     process: &Process,
     mem: &M,
     layout: &Layout,
-) -> Result<Option<(AsyncioLayout, TaskObjectsLayout)>, TasksUnavailable> {
+) -> Result<Option<Tasks>, TasksUnavailable> {
     let Some(objects) = layout.task_objects.clone() else {
         return Err(TasksUnavailable::Version {
             pid: process.pid(),
@@ -171,7 +200,11 @@ pub fn locate<M: RemoteMemory>(
         pid: process.pid(),
         why,
     })?;
-    Ok(Some((table, objects)))
+    Ok(Some(Tasks {
+        table,
+        objects,
+        memo: walk::TaskMemo::default(),
+    }))
 }
 
 /// Whether a mapped file may hold `_asyncio`: the module itself, libpython or a Python

@@ -23,6 +23,7 @@ use super::super::UnwindError;
 use super::AsyncioLayout;
 use crate::memory::{Bytes, RemoteMemory};
 use rustc_hash::{FxHashMap, FxHashSet};
+use std::sync::Arc;
 
 /// Most tasks read in one interpreter.
 pub const MAX_TASKS: usize = 1 << 16;
@@ -59,7 +60,7 @@ pub struct RawTask {
     /// The task object's address: its id.
     pub addr: u64,
     /// Untrusted (`Task.get_name()`; an unnamed task's counter gives `Task-N`).
-    pub name: String,
+    pub name: Arc<str>,
     pub thread_id: Option<u64>,
     pub running: bool,
     /// The frame of its coroutine (inside the coroutine object; 0 when it has none).
@@ -70,13 +71,35 @@ pub struct RawTask {
     pub awaited_by: Vec<u64>,
 }
 
-/// Reads tasks of one target, remembering type flags between reads.
+/// What a reader remembers between reads of one target: the flags of types met, and task
+/// names by (task, name object), each bounded (cleared when full).
+#[derive(Default)]
+pub struct TaskMemo {
+    type_flags: FxHashMap<u64, u64>,
+    names: FxHashMap<(u64, u64), Arc<str>>,
+}
+
+/// Most entries of each of a [`TaskMemo`]'s maps.
+const MAX_MEMO: usize = 4096;
+
+/// A task object as read (not whether it runs, nor its frames).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskObject {
+    pub addr: u64,
+    pub name: Arc<str>,
+    /// Its coroutine (0: none).
+    pub coro: u64,
+    /// The tasks awaiting it (see [`TaskReader::awaiters`]).
+    pub awaited_by: Vec<u64>,
+}
+
+/// Reads tasks of one target.
 pub struct TaskReader<'a, M: RemoteMemory> {
     mem: &'a M,
     layout: &'a Layout,
     objects: &'a TaskObjectsLayout,
     table: &'a AsyncioLayout,
-    type_flags: FxHashMap<u64, u64>,
+    memo: &'a mut TaskMemo,
 }
 
 /// A task found in a list, with its object's bytes.
@@ -92,14 +115,62 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
         layout: &'a Layout,
         objects: &'a TaskObjectsLayout,
         table: &'a AsyncioLayout,
+        memo: &'a mut TaskMemo,
     ) -> Self {
         TaskReader {
             mem,
             layout,
             objects,
             table,
-            type_flags: FxHashMap::default(),
+            memo,
         }
+    }
+
+    /// The task a thread runs: its `asyncio_running_task` while a loop runs there (`None`
+    /// when no loop runs, or it runs no task).
+    pub fn running_task(&mut self, tstate: u64) -> Result<Option<u64>, UnwindError> {
+        let t = self.table;
+        let lo = t.thread_running_loop.min(t.thread_running_task);
+        let len = (t.thread_running_loop.max(t.thread_running_task) - lo + 8) as usize;
+        let raw = self.mem.read_vec(tstate.wrapping_add(lo), len)?;
+        let b = Bytes(&raw);
+        if b.u64(t.thread_running_loop - lo)? == 0 {
+            return Ok(None);
+        }
+        let task = b.u64(t.thread_running_task - lo)? & !TAG_BITS;
+        Ok((task != 0).then_some(task))
+    }
+
+    /// The task at `addr`; its awaiters looked through as [`TaskReader::awaiters`] says.
+    pub fn task(
+        &mut self,
+        addr: u64,
+        known: Option<&FxHashSet<u64>>,
+    ) -> Result<TaskObject, UnwindError> {
+        let bytes = self.mem.read_vec(addr, self.table.task_size as usize)?;
+        let b = Bytes(&bytes);
+        if b.u8(self.table.task_is_task)? != 1 {
+            return Err(UnwindError::BadObject {
+                addr,
+                what: "a task that is no task".into(),
+            });
+        }
+        self.parse(addr, &b, known)
+    }
+
+    fn parse(
+        &mut self,
+        addr: u64,
+        b: &Bytes<'_>,
+        known: Option<&FxHashSet<u64>>,
+    ) -> Result<TaskObject, UnwindError> {
+        let name = b.u64(self.table.task_name)? & !TAG_BITS;
+        Ok(TaskObject {
+            addr,
+            name: self.name(addr, name)?,
+            coro: b.u64(self.table.task_coro)? & !TAG_BITS,
+            awaited_by: self.awaiters(b, known)?,
+        })
     }
 
     /// Every task of the interpreter at `interp` whose threads are `threads`.
@@ -132,28 +203,31 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
 
         let mut tasks = Vec::with_capacity(listed.len());
         for l in &listed {
-            let b = Bytes(&l.bytes);
-            let name = b.u64(self.table.task_name)? & !TAG_BITS;
-            let coro = b.u64(self.table.task_coro)? & !TAG_BITS;
+            let task = self.parse(l.addr, &Bytes(&l.bytes), Some(&seen))?;
             let running_on = running.get(&l.addr).copied();
-            let frames = match (running_on, coro) {
+            let frames = match (running_on, task.coro) {
                 (None, c) if c != 0 => self.coroutine_chain(c)?,
                 _ => Vec::new(),
             };
             tasks.push(RawTask {
                 addr: l.addr,
-                name: self.name(l.addr, name)?,
+                name: task.name,
                 thread_id: running_on.or(l.thread_id),
                 running: running_on.is_some(),
-                frame: match coro {
-                    0 => 0,
-                    c => c.wrapping_add(self.objects.gen_iframe),
-                },
+                frame: self.frame_of(task.coro),
                 frames,
-                awaited_by: self.awaiters(&b, &seen)?,
+                awaited_by: task.awaited_by,
             });
         }
         Ok(tasks)
+    }
+
+    /// Where the frame of coroutine `coro` is (0 for none).
+    pub fn frame_of(&self, coro: u64) -> u64 {
+        match coro {
+            0 => 0,
+            c => c.wrapping_add(self.objects.gen_iframe),
+        }
     }
 
     /// Appends the tasks of the circular list whose head is at `head`.
@@ -201,7 +275,19 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
     }
 
     /// `Task.get_name()`: a string, or `Task-N` for the counter an unnamed task keeps.
-    fn name(&mut self, task: u64, name: u64) -> Result<String, UnwindError> {
+    fn name(&mut self, task: u64, name: u64) -> Result<Arc<str>, UnwindError> {
+        if let Some(n) = self.memo.names.get(&(task, name)) {
+            return Ok(n.clone());
+        }
+        let read: Arc<str> = self.read_name(task, name)?.into();
+        if self.memo.names.len() >= MAX_MEMO {
+            self.memo.names.clear();
+        }
+        self.memo.names.insert((task, name), read.clone());
+        Ok(read)
+    }
+
+    fn read_name(&mut self, task: u64, name: u64) -> Result<String, UnwindError> {
         let bad = |what: &str| UnwindError::BadObject {
             addr: task,
             what: what.into(),
@@ -245,18 +331,19 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
     /// `tp_flags` of the type of the object at `obj`.
     fn type_flags_of(&mut self, obj: u64) -> Result<u64, UnwindError> {
         let ty = self.mem.read_u64(obj.wrapping_add(self.objects.ob_type))?;
-        if let Some(&f) = self.type_flags.get(&ty) {
+        if let Some(&f) = self.memo.type_flags.get(&ty) {
             return Ok(f);
         }
         let flags = self.mem.read_u64(ty.wrapping_add(self.objects.tp_flags))?;
-        if self.type_flags.len() < 1024 {
-            self.type_flags.insert(ty, flags);
+        if self.memo.type_flags.len() >= MAX_MEMO {
+            self.memo.type_flags.clear();
         }
+        self.memo.type_flags.insert(ty, flags);
         Ok(flags)
     }
 
     /// The chain of coroutines from `coro` inwards, innermost first.
-    fn coroutine_chain(&mut self, coro: u64) -> Result<Vec<CoroutineFrame>, UnwindError> {
+    pub fn coroutine_chain(&mut self, coro: u64) -> Result<Vec<CoroutineFrame>, UnwindError> {
         let o = self.objects;
         let f = &self.layout.frame;
         let mut chain = Vec::new();
@@ -306,9 +393,15 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
         Ok(chain)
     }
 
-    /// The tasks of `known` awaiting the future whose bytes are `b`, looking through futures
-    /// that are not tasks.
-    fn awaiters(&mut self, b: &Bytes<'_>, known: &FxHashSet<u64>) -> Result<Vec<u64>, UnwindError> {
+    /// The tasks awaiting the future whose bytes are `b`, looking through futures that are
+    /// not tasks (what `gather` returns), each task once, lowest address first. With
+    /// `known` (the tasks of the lists read), an awaiter there is a task without reading it,
+    /// and a task not there (made since) is left out.
+    pub fn awaiters(
+        &mut self,
+        b: &Bytes<'_>,
+        known: Option<&FxHashSet<u64>>,
+    ) -> Result<Vec<u64>, UnwindError> {
         let t = self.table;
         let mut out = Vec::new();
         let mut pending = vec![(
@@ -325,10 +418,8 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
                 false => vec![awaited_by],
             };
             for key in keys {
-                if known.contains(&key) {
-                    if !out.contains(&key) {
-                        out.push(key);
-                    }
+                if known.is_some_and(|k| k.contains(&key)) {
+                    out.push(key);
                     continue;
                 }
                 if !looked_through.insert(key) {
@@ -339,8 +430,10 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
                 }
                 let raw = self.mem.read_vec(key, t.future_span() as usize)?;
                 let f = Bytes(&raw);
-                // A task in no list read (made since) is not one of these tasks.
                 if f.u8(t.task_is_task)? != 0 {
+                    if known.is_none() {
+                        out.push(key);
+                    }
                     continue;
                 }
                 pending.push((
@@ -349,6 +442,8 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
                 ));
             }
         }
+        out.sort_unstable();
+        out.dedup();
         Ok(out)
     }
 

@@ -41,6 +41,8 @@ pub(super) struct CodeCache {
     pub(super) callees: Vec<u64>,
     /// Addresses found to be no code object's (the newest [`MAX_NOT_CODE`]).
     not_code: Vec<u64>,
+    /// The stamp of the last sample: what an entry valid then has as `valid_at`.
+    pub(super) stamp: u64,
 }
 
 impl CodeCache {
@@ -53,6 +55,7 @@ impl CodeCache {
             previous: Vec::new(),
             callees: Vec::new(),
             not_code: Vec::new(),
+            stamp: 0,
         }
     }
 
@@ -143,6 +146,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         // Epoch stamps live apart from generations (top bit set), so that one never passes
         // for the other when both kinds of sample run on one unwinder.
         let stamp = generation.unwrap_or(self.epoch | EPOCH_STAMP);
+        self.codes.stamp = stamp;
         let (fp_lo, fp_len) = fingerprint_span(&self.layout);
 
         // Distinct code objects of this sample, each counted once as a hit or a miss.

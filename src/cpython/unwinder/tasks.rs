@@ -1,109 +1,262 @@
-//! The asyncio tasks of the interpreters and threads the last sample read (`dump --async`):
-//! the task walk (`cpython::asyncio::walk`) over them, a running task's frames taken from its
-//! thread's walked chain down to its coroutine's frame, a pending task's coroutine frames
-//! resolved from their code objects. Called right after a successful sample, whose threads
-//! (`spare.work`) and chains (`threads`) it uses.
+//! The asyncio tasks of the interpreters and threads the last sample read: every task as
+//! `dump --async` shows it ([`Unwinder::tasks`]), and the task stacks a sample shows with
+//! `--async` ([`Unwinder::task_stacks`]). Called right after a successful sample, whose
+//! threads (`spare.work`), chains (`threads`) and code-object stamp (`codes.stamp`) they use.
+//!
+//! Contracts:
+//! - A running task's frames are its thread's chain as the sample walked it, from the top down
+//!   to the task's coroutine frame; a thread whose chain does not hold that frame (it ran on
+//!   between the sample and the read of its running task) shows no task.
+//! - A pending task's frames are its coroutine chain, resolved through the code-object cache
+//!   (an entry valid at the sample's stamp, else loaded).
+//! - A task's stack, innermost first: its frames, a frame naming it (`task NAME`, with
+//!   `(awaited by N)` when several tasks await it), then the stack of the task awaiting it
+//!   (the lowest address of several), up to a task nothing awaits; a loop of awaiters is a
+//!   [`UnwindError::Cycle`], a chain deeper than [`MAX_AWAIT_DEPTH`] [`UnwindError::TooLong`].
 
 use super::*;
-use crate::cpython::asyncio::walk::{RawTask, TaskReader, TaskThread};
-use crate::cpython::asyncio::AsyncioLayout;
-use crate::cpython::layout::TaskObjectsLayout;
+use crate::cpython::asyncio::walk::{CoroutineFrame, RawTask, TaskObject, TaskReader, TaskThread};
+use crate::cpython::asyncio::{TaskScope, Tasks};
 use crate::cpython::resolved::{InterpreterTasks, Task};
+use crate::stacks::Function;
+
+/// Most tasks between a task and the task nothing awaits.
+pub const MAX_AWAIT_DEPTH: usize = 256;
+
+/// File of the frames naming tasks.
+pub const TASK_FILE: &str = "<asyncio task>";
+
+/// One sample's stack of a task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskStack {
+    /// The kernel's id of the thread whose loop holds it (0: a thread that ended).
+    pub native_thread_id: u64,
+    pub running: bool,
+    pub stack: StackId,
+}
+
+/// A thread of the last sample, for the task walk.
+struct SampledThreadState {
+    tstate: u64,
+    thread_id: u64,
+    native: u64,
+}
 
 impl<M: RemoteMemory> Unwinder<M> {
-    /// Every task of every interpreter of the last sample, main interpreter first.
-    pub fn tasks(
-        &mut self,
-        table: &AsyncioLayout,
-        objects: &TaskObjectsLayout,
-    ) -> Result<Vec<InterpreterTasks>, UnwindError> {
-        let mut out = Vec::new();
-        let mut reader = TaskReader::new(&self.mem, &self.layout, objects, table);
-        for (&interp, &id) in self.interps.iter().zip(&self.interp_ids) {
-            let threads: Vec<TaskThread> = self
-                .spare
-                .work
-                .iter()
-                .filter(|w| w.ts.interp_id == id)
-                .map(|w| TaskThread {
-                    thread_id: w.ts.thread_id,
-                    tstate: w.ts.addr,
-                })
-                .collect();
-            let raw = reader.read(interp, &threads)?;
-            out.push((id, raw, threads));
-        }
-        let mut resolved = Vec::with_capacity(out.len());
-        for (id, raw, threads) in out {
-            let codes = self.coroutine_codes(&raw)?;
-            let tasks = raw
-                .into_iter()
-                .map(|t| self.task(t, &threads, &codes))
-                .collect::<Result<Vec<Task>, UnwindError>>()?;
-            resolved.push(InterpreterTasks { id, tasks });
-        }
-        resolved.sort_by_key(|i| i.id);
-        Ok(resolved)
-    }
-
-    /// The code objects of the pending tasks' coroutine frames, read in one batch.
-    fn coroutine_codes(&self, raw: &[RawTask]) -> Result<FxHashMap<u64, CodeInfo>, UnwindError> {
-        let mut addrs: Vec<u64> = raw
+    fn sampled_threads(&self, interp_id: i64) -> Vec<SampledThreadState> {
+        self.spare
+            .work
             .iter()
-            .flat_map(|t| t.frames.iter().map(|f| f.code))
-            .collect();
-        addrs.sort_unstable();
-        addrs.dedup();
-        let loaded = read_codes(&self.mem, &self.layout, self.code_type, &addrs)?;
-        addrs
-            .into_iter()
-            .zip(loaded)
-            .map(|(a, code)| Ok((a, code?.info)))
+            .filter(|w| w.ts.interp_id == interp_id)
+            .map(|w| SampledThreadState {
+                tstate: w.ts.addr,
+                thread_id: w.ts.thread_id,
+                native: w.ts.native(),
+            })
             .collect()
     }
 
-    fn task(
-        &self,
-        t: RawTask,
-        threads: &[TaskThread],
-        codes: &FxHashMap<u64, CodeInfo>,
-    ) -> Result<Task, UnwindError> {
-        let adaptive = self.layout.code.code_adaptive;
-        let frames = match t.running {
-            true => self.running_task_frames(&t, threads)?,
-            false => t
-                .frames
-                .iter()
-                .map(|f| {
-                    let info = codes.get(&f.code).ok_or(UnwindError::NotCode(f.code))?;
-                    Ok(Frame {
-                        function: info.function(),
-                        line: info.line_at(f.code, adaptive, f.instr),
+    /// Every task of every interpreter of the last sample, main interpreter first.
+    pub fn tasks(&mut self, tasks: &mut Tasks) -> Result<Vec<InterpreterTasks>, UnwindError> {
+        let mut out = Vec::new();
+        let interps: Vec<(u64, i64)> = self
+            .interps
+            .iter()
+            .copied()
+            .zip(self.interp_ids.iter().copied())
+            .collect();
+        for (interp, id) in interps {
+            let threads = self.sampled_threads(id);
+            let raw = self.read_all_tasks(tasks, interp, &threads)?;
+            let mut resolved = Vec::with_capacity(raw.len());
+            let mut ids = Vec::new();
+            for t in raw {
+                ids.clear();
+                self.own_frame_ids(&t, &threads, &mut ids)?;
+                let frames = ids
+                    .iter()
+                    .filter_map(|&f| self.table.resolve_frame(f))
+                    .map(|f| Frame {
+                        function: f.function.clone(),
+                        line: f.line,
                     })
-                })
-                .collect::<Result<Vec<Frame>, UnwindError>>()?,
-        };
-        Ok(Task {
-            id: t.addr,
-            name: t.name,
-            thread_id: t.thread_id,
-            running: t.running,
-            frames,
-            awaited_by: t.awaited_by,
-        })
+                    .collect();
+                resolved.push(Task {
+                    id: t.addr,
+                    name: t.name.to_string(),
+                    thread_id: t.thread_id,
+                    running: t.running,
+                    frames,
+                    awaited_by: t.awaited_by,
+                });
+            }
+            out.push(InterpreterTasks {
+                id,
+                tasks: resolved,
+            });
+        }
+        out.sort_by_key(|i| i.id);
+        Ok(out)
     }
 
-    /// A running task's frames: its thread's chain as the sample walked it, from the top
-    /// down to the task's coroutine frame.
-    fn running_task_frames(
+    /// The task stacks of the last sample (see the module documentation): with `Running`,
+    /// one per thread that runs a task; with `All`, one per task.
+    pub fn task_stacks(
+        &mut self,
+        tasks: &mut Tasks,
+        scope: TaskScope,
+        out: &mut Vec<TaskStack>,
+    ) -> Result<(), UnwindError> {
+        let interps: Vec<(u64, i64)> = self
+            .interps
+            .iter()
+            .copied()
+            .zip(self.interp_ids.iter().copied())
+            .collect();
+        let mut ids = Vec::new();
+        for (interp, id) in interps {
+            let threads = self.sampled_threads(id);
+            match scope {
+                TaskScope::Running => {
+                    for th in &threads {
+                        let Some(chain) = self.running_chain(tasks, th.tstate)? else {
+                            continue;
+                        };
+                        ids.clear();
+                        if !self.running_frame_ids(th.tstate, chain[0].0.coro, tasks, &mut ids) {
+                            continue;
+                        }
+                        for (i, (task, frames)) in chain.iter().enumerate() {
+                            if i > 0 {
+                                self.coroutine_frame_ids(frames, &mut ids)?;
+                            }
+                            ids.push(self.task_frame_id(&task.name, task.awaited_by.len()));
+                        }
+                        out.push(TaskStack {
+                            native_thread_id: th.native,
+                            running: true,
+                            stack: self.table.stack(&ids),
+                        });
+                    }
+                }
+                TaskScope::All => {
+                    let raw = self.read_all_tasks(tasks, interp, &threads)?;
+                    self.all_task_stacks(&raw, &threads, out)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every task of one interpreter, through the task walk.
+    fn read_all_tasks(
+        &mut self,
+        tasks: &mut Tasks,
+        interp: u64,
+        threads: &[SampledThreadState],
+    ) -> Result<Vec<RawTask>, UnwindError> {
+        let walk: Vec<TaskThread> = threads
+            .iter()
+            .map(|t| TaskThread {
+                thread_id: t.thread_id,
+                tstate: t.tstate,
+            })
+            .collect();
+        let mut reader = TaskReader::new(
+            &self.mem,
+            &self.layout,
+            &tasks.objects,
+            &tasks.table,
+            &mut tasks.memo,
+        );
+        reader.read(interp, &walk)
+    }
+
+    /// The task thread `tstate` runs and the tasks awaiting it, each with its coroutine
+    /// chain (the running one's left empty: its frames are the thread's).
+    #[allow(clippy::type_complexity)]
+    fn running_chain(
+        &mut self,
+        tasks: &mut Tasks,
+        tstate: u64,
+    ) -> Result<Option<Vec<(TaskObject, Vec<CoroutineFrame>)>>, UnwindError> {
+        let mut reader = TaskReader::new(
+            &self.mem,
+            &self.layout,
+            &tasks.objects,
+            &tasks.table,
+            &mut tasks.memo,
+        );
+        let Some(running) = reader.running_task(tstate)? else {
+            return Ok(None);
+        };
+        let mut chain = vec![(reader.task(running, None)?, Vec::new())];
+        let mut seen = vec![running];
+        while let Some(&parent) = chain.last().and_then(|(t, _)| t.awaited_by.first()) {
+            if seen.contains(&parent) {
+                return Err(UnwindError::Cycle("tasks awaiting each other"));
+            }
+            if chain.len() >= MAX_AWAIT_DEPTH {
+                return Err(UnwindError::TooLong(
+                    "tasks awaiting one another",
+                    MAX_AWAIT_DEPTH,
+                ));
+            }
+            seen.push(parent);
+            let task = reader.task(parent, None)?;
+            let frames = match task.coro {
+                0 => Vec::new(),
+                c => reader.coroutine_chain(c)?,
+            };
+            chain.push((task, frames));
+        }
+        Ok(Some(chain))
+    }
+
+    /// Pushes the frames of thread `tstate`'s chain down to the frame of coroutine `coro`;
+    /// false (nothing pushed) when the chain does not hold it.
+    fn running_frame_ids(
         &self,
+        tstate: u64,
+        coro: u64,
+        tasks: &Tasks,
+        ids: &mut Vec<FrameId>,
+    ) -> bool {
+        if coro == 0 {
+            return false;
+        }
+        let frame = coro.wrapping_add(tasks.objects.gen_iframe);
+        let chain = self
+            .threads
+            .get(&tstate)
+            .map(|c| c.chain.as_slice())
+            .unwrap_or_default();
+        let Some(end) = chain.iter().position(|f| f.addr == frame) else {
+            return false;
+        };
+        ids.extend(chain[..=end].iter().filter_map(|f| f.id));
+        true
+    }
+
+    /// Pushes a task's own frames (a running task's from its thread, a pending one's
+    /// coroutine chain).
+    fn own_frame_ids(
+        &mut self,
         t: &RawTask,
-        threads: &[TaskThread],
-    ) -> Result<Vec<Frame>, UnwindError> {
-        let chain = threads
+        threads: &[SampledThreadState],
+        ids: &mut Vec<FrameId>,
+    ) -> Result<(), UnwindError> {
+        if !t.running {
+            return self.coroutine_frame_ids(&t.frames, ids);
+        }
+        let tstate = threads
             .iter()
             .find(|th| Some(th.thread_id) == t.thread_id)
-            .and_then(|th| self.threads.get(&th.tstate))
+            .map(|th| th.tstate)
+            .unwrap_or(0);
+        let chain = self
+            .threads
+            .get(&tstate)
             .map(|c| c.chain.as_slice())
             .unwrap_or_default();
         let Some(end) = chain.iter().position(|f| f.addr == t.frame) else {
@@ -111,14 +264,117 @@ impl<M: RemoteMemory> Unwinder<M> {
                 "a running task's frame is not on its thread's stack",
             ));
         };
-        Ok(chain[..=end]
+        ids.extend(chain[..=end].iter().filter_map(|f| f.id));
+        Ok(())
+    }
+
+    /// One stack per task of `raw`, with the stacks of the tasks awaiting it.
+    fn all_task_stacks(
+        &mut self,
+        raw: &[RawTask],
+        threads: &[SampledThreadState],
+        out: &mut Vec<TaskStack>,
+    ) -> Result<(), UnwindError> {
+        let by_addr: FxHashMap<u64, usize> =
+            raw.iter().enumerate().map(|(i, t)| (t.addr, i)).collect();
+        // Each task's own part: its frames and the frame naming it. A running task whose
+        // frame its thread no longer shows has none: it is not sampled, nor what awaits it.
+        let mut own: Vec<Option<Vec<FrameId>>> = Vec::with_capacity(raw.len());
+        for t in raw {
+            let mut ids = Vec::new();
+            match self.own_frame_ids(t, threads, &mut ids) {
+                Ok(()) => {
+                    ids.push(self.task_frame_id(&t.name, t.awaited_by.len()));
+                    own.push(Some(ids));
+                }
+                Err(UnwindError::Moved(_)) => own.push(None),
+                Err(e) => return Err(e),
+            }
+        }
+        let mut ids = Vec::new();
+        for (i, t) in raw.iter().enumerate() {
+            ids.clear();
+            let mut at = i;
+            let mut depth = 0;
+            let whole = loop {
+                let Some(part) = &own[at] else {
+                    break false;
+                };
+                ids.extend_from_slice(part);
+                depth += 1;
+                if depth > MAX_AWAIT_DEPTH {
+                    return Err(UnwindError::Cycle("tasks awaiting each other"));
+                }
+                match raw[at].awaited_by.first().and_then(|p| by_addr.get(p)) {
+                    Some(&parent) => at = parent,
+                    None => break true,
+                }
+            };
+            if !whole {
+                continue;
+            }
+            let native = threads
+                .iter()
+                .find(|th| Some(th.thread_id) == t.thread_id)
+                .map_or(0, |th| th.native);
+            out.push(TaskStack {
+                native_thread_id: native,
+                running: t.running,
+                stack: self.table.stack(&ids),
+            });
+        }
+        Ok(())
+    }
+
+    /// Pushes the frames of a coroutine chain, its code objects from the cache (loaded when
+    /// not valid at the last sample's stamp).
+    fn coroutine_frame_ids(
+        &mut self,
+        frames: &[CoroutineFrame],
+        ids: &mut Vec<FrameId>,
+    ) -> Result<(), UnwindError> {
+        let stamp = self.codes.stamp;
+        let mut load: Vec<u64> = frames
             .iter()
-            .filter_map(|f| f.id)
-            .filter_map(|id| self.table.resolve_frame(id))
-            .map(|f| Frame {
-                function: f.function.clone(),
-                line: f.line,
-            })
-            .collect())
+            .map(|f| f.code)
+            .filter(|c| self.codes.peek(c).is_none_or(|e| e.valid_at != stamp))
+            .collect();
+        load.sort_unstable();
+        load.dedup();
+        if load.len() > MAX_CODES_PER_SAMPLE {
+            return Err(UnwindError::Budget("new code objects in one sample"));
+        }
+        if !load.is_empty() {
+            self.stats.code_cache_misses += load.len() as u64;
+            let entries = self.read_code_entries(&load, stamp)?;
+            for (&a, entry) in load.iter().zip(entries) {
+                self.codes.insert(a, entry?);
+            }
+        }
+        let adaptive = self.layout.code.code_adaptive;
+        for f in frames {
+            let (function, line) = match self.codes.get(&f.code) {
+                Some(e) => (e.function, e.info.line_at(f.code, adaptive, f.instr)),
+                None => return Err(UnwindError::NotCode(f.code)),
+            };
+            ids.push(self.table.frame(function, line));
+        }
+        Ok(())
+    }
+
+    /// The frame naming a task awaited by `awaiters` tasks.
+    fn task_frame_id(&mut self, name: &str, awaiters: usize) -> FrameId {
+        let shown = match awaiters {
+            0 | 1 => format!("task {name}"),
+            n => format!("task {name} (awaited by {n})"),
+        };
+        let shown: std::sync::Arc<str> = shown.into();
+        let function = self.table.function(Function {
+            name: shown.clone(),
+            qualname: shown,
+            filename: TASK_FILE.into(),
+            first_line: 0,
+        });
+        self.table.frame(function, None)
     }
 }

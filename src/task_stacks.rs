@@ -1,0 +1,88 @@
+//! `--async`: in a sample, a thread that runs an asyncio task shows the task's stack in place
+//! of its own (the task's frames under the frames of the tasks awaiting it, see
+//! `cpython::unwinder::tasks`), and with `--async-mode all` every other task is a sample of
+//! its own too, of the thread whose loop holds it (neither on a CPU nor holding the GIL).
+//!
+//! The task layout is looked for when the source attaches, and again at most every
+//! [`LOOK_AGAIN`] until found: 3.14 maps `_asyncio` when the target first imports asyncio,
+//! and a process without it has no task. A process before 3.14 cannot be attached with
+//! `--async` (no layout is published).
+
+use crate::cpython::asyncio::{self, TaskScope, Tasks, TasksUnavailable};
+use crate::cpython::{TaskStack, UnwindError, Unwinder};
+use crate::memory::ProcessMemory;
+use crate::process::Process;
+use pyfleet_actors::{SampledThread, ThreadStatus};
+use std::time::{Duration, Instant};
+
+/// How often a process whose `_asyncio` was not found is looked at again.
+pub const LOOK_AGAIN: Duration = Duration::from_secs(2);
+
+/// The task view of one process.
+pub struct TaskView {
+    scope: TaskScope,
+    tasks: Option<Tasks>,
+    look_at: Instant,
+    stacks: Vec<TaskStack>,
+}
+
+impl TaskView {
+    /// The view of the process `unwinder` reads; an error for one whose tasks cannot be read
+    /// (before 3.14, or a table that is not valid).
+    pub fn new(scope: TaskScope, unwinder: &Unwinder<ProcessMemory>) -> Result<TaskView, String> {
+        let mut view = TaskView {
+            scope,
+            tasks: None,
+            look_at: Instant::now(),
+            stacks: Vec::new(),
+        };
+        view.look(unwinder).map_err(|e| e.to_string())?;
+        Ok(view)
+    }
+
+    fn look(&mut self, unwinder: &Unwinder<ProcessMemory>) -> Result<(), TasksUnavailable> {
+        self.look_at = Instant::now() + LOOK_AGAIN;
+        let process = Process::new(unwinder.pid()).map_err(crate::binary::BinaryError::from)?;
+        self.tasks = asyncio::locate(&process, unwinder.memory(), unwinder.layout())?;
+        Ok(())
+    }
+
+    /// Puts the task stacks of the unwinder's last sample into `out[from..]` (its threads'
+    /// samples): a running task's in place of its thread's, and with `All` every other
+    /// task's after them.
+    pub fn apply(
+        &mut self,
+        unwinder: &mut Unwinder<ProcessMemory>,
+        out: &mut Vec<SampledThread>,
+        from: usize,
+    ) -> Result<(), UnwindError> {
+        if self.tasks.is_none() && Instant::now() >= self.look_at {
+            if let Err(e) = self.look(unwinder) {
+                tracing::debug!(pid = unwinder.pid(), "asyncio's layout: {e}");
+            }
+        }
+        let Some(tasks) = self.tasks.as_mut() else {
+            return Ok(());
+        };
+        self.stacks.clear();
+        unwinder.task_stacks(tasks, self.scope, &mut self.stacks)?;
+        for s in &self.stacks {
+            if s.running {
+                if let Some(t) = out[from..].iter_mut().find(|t| t.tid == s.native_thread_id) {
+                    t.stack = u64::from(s.stack);
+                }
+                continue;
+            }
+            out.push(SampledThread {
+                tid: s.native_thread_id,
+                status: ThreadStatus {
+                    on_cpu: false,
+                    holds_gil: false,
+                },
+                stack: u64::from(s.stack),
+                samples: 1,
+            });
+        }
+        Ok(())
+    }
+}
