@@ -97,19 +97,19 @@ impl CodeInfo {
 }
 
 /// Where a string's characters are, how wide each is, and how many of them are read.
-struct StrData {
-    addr: u64,
+pub(crate) struct StrData {
+    pub(crate) addr: u64,
     chars: usize,
     kind: u8,
 }
 
 impl StrData {
     /// Bytes read: at most [`MAX_NAME_CHARS`] characters.
-    fn read_len(&self) -> usize {
+    pub(crate) fn read_len(&self) -> usize {
         self.chars.min(MAX_NAME_CHARS) * usize::from(self.kind)
     }
     /// The characters read, with `…` when the string is longer.
-    fn decode(&self, data: &[u8]) -> String {
+    pub(crate) fn decode(&self, data: &[u8]) -> String {
         let mut s = decode_str(self.kind, data);
         if self.chars > MAX_NAME_CHARS {
             s.push('…');
@@ -119,7 +119,11 @@ impl StrData {
 }
 
 /// Parses a unicode object's header (at least `compact_size + 8` bytes).
-fn unicode_header(layout: &Layout, obj: u64, hdr: &[u8]) -> Result<StrData, UnwindError> {
+pub(crate) fn unicode_header(
+    layout: &Layout,
+    obj: u64,
+    hdr: &[u8],
+) -> Result<StrData, UnwindError> {
     let u = &layout.unicode;
     let b = Bytes(hdr);
     let state = b.u32(u.state)?;

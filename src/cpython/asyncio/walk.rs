@@ -18,7 +18,7 @@
 //!   per task; a list or chain that loops is a [`UnwindError::Cycle`], never a hang.
 
 use super::super::layout::{Layout, TaskObjectsLayout, OWNED_BY_GENERATOR};
-use super::super::objects::read_unicode;
+use super::super::objects::{read_chunks, unicode_header};
 use super::super::UnwindError;
 use super::AsyncioLayout;
 use crate::memory::{Bytes, RemoteMemory};
@@ -33,10 +33,16 @@ pub const MAX_CHAIN: usize = 1024;
 pub const MAX_SET_SLOTS: u64 = 1 << 16;
 /// Most futures that are not tasks looked through to find the tasks awaiting one task.
 pub const MAX_FUTURES: usize = 256;
+/// Batched reads of one task list before it counts as changing too fast to be read.
+pub const LIST_ROUNDS: usize = 4;
+/// Most bytes read for one walk (and read again to verify it).
+pub const MAX_WITNESS_BYTES: usize = 64 << 20;
 
 /// `Py_TPFLAGS_LONG_SUBCLASS`, `Py_TPFLAGS_UNICODE_SUBCLASS`.
 const LONG_SUBCLASS: u64 = 1 << 24;
 const UNICODE_SUBCLASS: u64 = 1 << 28;
+/// `ob_refcnt`, the first word of every object (default builds).
+const REFCOUNT_BYTES: usize = 8;
 /// Tag bits of object pointers kept as `_PyStackRef`s or tagged by asyncio.
 const TAG_BITS: u64 = 3;
 
@@ -71,12 +77,14 @@ pub struct RawTask {
     pub awaited_by: Vec<u64>,
 }
 
-/// What a reader remembers between reads of one target: the flags of types met, and task
-/// names by (task, name object), each bounded (cleared when full).
+/// What a reader remembers between reads of one target: the flags of types met and the tasks
+/// of each list, each bounded (cleared when full). Names are read with each walk: a task and
+/// its name object freed and made again at the same addresses is another task.
 #[derive(Default)]
 pub struct TaskMemo {
     type_flags: FxHashMap<u64, u64>,
-    names: FxHashMap<(u64, u64), Arc<str>>,
+    /// The tasks of each list (by its head) as the last walk met them, in order.
+    lists: FxHashMap<u64, Vec<u64>>,
 }
 
 /// Most entries of each of a [`TaskMemo`]'s maps.
@@ -100,6 +108,9 @@ pub struct TaskReader<'a, M: RemoteMemory> {
     objects: &'a TaskObjectsLayout,
     table: &'a AsyncioLayout,
     memo: &'a mut TaskMemo,
+    /// Every range read since the last [`TaskReader::verify`], and its bytes as read.
+    witnessed: Vec<(u64, usize)>,
+    witness: Vec<u8>,
 }
 
 /// A task found in a list, with its object's bytes.
@@ -123,6 +134,60 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
             objects,
             table,
             memo,
+            witnessed: Vec::new(),
+            witness: Vec::new(),
+        }
+    }
+
+    /// Reads `len` bytes at `addr`, witnessed (see [`TaskReader::verify`]).
+    fn read(&mut self, addr: u64, len: usize) -> Result<Vec<u8>, UnwindError> {
+        if self.witness.len() + len > MAX_WITNESS_BYTES {
+            return Err(UnwindError::Budget("bytes of asyncio tasks read"));
+        }
+        let bytes = self.mem.read_vec(addr, len)?;
+        self.witnessed.push((addr, len));
+        self.witness.extend_from_slice(&bytes);
+        Ok(bytes)
+    }
+
+    /// Reads `len` bytes of the object at `addr`, witnessed but for its reference count
+    /// (which the target changes without changing the object).
+    fn read_object(&mut self, addr: u64, len: usize) -> Result<Vec<u8>, UnwindError> {
+        if self.witness.len() + len > MAX_WITNESS_BYTES {
+            return Err(UnwindError::Budget("bytes of asyncio tasks read"));
+        }
+        let bytes = self.mem.read_vec(addr, len)?;
+        self.witness_object(addr, &bytes);
+        Ok(bytes)
+    }
+
+    fn witness_object(&mut self, addr: u64, bytes: &[u8]) {
+        if bytes.len() > REFCOUNT_BYTES {
+            self.witnessed.push((
+                addr.wrapping_add(REFCOUNT_BYTES as u64),
+                bytes.len() - REFCOUNT_BYTES,
+            ));
+            self.witness.extend_from_slice(&bytes[REFCOUNT_BYTES..]);
+        }
+    }
+
+    fn word(&mut self, addr: u64) -> Result<u64, UnwindError> {
+        Ok(Bytes(&self.read(addr, 8)?).u64(0)?)
+    }
+
+    /// Reads again, in one batch, everything read since the last call: what was read is one
+    /// instant's (this one's) only if every byte is unchanged, else the reads are torn
+    /// ([`UnwindError::Moved`]: read again, or count the sample failed).
+    pub fn verify(&mut self) -> Result<(), UnwindError> {
+        let mut now = vec![0u8; self.witness.len()];
+        let r = read_chunks(self.mem, self.witnessed.iter().copied(), &mut now);
+        self.witnessed.clear();
+        let same = now == self.witness;
+        self.witness.clear();
+        r?;
+        match same {
+            true => Ok(()),
+            false => Err(UnwindError::Moved("asyncio tasks changed while read")),
         }
     }
 
@@ -132,7 +197,7 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
         let t = self.table;
         let lo = t.thread_running_loop.min(t.thread_running_task);
         let len = (t.thread_running_loop.max(t.thread_running_task) - lo + 8) as usize;
-        let raw = self.mem.read_vec(tstate.wrapping_add(lo), len)?;
+        let raw = self.read(tstate.wrapping_add(lo), len)?;
         let b = Bytes(&raw);
         if b.u64(t.thread_running_loop - lo)? == 0 {
             return Ok(None);
@@ -147,7 +212,7 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
         addr: u64,
         known: Option<&FxHashSet<u64>>,
     ) -> Result<TaskObject, UnwindError> {
-        let bytes = self.mem.read_vec(addr, self.table.task_size as usize)?;
+        let bytes = self.read_object(addr, self.table.task_size as usize)?;
         let b = Bytes(&bytes);
         if b.u8(self.table.task_is_task)? != 1 {
             return Err(UnwindError::BadObject {
@@ -155,26 +220,28 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
                 what: "a task that is no task".into(),
             });
         }
-        self.parse(addr, &b, known)
+        let name = b.u64(self.table.task_name)? & !TAG_BITS;
+        let name = self.names(&[(addr, name)])?.pop().unwrap_or_default();
+        self.parse(addr, &b, name, known)
     }
 
     fn parse(
         &mut self,
         addr: u64,
         b: &Bytes<'_>,
+        name: Arc<str>,
         known: Option<&FxHashSet<u64>>,
     ) -> Result<TaskObject, UnwindError> {
-        let name = b.u64(self.table.task_name)? & !TAG_BITS;
         Ok(TaskObject {
             addr,
-            name: self.name(addr, name)?,
+            name,
             coro: b.u64(self.table.task_coro)? & !TAG_BITS,
             awaited_by: self.awaiters(b, known)?,
         })
     }
 
     /// Every task of the interpreter at `interp` whose threads are `threads`.
-    pub fn read(
+    pub fn all_tasks(
         &mut self,
         interp: u64,
         threads: &[TaskThread],
@@ -183,17 +250,8 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
         let mut seen = FxHashSet::default();
         let mut running: FxHashMap<u64, u64> = FxHashMap::default();
         for t in threads {
-            let running_loop = self
-                .mem
-                .read_u64(t.tstate.wrapping_add(self.table.thread_running_loop))?;
-            if running_loop != 0 {
-                let task = self
-                    .mem
-                    .read_u64(t.tstate.wrapping_add(self.table.thread_running_task))?
-                    & !TAG_BITS;
-                if task != 0 {
-                    running.insert(task, t.thread_id);
-                }
+            if let Some(task) = self.running_task(t.tstate)? {
+                running.insert(task, t.thread_id);
             }
             let head = t.tstate.wrapping_add(self.table.thread_tasks_head);
             self.list(head, Some(t.thread_id), &mut listed, &mut seen)?;
@@ -201,9 +259,19 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
         let head = interp.wrapping_add(self.table.interp_tasks_head);
         self.list(head, None, &mut listed, &mut seen)?;
 
+        let name_objects = listed
+            .iter()
+            .map(|l| {
+                Ok((
+                    l.addr,
+                    Bytes(&l.bytes).u64(self.table.task_name)? & !TAG_BITS,
+                ))
+            })
+            .collect::<Result<Vec<(u64, u64)>, UnwindError>>()?;
+        let names = self.names(&name_objects)?;
         let mut tasks = Vec::with_capacity(listed.len());
-        for l in &listed {
-            let task = self.parse(l.addr, &Bytes(&l.bytes), Some(&seen))?;
+        for (l, name) in listed.iter().zip(names) {
+            let task = self.parse(l.addr, &Bytes(&l.bytes), name, Some(&seen))?;
             let running_on = running.get(&l.addr).copied();
             let frames = match (running_on, task.coro) {
                 (None, c) if c != 0 => self.coroutine_chain(c)?,
@@ -230,7 +298,10 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
         }
     }
 
-    /// Appends the tasks of the circular list whose head is at `head`.
+    /// Appends the tasks of the circular list whose head is at `head`, read in one batch:
+    /// the tasks the last walk of this list met, the head's link, and then, when the list
+    /// is not all in it, the tasks it did not know (learnt one link at a time, then read in
+    /// one batch again), at most [`LIST_ROUNDS`] batches.
     fn list(
         &mut self,
         head: u64,
@@ -239,98 +310,183 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
         seen: &mut FxHashSet<u64>,
     ) -> Result<(), UnwindError> {
         let next_at = self.table.task_node + self.objects.llist_next;
-        let mut node = self
-            .mem
-            .read_u64(head.wrapping_add(self.objects.llist_next))?;
-        while node != head {
-            if node == 0 {
-                return Err(UnwindError::BadObject {
-                    addr: head,
-                    what: "a task list that does not come back to its head".into(),
-                });
+        let size = self.table.task_size as usize;
+        let head_link = head.wrapping_add(self.objects.llist_next);
+        let mut known: Vec<u64> = self.memo.lists.get(&head).cloned().unwrap_or_default();
+        for _ in 0..LIST_ROUNDS {
+            let ranges: Vec<(u64, usize)> = std::iter::once((head_link, 8))
+                .chain(known.iter().map(|&t| (t, size)))
+                .collect();
+            let total = 8 + known.len() * size;
+            if self.witness.len() + total > MAX_WITNESS_BYTES {
+                return Err(UnwindError::Budget("bytes of asyncio tasks read"));
             }
-            if listed.len() >= MAX_TASKS {
-                return Err(UnwindError::TooLong("task lists", MAX_TASKS));
+            let mut buf = vec![0u8; total];
+            if let Err(e) = read_chunks(self.mem, ranges.iter().copied(), &mut buf) {
+                // A task of the last walk is gone (its memory with it): from the head again.
+                if known.is_empty() {
+                    return Err(e);
+                }
+                known.clear();
+                continue;
             }
-            let addr = node.wrapping_sub(self.table.task_node);
-            if !seen.insert(addr) {
-                return Err(UnwindError::Cycle("task list"));
+            let at: FxHashMap<u64, usize> = known
+                .iter()
+                .enumerate()
+                .map(|(i, &t)| (t, 8 + i * size))
+                .collect();
+            let mut node = Bytes(&buf).u64(0)?;
+            let mut order = Vec::new();
+            let mut local = FxHashSet::default();
+            let mut unknown = None;
+            while node != head {
+                if node == 0 {
+                    return Err(UnwindError::BadObject {
+                        addr: head,
+                        what: "a task list that does not come back to its head".into(),
+                    });
+                }
+                if listed.len() + order.len() >= MAX_TASKS {
+                    return Err(UnwindError::TooLong("task lists", MAX_TASKS));
+                }
+                let addr = node.wrapping_sub(self.table.task_node);
+                if !local.insert(addr) {
+                    return Err(UnwindError::Cycle("task list"));
+                }
+                let Some(&o) = at.get(&addr) else {
+                    unknown = Some(addr);
+                    break;
+                };
+                let b = Bytes(&buf[o..o + size]);
+                if b.u8(self.table.task_is_task)? != 1 {
+                    return Err(UnwindError::BadObject {
+                        addr,
+                        what: "a task list holds an object that is not a task".into(),
+                    });
+                }
+                order.push((addr, o));
+                node = b.u64(next_at)?;
             }
-            let bytes = self.mem.read_vec(addr, self.table.task_size as usize)?;
-            let b = Bytes(&bytes);
-            if b.u8(self.table.task_is_task)? != 1 {
-                return Err(UnwindError::BadObject {
-                    addr,
-                    what: "a task list holds an object that is not a task".into(),
-                });
+            let Some(first_unknown) = unknown else {
+                for &(addr, o) in &order {
+                    if !seen.insert(addr) {
+                        return Err(UnwindError::Cycle("task lists"));
+                    }
+                    listed.push(Listed {
+                        addr,
+                        thread_id,
+                        bytes: buf[o..o + size].to_vec(),
+                    });
+                }
+                self.witnessed.push((head_link, 8));
+                self.witness.extend_from_slice(&buf[..8]);
+                for (i, &t) in known.iter().enumerate() {
+                    let o = 8 + i * size;
+                    self.witness_object(t, &buf[o..o + size]);
+                }
+                if self.memo.lists.len() >= MAX_MEMO {
+                    self.memo.lists.clear();
+                }
+                self.memo
+                    .lists
+                    .insert(head, order.iter().map(|&(a, _)| a).collect());
+                return Ok(());
+            };
+            // Learn the rest of the list one link at a time; the next batch reads it whole.
+            known = order.iter().map(|&(a, _)| a).collect();
+            let mut addr = first_unknown;
+            loop {
+                if listed.len() + known.len() >= MAX_TASKS
+                    || !local.insert(addr) && addr != first_unknown
+                {
+                    break;
+                }
+                known.push(addr);
+                let Ok(next) = self.mem.read_u64(addr.wrapping_add(next_at)) else {
+                    break;
+                };
+                if next == head || next == 0 {
+                    break;
+                }
+                addr = next.wrapping_sub(self.table.task_node);
             }
-            node = b.u64(next_at)?;
-            listed.push(Listed {
-                addr,
-                thread_id,
-                bytes,
+        }
+        Err(UnwindError::Moved("a task list changed while read"))
+    }
+
+    /// `Task.get_name()` of each (task, name object): a string, or `Task-N` for the counter
+    /// an unnamed task keeps. Two batched reads for all: the objects' heads, then the
+    /// characters of the strings longer than a head holds.
+    fn names(&mut self, objs: &[(u64, u64)]) -> Result<Vec<Arc<str>>, UnwindError> {
+        let o = self.objects;
+        let head = ((self.layout.unicode.compact_size + 8).max(o.long_digit + 8)) as usize;
+        if let Some(&(task, _)) = objs.iter().find(|(_, n)| *n == 0) {
+            return Err(UnwindError::BadObject {
+                addr: task,
+                what: "a task without a name".into(),
             });
         }
-        Ok(())
+        let mut heads = vec![0u8; head * objs.len()];
+        read_chunks(self.mem, objs.iter().map(|&(_, n)| (n, head)), &mut heads)?;
+        let mut names: Vec<Option<String>> = Vec::with_capacity(objs.len());
+        let mut data = Vec::new();
+        for (&(task, name), h) in objs.iter().zip(heads.chunks_exact(head)) {
+            let bad = |what: &str| UnwindError::BadObject {
+                addr: task,
+                what: what.into(),
+            };
+            let flags = self.type_flags(Bytes(h).u64(o.ob_type)?)?;
+            if flags & UNICODE_SUBCLASS != 0 {
+                let s = unicode_header(self.layout, name, h)?;
+                let start = s.addr.wrapping_sub(name) as usize;
+                // Only the object's own bytes are witnessed: past it lie others'.
+                match start.checked_add(s.read_len()) {
+                    Some(end) if s.addr >= name && end <= head => {
+                        self.witness_object(name, &h[..end]);
+                        names.push(Some(s.decode(&h[start..end])))
+                    }
+                    _ => {
+                        let own = (self.layout.unicode.ascii_size as usize).min(head);
+                        self.witness_object(name, &h[..own]);
+                        data.push((names.len(), s));
+                        names.push(None);
+                    }
+                }
+                continue;
+            }
+            if flags & LONG_SUBCLASS == 0 {
+                return Err(bad("a task name that is neither a str nor an int"));
+            }
+            let counter = task_counter(&Bytes(h), o);
+            let (name_text, own) =
+                counter.ok_or_else(|| bad("a task counter too large to be one"))?;
+            self.witness_object(name, &h[..own.min(head)]);
+            names.push(Some(name_text));
+        }
+        if !data.is_empty() {
+            let mut chars = vec![0u8; data.iter().map(|(_, s)| s.read_len()).sum()];
+            read_chunks(
+                self.mem,
+                data.iter().map(|(_, s)| (s.addr, s.read_len())),
+                &mut chars,
+            )?;
+            let mut at = 0;
+            for (i, s) in &data {
+                let bytes = &chars[at..at + s.read_len()];
+                self.witnessed.push((s.addr, bytes.len()));
+                self.witness.extend_from_slice(bytes);
+                names[*i] = Some(s.decode(bytes));
+                at += s.read_len();
+            }
+        }
+        Ok(names
+            .into_iter()
+            .map(|n| Arc::from(n.unwrap_or_default()))
+            .collect())
     }
 
-    /// `Task.get_name()`: a string, or `Task-N` for the counter an unnamed task keeps.
-    fn name(&mut self, task: u64, name: u64) -> Result<Arc<str>, UnwindError> {
-        if let Some(n) = self.memo.names.get(&(task, name)) {
-            return Ok(n.clone());
-        }
-        let read: Arc<str> = self.read_name(task, name)?.into();
-        if self.memo.names.len() >= MAX_MEMO {
-            self.memo.names.clear();
-        }
-        self.memo.names.insert((task, name), read.clone());
-        Ok(read)
-    }
-
-    fn read_name(&mut self, task: u64, name: u64) -> Result<String, UnwindError> {
-        let bad = |what: &str| UnwindError::BadObject {
-            addr: task,
-            what: what.into(),
-        };
-        if name == 0 {
-            return Err(bad("a task without a name"));
-        }
-        let flags = self.type_flags_of(name)?;
-        if flags & UNICODE_SUBCLASS != 0 {
-            return read_unicode(self.mem, self.layout, name);
-        }
-        if flags & LONG_SUBCLASS == 0 {
-            return Err(bad("a task name that is neither a str nor an int"));
-        }
-        let o = self.objects;
-        let lo = o.long_lv_tag.min(o.long_digit);
-        let len = (o.long_lv_tag.max(o.long_digit) - lo + 8) as usize;
-        let raw = self.mem.read_vec(name.wrapping_add(lo), len)?;
-        let b = Bytes(&raw);
-        let tag = b.u64(o.long_lv_tag - lo)?;
-        // Compact ints: `lv_tag` is the digit count shifted by 3, with the sign in its low
-        // two bits (0 positive, 1 zero, 2 negative); digits are 30 bits.
-        let digits = tag >> 3;
-        let sign = tag & 3;
-        if digits > 2 || sign == 3 {
-            return Err(bad("a task counter too large to be one"));
-        }
-        let d0 = u64::from(b.u32(o.long_digit - lo)?);
-        let d1 = u64::from(b.u32(o.long_digit - lo + 4)?);
-        let value = match (sign, digits) {
-            (1, _) | (_, 0) => 0,
-            (_, 1) => d0,
-            _ => d0 | (d1 << 30),
-        };
-        Ok(match sign {
-            2 => format!("Task--{value}"),
-            _ => format!("Task-{value}"),
-        })
-    }
-
-    /// `tp_flags` of the type of the object at `obj`.
-    fn type_flags_of(&mut self, obj: u64) -> Result<u64, UnwindError> {
-        let ty = self.mem.read_u64(obj.wrapping_add(self.objects.ob_type))?;
+    /// `tp_flags` of the type at `ty` (types live as long as their objects: remembered).
+    fn type_flags(&mut self, ty: u64) -> Result<u64, UnwindError> {
         if let Some(&f) = self.memo.type_flags.get(&ty) {
             return Ok(f);
         }
@@ -353,7 +509,7 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
             if chain.len() >= MAX_CHAIN {
                 return Err(UnwindError::TooLong("coroutine chain", MAX_CHAIN));
             }
-            let raw = self.mem.read_vec(at, o.gen_size as usize)?;
+            let raw = self.read_object(at, o.gen_size as usize)?;
             let g = Bytes(&raw);
             let state = g.u8(o.gen_frame_state)? as i8;
             if state == o.gen_cleared {
@@ -378,10 +534,8 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
             if stack_pointer == 0 || slot > stack_pointer {
                 break;
             }
-            let awaited = self.mem.read_u64(slot)? & !TAG_BITS;
-            if awaited == 0
-                || self.mem.read_u64(awaited.wrapping_add(o.ob_type))? != g.u64(o.ob_type)?
-            {
+            let awaited = self.word(slot)? & !TAG_BITS;
+            if awaited == 0 || self.word(awaited.wrapping_add(o.ob_type))? != g.u64(o.ob_type)? {
                 break;
             }
             if !visited.insert(awaited) || awaited == coro {
@@ -428,7 +582,7 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
                 if looked_through.len() > MAX_FUTURES {
                     return Err(UnwindError::TooLong("futures awaiting a task", MAX_FUTURES));
                 }
-                let raw = self.mem.read_vec(key, t.future_span() as usize)?;
+                let raw = self.read_object(key, t.future_span() as usize)?;
                 let f = Bytes(&raw);
                 if f.u8(t.task_is_task)? != 0 {
                     if known.is_none() {
@@ -450,7 +604,7 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
     /// The keys of the set at `set` (its removed entries, whose hash is -1, skipped).
     fn set_keys(&mut self, set: u64) -> Result<Vec<u64>, UnwindError> {
         let o = self.objects;
-        let raw = self.mem.read_vec(set, o.set_size as usize)?;
+        let raw = self.read_object(set, o.set_size as usize)?;
         let s = Bytes(&raw);
         let used = s.i64(o.set_used)?;
         let mask = s.i64(o.set_mask)?;
@@ -462,7 +616,7 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
                 what: format!("a set of awaiters with mask {mask} and {used} entries"),
             });
         }
-        let entries = self.mem.read_vec(table, slots as usize * 16)?;
+        let entries = self.read(table, slots as usize * 16)?;
         let e = Bytes(&entries);
         let mut keys = Vec::with_capacity(used as usize);
         for i in 0..slots as u64 {
@@ -473,4 +627,29 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
         }
         Ok(keys)
     }
+}
+
+/// `Task-N` from the head of the int object an unnamed task keeps (compact ints: `lv_tag` is
+/// the digit count shifted by 3, with the sign in its low two bits: 0 positive, 1 zero, 2
+/// negative; digits are 30 bits); `None` for more than two digits.
+/// With the bytes the object takes up to its last digit.
+fn task_counter(b: &Bytes<'_>, o: &TaskObjectsLayout) -> Option<(String, usize)> {
+    let tag = b.u64(o.long_lv_tag).ok()?;
+    let digits = tag >> 3;
+    let sign = tag & 3;
+    if digits > 2 || sign == 3 {
+        return None;
+    }
+    let d0 = u64::from(b.u32(o.long_digit).ok()?);
+    let d1 = u64::from(b.u32(o.long_digit + 4).ok()?);
+    let value = match (sign, digits) {
+        (1, _) | (_, 0) => 0,
+        (_, 1) => d0,
+        _ => d0 | (d1 << 30),
+    };
+    let text = match sign {
+        2 => format!("Task--{value}"),
+        _ => format!("Task-{value}"),
+    };
+    Some((text, (o.long_digit + 4 * digits.max(1)) as usize))
 }

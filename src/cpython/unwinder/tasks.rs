@@ -13,6 +13,12 @@
 //!   `(awaited by N)` when several tasks await it), then the stack of the task awaiting it
 //!   (the lowest address of several), up to a task nothing awaits; a loop of awaiters is a
 //!   [`UnwindError::Cycle`], a chain deeper than [`MAX_AWAIT_DEPTH`] [`UnwindError::TooLong`].
+//! - One instant's: everything a walk read is read again in one batch and must be unchanged
+//!   (`TaskReader::verify`); a walk the target changed under is made again, at most
+//!   [`TASK_READS`] times, then the sample fails. A running task's frames are the sample's,
+//!   and its being the running task at the verifying read, awaited by the same tasks, means
+//!   that none of those tasks resumed in between (a task resumes only once what it awaits is
+//!   done).
 
 use super::*;
 use crate::cpython::asyncio::walk::{CoroutineFrame, RawTask, TaskObject, TaskReader, TaskThread};
@@ -22,6 +28,10 @@ use crate::stacks::Function;
 
 /// Most tasks between a task and the task nothing awaits.
 pub const MAX_AWAIT_DEPTH: usize = 256;
+
+/// Reads of the tasks made for one sample before it counts as failed (the first and the
+/// ones the target changed under).
+pub const TASK_READS: u32 = 3;
 
 /// File of the frames naming tasks.
 pub const TASK_FILE: &str = "<asyncio task>";
@@ -148,8 +158,25 @@ impl<M: RemoteMemory> Unwinder<M> {
         Ok(())
     }
 
-    /// Every task of one interpreter, through the task walk.
+    /// Every task of one interpreter, through the task walk; a walk the target changed under
+    /// is made again, at most [`TASK_READS`] times in all.
     fn read_all_tasks(
+        &mut self,
+        tasks: &mut Tasks,
+        interp: u64,
+        threads: &[SampledThreadState],
+    ) -> Result<Vec<RawTask>, UnwindError> {
+        let mut reads = 0;
+        loop {
+            reads += 1;
+            match self.read_all_tasks_once(tasks, interp, threads) {
+                Err(e) if e.is_torn() && reads < TASK_READS => self.stats.resamples += 1,
+                r => return r,
+            }
+        }
+    }
+
+    fn read_all_tasks_once(
         &mut self,
         tasks: &mut Tasks,
         interp: u64,
@@ -169,13 +196,31 @@ impl<M: RemoteMemory> Unwinder<M> {
             &tasks.table,
             &mut tasks.memo,
         );
-        reader.read(interp, &walk)
+        let tasks = reader.all_tasks(interp, &walk)?;
+        reader.verify()?;
+        Ok(tasks)
     }
 
     /// The task thread `tstate` runs and the tasks awaiting it, each with its coroutine
     /// chain (the running one's left empty: its frames are the thread's).
     #[allow(clippy::type_complexity)]
     fn running_chain(
+        &mut self,
+        tasks: &mut Tasks,
+        tstate: u64,
+    ) -> Result<Option<Vec<(TaskObject, Vec<CoroutineFrame>)>>, UnwindError> {
+        let mut reads = 0;
+        loop {
+            reads += 1;
+            match self.running_chain_once(tasks, tstate) {
+                Err(e) if e.is_torn() && reads < TASK_READS => self.stats.resamples += 1,
+                r => return r,
+            }
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn running_chain_once(
         &mut self,
         tasks: &mut Tasks,
         tstate: u64,
@@ -210,6 +255,7 @@ impl<M: RemoteMemory> Unwinder<M> {
             };
             chain.push((task, frames));
         }
+        reader.verify()?;
         Ok(Some(chain))
     }
 
