@@ -129,7 +129,7 @@ fn rejects_bad_debug_offsets() {
 fn a_chain_that_does_not_end_in_an_entry_shim_was_read_torn() {
     // As if the outermost Python frame's caller link were read while being rewritten: the
     // chain ends at a Python frame, so the stack would be truncated. An error, not a sample.
-    let (mut img, frames) = runtime();
+    let (img, frames) = runtime();
     img.poke(frames[3] + 0x08, &0u64.to_le_bytes());
     let mut u = unwinder(img);
     let err = u.snapshot().unwrap_err();
@@ -143,7 +143,7 @@ fn a_chain_that_does_not_end_in_an_entry_shim_was_read_torn() {
 
 #[test]
 fn cycles_end_the_walk_with_an_error() {
-    let (mut img, frames) = runtime();
+    let (img, frames) = runtime();
     // The outermost frame points back at the innermost.
     img.poke(frames[3] + 0x08, &frames[0].to_le_bytes());
     let err = unwinder(img).snapshot().unwrap_err();
@@ -205,7 +205,7 @@ fn hostile_thread_and_interpreter_lists_end_with_an_error() {
     assert!(matches!(err, UnwindError::Cycle("thread list")), "{err}");
 
     // An interpreter list that comes back to its start.
-    let (mut img, _) = runtime();
+    let (img, _) = runtime();
     let interp = first_interp(&img);
     img.poke(interp, &interp.to_le_bytes());
     let err = unwinder(img).sample().unwrap_err();
@@ -282,7 +282,7 @@ fn a_sample_has_a_budget() {
 
 #[test]
 fn garbage_strings_and_pointers_are_errors() {
-    let (mut img, frames) = runtime();
+    let (img, frames) = runtime();
     let code = img.read_u64(frames[1]).unwrap();
     let name = img.read_u64(code + 0x78).unwrap();
     img.poke(name + 0x10, &u64::MAX.to_le_bytes()); // absurd length
@@ -291,7 +291,7 @@ fn garbage_strings_and_pointers_are_errors() {
         UnwindError::BadObject { .. }
     ));
 
-    let (mut img, frames) = runtime();
+    let (img, frames) = runtime();
     img.poke(frames[2] + 0x08, &0xdead_0000u64.to_le_bytes()); // unmapped previous
     assert!(matches!(
         unwinder(img).snapshot().unwrap_err(),
@@ -309,7 +309,7 @@ fn random_corruption_never_panics() {
         seed
     };
     for _ in 0..300 {
-        let (mut img, frames) = runtime();
+        let (img, frames) = runtime();
         for _ in 0..8 {
             // Half the time hit the frames and the objects near them, else anywhere.
             let at = if rand() % 2 == 0 {

@@ -30,13 +30,14 @@ impl MemoryImage {
         self.read_delay = delay;
     }
 
-    /// Writes `data` at `addr` inside an existing segment (for building test images).
-    pub fn poke(&mut self, addr: u64, data: &[u8]) {
+    /// Writes `data` at `addr` inside an existing segment (for building test images, and for
+    /// a target that changes while it is read).
+    pub fn poke(&self, addr: u64, data: &[u8]) {
         let len = data.len();
         let (base, off) = self
             .locate(addr, len)
             .unwrap_or_else(|| panic!("poke outside mapped segments at {addr:#x}"));
-        if let Some(seg) = self.segments.get_mut().get_mut(&base) {
+        if let Some(seg) = self.segments.borrow_mut().get_mut(&base) {
             seg[off..off + len].copy_from_slice(data);
         }
     }

@@ -31,6 +31,8 @@ pub const MAX_TASKS: usize = 1 << 16;
 pub const MAX_CHAIN: usize = 1024;
 /// Most slots of a set of awaiters read.
 pub const MAX_SET_SLOTS: u64 = 1 << 16;
+/// Most tasks between a task and the task nothing awaits.
+pub const MAX_AWAIT_DEPTH: usize = 256;
 /// Most futures that are not tasks looked through to find the tasks awaiting one task.
 pub const MAX_FUTURES: usize = 256;
 /// Batched reads of one task list before it counts as changing too fast to be read.
@@ -238,6 +240,38 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
             coro: b.u64(self.table.task_coro)? & !TAG_BITS,
             awaited_by: self.awaiters(b, known)?,
         })
+    }
+
+    /// The task at `task` and the tasks awaiting it, one within the other (the lowest address
+    /// of several awaiters) up to one nothing awaits, each but the first with its coroutine
+    /// chain (the first runs: its frames are its thread's). A loop is a
+    /// [`UnwindError::Cycle`], more than [`MAX_AWAIT_DEPTH`] tasks [`UnwindError::TooLong`].
+    #[allow(clippy::type_complexity)]
+    pub fn awaited_chain(
+        &mut self,
+        task: u64,
+    ) -> Result<Vec<(TaskObject, Vec<CoroutineFrame>)>, UnwindError> {
+        let mut chain = vec![(self.task(task, None)?, Vec::new())];
+        let mut seen = vec![task];
+        while let Some(&parent) = chain.last().and_then(|(t, _)| t.awaited_by.first()) {
+            if seen.contains(&parent) {
+                return Err(UnwindError::Cycle("tasks awaiting each other"));
+            }
+            if chain.len() >= MAX_AWAIT_DEPTH {
+                return Err(UnwindError::TooLong(
+                    "tasks awaiting one another",
+                    MAX_AWAIT_DEPTH,
+                ));
+            }
+            seen.push(parent);
+            let awaiting = self.task(parent, None)?;
+            let frames = match awaiting.coro {
+                0 => Vec::new(),
+                c => self.coroutine_chain(c)?,
+            };
+            chain.push((awaiting, frames));
+        }
+        Ok(chain)
     }
 
     /// Every task of the interpreter at `interp` whose threads are `threads`.
@@ -652,4 +686,258 @@ fn task_counter(b: &Bytes<'_>, o: &TaskObjectsLayout) -> Option<(String, usize)>
         _ => format!("Task-{value}"),
     };
     Some((text, (o.long_digit + 4 * digits.max(1)) as usize))
+}
+
+#[cfg(test)]
+mod tests {
+    //! Hostile task graphs on the in-memory image: every walk ends, within its bounds, with
+    //! the error that says why.
+    use super::*;
+    use crate::cpython::synthetic;
+    use crate::memory::MemoryImage;
+
+    const BASE: u64 = 0x1000_0000;
+    /// 3.14.10's `_Py_AsyncioModuleDebugOffsets`.
+    const TABLE: [u64; 13] = [
+        0xa8, 0x88, 0x60, 0x6c, 0x6d, 0x80, 0x98, 0x37248, 0x2a80, 0x3a8, 0x360, 0x368, 0x370,
+    ];
+
+    struct World {
+        bytes: Vec<u8>,
+        next: u64,
+        str_type: u64,
+    }
+
+    impl World {
+        fn new(size: usize) -> World {
+            let mut w = World {
+                bytes: vec![0; size],
+                next: BASE,
+                str_type: 0,
+            };
+            w.str_type = w.alloc(0x100);
+            w.put_u64(w.str_type + 0xa8, UNICODE_SUBCLASS);
+            w
+        }
+        fn alloc(&mut self, n: u64) -> u64 {
+            let at = self.next;
+            self.next += (n + 15) & !15;
+            at
+        }
+        fn put_u64(&mut self, at: u64, v: u64) {
+            let o = (at - BASE) as usize;
+            self.bytes[o..o + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        fn put_u8(&mut self, at: u64, v: u8) {
+            self.bytes[(at - BASE) as usize] = v;
+        }
+        /// A compact ASCII string (the synthetic layout's).
+        fn string(&mut self, s: &str) -> u64 {
+            let at = self.alloc(0x28 + s.len() as u64 + 1);
+            self.put_u64(at + 8, self.str_type);
+            self.put_u64(at + 0x10, s.len() as u64);
+            let state: u64 = (1 << 2) | (1 << 5) | (1 << 6);
+            self.put_u64(at + 0x20, state);
+            let o = (at - BASE) as usize + 0x28;
+            self.bytes[o..o + s.len()].copy_from_slice(s.as_bytes());
+            at
+        }
+        /// A task (no coroutine) named `name`, awaited by `awaited_by` (0: none).
+        fn task(&mut self, name: u64, awaited_by: u64, is_task: bool) -> u64 {
+            let at = self.alloc(0xa8);
+            self.put_u8(at + 0x6c, u8::from(is_task));
+            self.put_u64(at + 0x88, name);
+            self.put_u64(at + 0x60, awaited_by);
+            at
+        }
+        /// A thread state whose task list holds `tasks` in order; its address.
+        fn thread(&mut self, tasks: &[u64]) -> u64 {
+            let ts = self.alloc(0x3a8);
+            let head = ts + 0x370;
+            let nodes: Vec<u64> = tasks.iter().map(|t| t + 0x98).collect();
+            let mut prev = head;
+            for &n in &nodes {
+                self.put_u64(prev, n);
+                prev = n;
+            }
+            self.put_u64(prev, head);
+            ts
+        }
+        fn interp(&mut self) -> u64 {
+            let i = self.alloc(0x2a90);
+            self.put_u64(i + 0x2a80, i + 0x2a80);
+            i
+        }
+        fn image(self) -> MemoryImage {
+            let mut img = MemoryImage::new();
+            img.map(BASE, self.bytes);
+            img
+        }
+    }
+
+    fn objects() -> TaskObjectsLayout {
+        TaskObjectsLayout {
+            ob_type: 8,
+            tp_flags: 0xa8,
+            gen_size: 0x48 + 0x50,
+            gen_iframe: 0x48,
+            gen_frame_state: 0x43,
+            gen_cleared: 4,
+            gen_yield_from: &[-1],
+            frame_stackpointer: 0x28,
+            awaited_depth: 1,
+            set_size: 0x30,
+            set_used: 0x18,
+            set_mask: 0x20,
+            set_table: 0x28,
+            long_lv_tag: 0x10,
+            long_digit: 0x18,
+            llist_next: 0,
+        }
+    }
+
+    fn table() -> AsyncioLayout {
+        let raw: Vec<u8> = TABLE.iter().flat_map(|w| w.to_le_bytes()).collect();
+        AsyncioLayout::parse(&raw).expect("3.14's table")
+    }
+
+    fn read_all(img: &MemoryImage, interp: u64, ts: u64) -> Result<Vec<RawTask>, UnwindError> {
+        let (layout, objects, table) = (synthetic::layout(), objects(), table());
+        let mut memo = TaskMemo::default();
+        let mut reader = TaskReader::new(img, &layout, &objects, &table, &mut memo);
+        let tasks = reader.all_tasks(
+            interp,
+            &[TaskThread {
+                thread_id: 1,
+                tstate: ts,
+            }],
+        )?;
+        reader.verify()?;
+        Ok(tasks)
+    }
+
+    #[test]
+    fn a_sound_graph_is_read() {
+        let mut w = World::new(1 << 20);
+        let (n1, n2) = (w.string("parent"), w.string("child"));
+        let parent = w.task(n1, 0, true);
+        let child = w.task(n2, parent, true);
+        let ts = w.thread(&[parent, child]);
+        let interp = w.interp();
+        let tasks = read_all(&w.image(), interp, ts).expect("read");
+        let names: Vec<(&str, Vec<u64>)> = tasks
+            .iter()
+            .map(|t| (&*t.name, t.awaited_by.clone()))
+            .collect();
+        assert_eq!(names, [("parent", vec![]), ("child", vec![parent])]);
+    }
+
+    #[test]
+    fn a_million_tasks_end_at_the_bound() {
+        // One more task than the bound is enough to show it; a million would only take longer
+        // to build (the walk stops at the bound whatever the list's length).
+        let n = MAX_TASKS + 1;
+        let mut w = World::new(n * 0xb0 + (1 << 20));
+        let name = w.string("many");
+        let tasks: Vec<u64> = (0..n).map(|_| w.task(name, 0, true)).collect();
+        let ts = w.thread(&tasks);
+        let interp = w.interp();
+        let started = std::time::Instant::now();
+        let r = read_all(&w.image(), interp, ts);
+        assert!(
+            matches!(r, Err(UnwindError::TooLong("task lists", MAX_TASKS))),
+            "{r:?}"
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    }
+
+    #[test]
+    fn a_list_that_never_comes_back_is_a_cycle() {
+        let mut w = World::new(1 << 20);
+        let name = w.string("loop");
+        let tasks: Vec<u64> = (0..3).map(|_| w.task(name, 0, true)).collect();
+        let ts = w.thread(&tasks);
+        // The last links back to the second, not to the head.
+        w.put_u64(tasks[2] + 0x98, tasks[1] + 0x98);
+        let interp = w.interp();
+        let r = read_all(&w.image(), interp, ts);
+        assert!(matches!(r, Err(UnwindError::Cycle(_))), "{r:?}");
+    }
+
+    #[test]
+    fn tasks_awaiting_each_other_are_a_cycle() {
+        let mut w = World::new(1 << 20);
+        let name = w.string("a");
+        let a = w.task(name, 0, true);
+        let b = w.task(name, a, true);
+        w.put_u64(a + 0x60, b);
+        let img = w.image();
+        let (layout, objects, table) = (synthetic::layout(), objects(), table());
+        let mut memo = TaskMemo::default();
+        let mut reader = TaskReader::new(&img, &layout, &objects, &table, &mut memo);
+        let r = reader.awaited_chain(a);
+        assert!(matches!(r, Err(UnwindError::Cycle(_))), "{r:?}");
+    }
+
+    #[test]
+    fn futures_awaiting_each_other_end() {
+        let mut w = World::new(1 << 20);
+        let name = w.string("t");
+        let f1 = w.task(0, 0, false);
+        let f2 = w.task(0, f1, false);
+        w.put_u64(f1 + 0x60, f2);
+        let t = w.task(name, f1, true);
+        let ts = w.thread(&[t]);
+        let interp = w.interp();
+        let tasks = read_all(&w.image(), interp, ts).expect("read");
+        assert_eq!(tasks.len(), 1);
+        assert!(tasks[0].awaited_by.is_empty());
+    }
+
+    #[test]
+    fn a_set_of_awaiters_too_large_is_refused() {
+        let mut w = World::new(1 << 20);
+        let name = w.string("t");
+        let set = w.alloc(0x40);
+        w.put_u64(set + 0x18, 3);
+        w.put_u64(set + 0x20, (1 << 20) - 1);
+        w.put_u64(set + 0x28, set);
+        let t = w.task(name, set, true);
+        w.put_u8(t + 0x6d, 1);
+        let ts = w.thread(&[t]);
+        let interp = w.interp();
+        let r = read_all(&w.image(), interp, ts);
+        assert!(matches!(r, Err(UnwindError::BadObject { .. })), "{r:?}");
+    }
+
+    #[test]
+    fn a_list_changed_after_it_was_read_fails_verification() {
+        let mut w = World::new(1 << 20);
+        let name = w.string("t");
+        let tasks: Vec<u64> = (0..3).map(|_| w.task(name, 0, true)).collect();
+        let ts = w.thread(&tasks);
+        let interp = w.interp();
+        let img = w.image();
+        let (layout, objects, table) = (synthetic::layout(), objects(), table());
+        let mut memo = TaskMemo::default();
+        {
+            let mut reader = TaskReader::new(&img, &layout, &objects, &table, &mut memo);
+            let thread = TaskThread {
+                thread_id: 1,
+                tstate: ts,
+            };
+            assert_eq!(reader.all_tasks(interp, &[thread]).expect("read").len(), 3);
+        }
+        // The second task is unlinked between the walk and its verifying read.
+        img.poke(tasks[0] + 0x98, &(tasks[2] + 0x98).to_le_bytes());
+        let mut reader = TaskReader::new(&img, &layout, &objects, &table, &mut memo);
+        let thread = TaskThread {
+            thread_id: 1,
+            tstate: ts,
+        };
+        reader.all_tasks(interp, &[thread]).expect("read again");
+        img.poke(tasks[0] + 0x98, &(tasks[1] + 0x98).to_le_bytes());
+        let r = reader.verify();
+        assert!(matches!(r, Err(UnwindError::Moved(_))), "{r:?}");
+    }
 }

@@ -21,13 +21,12 @@
 //!   done).
 
 use super::*;
-use crate::cpython::asyncio::walk::{CoroutineFrame, RawTask, TaskObject, TaskReader, TaskThread};
+use crate::cpython::asyncio::walk::{
+    CoroutineFrame, RawTask, TaskObject, TaskReader, TaskThread, MAX_AWAIT_DEPTH,
+};
 use crate::cpython::asyncio::{TaskScope, Tasks};
 use crate::cpython::resolved::{InterpreterTasks, Task};
 use crate::stacks::Function;
-
-/// Most tasks between a task and the task nothing awaits.
-pub const MAX_AWAIT_DEPTH: usize = 256;
 
 /// Reads of the tasks made for one sample before it counts as failed (the first and the
 /// ones the target changed under).
@@ -235,26 +234,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         let Some(running) = reader.running_task(tstate)? else {
             return Ok(None);
         };
-        let mut chain = vec![(reader.task(running, None)?, Vec::new())];
-        let mut seen = vec![running];
-        while let Some(&parent) = chain.last().and_then(|(t, _)| t.awaited_by.first()) {
-            if seen.contains(&parent) {
-                return Err(UnwindError::Cycle("tasks awaiting each other"));
-            }
-            if chain.len() >= MAX_AWAIT_DEPTH {
-                return Err(UnwindError::TooLong(
-                    "tasks awaiting one another",
-                    MAX_AWAIT_DEPTH,
-                ));
-            }
-            seen.push(parent);
-            let task = reader.task(parent, None)?;
-            let frames = match task.coro {
-                0 => Vec::new(),
-                c => reader.coroutine_chain(c)?,
-            };
-            chain.push((task, frames));
-        }
+        let chain = reader.awaited_chain(running)?;
         reader.verify()?;
         Ok(Some(chain))
     }
