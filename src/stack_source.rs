@@ -240,6 +240,7 @@ impl StackSource for UnwinderSource {
             code_cache_misses: s.code_cache_misses,
             remote_reads: s.remote_reads,
             remote_read_bytes: s.remote_read_bytes,
+            asyncio_tasks: self.tasks.as_ref().and_then(TaskView::counts),
         }
     }
 }

@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 /// How often a process whose `_asyncio` was not found is looked at again.
 pub const LOOK_AGAIN: Duration = Duration::from_secs(2);
+/// How often the tasks are counted in running mode (all mode counts them at every sample).
+pub const COUNT_EVERY: Duration = Duration::from_secs(1);
 
 /// The task view of one process.
 pub struct TaskView {
@@ -24,6 +26,9 @@ pub struct TaskView {
     tasks: Option<Tasks>,
     look_at: Instant,
     stacks: Vec<TaskStack>,
+    /// At the last count: tasks run by a thread, and waiting (`None` before the first).
+    counts: Option<[u64; 2]>,
+    count_at: Instant,
 }
 
 impl TaskView {
@@ -35,6 +40,8 @@ impl TaskView {
             tasks: None,
             look_at: Instant::now(),
             stacks: Vec::new(),
+            counts: None,
+            count_at: Instant::now(),
         };
         view.look(unwinder).map_err(|e| e.to_string())?;
         Ok(view)
@@ -45,6 +52,11 @@ impl TaskView {
         let process = Process::new(unwinder.pid()).map_err(crate::binary::BinaryError::from)?;
         self.tasks = asyncio::locate(&process, unwinder.memory(), unwinder.layout())?;
         Ok(())
+    }
+
+    /// Tasks run by a thread and waiting, at the last count.
+    pub fn counts(&self) -> Option<[u64; 2]> {
+        self.counts
     }
 
     /// Puts the task stacks of the unwinder's last sample into `out[from..]` (its threads'
@@ -65,7 +77,20 @@ impl TaskView {
             return Ok(());
         };
         self.stacks.clear();
-        unwinder.task_stacks(tasks, self.scope, &mut self.stacks)?;
+        let listed = unwinder.task_stacks(tasks, self.scope, &mut self.stacks)?;
+        let running = self.stacks.iter().filter(|s| s.running).count();
+        let listed = match listed {
+            Some(n) => Some(n),
+            // A count failing (its lists moving) is no failed sample: it waits for the next.
+            None if Instant::now() >= self.count_at => {
+                self.count_at = Instant::now() + COUNT_EVERY;
+                unwinder.tasks_listed(tasks).ok()
+            }
+            None => None,
+        };
+        if let Some(n) = listed {
+            self.counts = Some([running as u64, n.saturating_sub(running) as u64]);
+        }
         for s in &self.stacks {
             if s.running {
                 if let Some(t) = out[from..].iter_mut().find(|t| t.tid == s.native_thread_id) {

@@ -44,6 +44,9 @@ pub const CODE_CACHE_HITS: &str = "pyfleet_code_cache_hits_total";
 pub const CODE_CACHE_MISSES: &str = "pyfleet_code_cache_misses_total";
 pub const REMOTE_READS: &str = "pyfleet_remote_reads_total";
 pub const REMOTE_READ_BYTES: &str = "pyfleet_remote_read_bytes_total";
+/// `--async`: a process's asyncio tasks at the last count (gauge), `{process,role,pid,state}`,
+/// `state` `running` (run by a thread) or `pending`.
+pub const ASYNCIO_TASKS: &str = "pyfleet_asyncio_tasks";
 /// Live samplers (gauge, no labels).
 pub const PROCESSES: &str = "pyfleet_processes";
 /// Processes that exited while profiled (no labels: an exit counter per pid would vanish
@@ -79,6 +82,11 @@ pub fn describe() {
         SAMPLE_KINDS,
         Unit::Count,
         "Successful samples by cost: kept (checked, not read), checked (checked, then read), read"
+    );
+    describe_gauge!(
+        ASYNCIO_TASKS,
+        Unit::Count,
+        "asyncio tasks of a process at its last count (--async), run by a thread or waiting"
     );
     describe_gauge!(
         SAMPLE_FAILURE_RATIO,

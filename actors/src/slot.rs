@@ -545,6 +545,8 @@ struct ProcessMetrics {
     remote_read_bytes: Counter,
     /// `pyfleet_sample_kinds_total` (kept, checked, read).
     kinds: [Counter; 3],
+    /// `pyfleet_asyncio_tasks` (running, pending), once the source counts tasks.
+    asyncio_tasks: Option<[Gauge; 2]>,
     last: SourceStats,
 }
 
@@ -620,6 +622,7 @@ impl ProcessMetrics {
                 labels.push(metrics::Label::new("kind", kind));
                 metrics::counter!(m::SAMPLE_KINDS, labels)
             }),
+            asyncio_tasks: None,
             last: SourceStats::default(),
             base,
         }
@@ -727,6 +730,19 @@ impl ProcessMetrics {
         for (counter, now, last) in pairs {
             counter.increment(now.saturating_sub(last));
         }
+        if let Some(counts) = now.asyncio_tasks {
+            let base = &self.base;
+            let gauges = self.asyncio_tasks.get_or_insert_with(|| {
+                ["running", "pending"].map(|state| {
+                    let mut labels = base.clone();
+                    labels.push(metrics::Label::new("state", state));
+                    metrics::gauge!(m::ASYNCIO_TASKS, labels)
+                })
+            });
+            for (g, n) in gauges.iter().zip(counts) {
+                g.set(n as f64);
+            }
+        }
         self.last = *now;
     }
 
@@ -754,5 +770,8 @@ impl ProcessMetrics {
             c.increment(0);
         }
         self.failure_ratio.increment(0.0);
+        for g in self.asyncio_tasks.iter().flatten() {
+            g.increment(0.0);
+        }
     }
 }

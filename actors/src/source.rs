@@ -162,6 +162,8 @@ pub struct SourceStats {
     pub code_cache_misses: u64,
     pub remote_reads: u64,
     pub remote_read_bytes: u64,
+    /// `--async`: the process's asyncio tasks at the last count, run by a thread and waiting.
+    pub asyncio_tasks: Option<[u64; 2]>,
 }
 
 /// Samples one process. Owned by that process's sampler and used only from the fleet's

@@ -274,6 +274,20 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
         Ok(chain)
     }
 
+    /// How many tasks the lists of the interpreter at `interp` and its `threads` hold (the
+    /// lists alone are read).
+    pub fn listed(&mut self, interp: u64, threads: &[TaskThread]) -> Result<usize, UnwindError> {
+        let mut listed = Vec::new();
+        let mut seen = FxHashSet::default();
+        for t in threads {
+            let head = t.tstate.wrapping_add(self.table.thread_tasks_head);
+            self.list(head, Some(t.thread_id), &mut listed, &mut seen)?;
+        }
+        let head = interp.wrapping_add(self.table.interp_tasks_head);
+        self.list(head, None, &mut listed, &mut seen)?;
+        Ok(listed.len())
+    }
+
     /// Every task of the interpreter at `interp` whose threads are `threads`.
     pub fn all_tasks(
         &mut self,

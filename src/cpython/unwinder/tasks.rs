@@ -109,13 +109,15 @@ impl<M: RemoteMemory> Unwinder<M> {
     }
 
     /// The task stacks of the last sample (see the module documentation): with `Running`,
-    /// one per thread that runs a task; with `All`, one per task.
+    /// one per thread that runs a task; with `All`, one per task, and how many tasks the
+    /// lists held.
     pub fn task_stacks(
         &mut self,
         tasks: &mut Tasks,
         scope: TaskScope,
         out: &mut Vec<TaskStack>,
-    ) -> Result<(), UnwindError> {
+    ) -> Result<Option<usize>, UnwindError> {
+        let mut listed = None;
         let interps: Vec<(u64, i64)> = self
             .interps
             .iter()
@@ -150,11 +152,43 @@ impl<M: RemoteMemory> Unwinder<M> {
                 }
                 TaskScope::All => {
                     let raw = self.read_all_tasks(tasks, interp, &threads)?;
+                    *listed.get_or_insert(0) += raw.len();
                     self.all_task_stacks(&raw, &threads, out)?;
                 }
             }
         }
-        Ok(())
+        Ok(listed)
+    }
+
+    /// How many tasks the lists of the last sample's interpreters hold.
+    pub fn tasks_listed(&mut self, tasks: &mut Tasks) -> Result<usize, UnwindError> {
+        let interps: Vec<(u64, i64)> = self
+            .interps
+            .iter()
+            .copied()
+            .zip(self.interp_ids.iter().copied())
+            .collect();
+        let mut n = 0;
+        for (interp, id) in interps {
+            let walk: Vec<TaskThread> = self
+                .sampled_threads(id)
+                .iter()
+                .map(|t| TaskThread {
+                    thread_id: t.thread_id,
+                    tstate: t.tstate,
+                })
+                .collect();
+            let mut reader = TaskReader::new(
+                &self.mem,
+                &self.layout,
+                &tasks.objects,
+                &tasks.table,
+                &mut tasks.memo,
+            );
+            n += reader.listed(interp, &walk)?;
+            reader.verify()?;
+        }
+        Ok(n)
     }
 
     /// Every task of one interpreter, through the task walk; a walk the target changed under

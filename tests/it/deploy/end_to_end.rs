@@ -172,6 +172,8 @@ fn live_metrics_scraped_by_prometheus_answer_every_dashboard_query() {
     let churn = ready_target(&any, "churn.py", &[]);
     let steady = ready_target(&python315_or_any(), "sleeper.py", &["pyfleet-e2e-steady"]);
     let mut doomed = ready_target(&any, "sleeper.py", &["pyfleet-e2e-doomed"]);
+    // An asyncio service (3.15) sampled with --async: the task counts' panel.
+    let tasks = ready_target(&python315_or_any(), "task_churn.py", &[]);
 
     let metrics_port = free_port();
     let out_dir = tmp.path().join("snapshots");
@@ -179,7 +181,7 @@ fn live_metrics_scraped_by_prometheus_answer_every_dashboard_query() {
     let mut args: Vec<String> = vec!["run".into(), "--config".into()];
     args.push(deploy("pyfleet.toml").display().to_string());
     args.extend(["--listen-token-file".into(), token.display().to_string()]);
-    for p in [&churn, &steady, &doomed] {
+    for p in [&churn, &steady, &doomed, &tasks] {
         args.extend(["--pid".into(), p.pid().to_string()]);
     }
     args.extend(
@@ -201,6 +203,7 @@ fn live_metrics_scraped_by_prometheus_answer_every_dashboard_query() {
             "wall",
             "--capture",
             "reads",
+            "--async",
         ]
         .map(String::from),
     );
