@@ -25,8 +25,8 @@ pub use layout::{Layout, Version};
 pub use objects::CodeInfo;
 pub use resolved::{Frame, InterpreterStacks, InterpreterTasks, Task, ThreadStack};
 pub use unwinder::{
-    CapturedThread, SampleKind, TaskStack, ThreadSample, Unwinder, UnwinderOptions, UnwinderStats,
-    TASK_FILE,
+    named_task, CapturedThread, SampleKind, TaskStack, ThreadSample, Unwinder, UnwinderOptions,
+    UnwinderStats, TASK_FILE,
 };
 
 use crate::binary::{self, BinaryError, RuntimeLocation};

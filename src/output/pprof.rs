@@ -11,7 +11,8 @@
 //! - one `Sample` per (process, status, stack), leaf first, with the labels `process` (name),
 //!   `pid` (number) and `thread_status`: `holds_gil` or `no_gil`, prefixed with `on_cpu+`
 //!   when the thread was seen on CPU (which pyfleet looks at only in `cpu` mode), then the
-//!   process's labels (`service`, `namespace`, `pod`, `pod_uid`, `container_id`, those it has).
+//!   process's labels (`service`, `namespace`, `pod`, `pod_uid`, `container_id`, those it has),
+//!   and with `--async` `task`: the task whose frames are innermost (the frame naming it).
 //!
 //! Stacks without a Python frame are left out, as in the folded output, so both hold the same
 //! counts. Target strings are untrusted but protobuf strings are length-delimited: nothing to
@@ -190,7 +191,9 @@ pub fn build(snap: &Snapshot, ctx: &RenderContext) -> Profile {
     let mut location_ids: HashMap<(u64, i64), u64> = HashMap::new();
     // (process index, status, locations) -> count, in first-seen order.
     let mut sample_ids: HashMap<(usize, ThreadStatus, Vec<u64>), usize> = HashMap::new();
-    let mut samples: Vec<((usize, ThreadStatus), Vec<u64>, u64)> = Vec::new();
+    // ((process index, status), locations, count, string of the `task` label or 0).
+    type Counted = ((usize, ThreadStatus), Vec<u64>, u64, i64);
+    let mut samples: Vec<Counted> = Vec::new();
 
     for (pi, p) in snap.processes.iter().enumerate() {
         for (status, frames, count) in &p.samples {
@@ -235,8 +238,12 @@ pub fn build(snap: &Snapshot, ctx: &RenderContext) -> Profile {
             match sample_ids.get(&key) {
                 Some(&i) => samples[i].2 += count,
                 None => {
+                    let task = frames
+                        .iter()
+                        .find_map(|f| crate::cpython::named_task(&f.function, &f.file))
+                        .map_or(0, |t| strings.get(t));
                     sample_ids.insert(key.clone(), samples.len());
-                    samples.push(((key.0, key.1), key.2, *count));
+                    samples.push(((key.0, key.1), key.2, *count, task));
                 }
             }
         }
@@ -257,7 +264,7 @@ pub fn build(snap: &Snapshot, ctx: &RenderContext) -> Profile {
     }
     let sample = samples
         .into_iter()
-        .map(|((pi, status), location_id, count)| {
+        .map(|((pi, status), location_id, count, task)| {
             let count = i64::try_from(count).unwrap_or(i64::MAX);
             let mut value = vec![count];
             if let Some(period) = period_ns {
@@ -284,6 +291,13 @@ pub fn build(snap: &Snapshot, ctx: &RenderContext) -> Profile {
                 },
             ];
             label.extend_from_slice(extra);
+            if task != 0 {
+                label.push(Label {
+                    key: strings.get("task"),
+                    str: task,
+                    ..Default::default()
+                });
+            }
             Sample {
                 location_id,
                 value,
@@ -350,6 +364,49 @@ mod tests {
     use pyfleet_actors::{FrameInfo, ProcessProfile};
     use pyfleet_policies::Mode;
     use std::time::Duration;
+
+    #[test]
+    fn a_task_stack_is_labelled_with_its_innermost_task() {
+        let status = ThreadStatus::default();
+        let task = |name: &str| FrameInfo::new(name, crate::cpython::TASK_FILE, None);
+        let frames = vec![
+            FrameInfo::new("handler", "/app.py", Some(3)),
+            task("task child-1 (awaited by 2)"),
+            FrameInfo::new("parent", "/app.py", Some(9)),
+            task("task root"),
+        ];
+        let snap = Snapshot {
+            started_at: UNIX_EPOCH,
+            taken_at: UNIX_EPOCH + Duration::from_secs(1),
+            processes: vec![ProcessProfile {
+                pid: 7,
+                name: "app".into(),
+                role: pyfleet_policies::Role::Single,
+                labels: Default::default(),
+                samples: vec![
+                    (status, frames.into(), 2),
+                    (
+                        status,
+                        vec![FrameInfo::new("loop", "/a.py", Some(1))].into(),
+                        1,
+                    ),
+                ],
+            }],
+        };
+        let p = decode(&render(&snap, &RenderContext::default()).unwrap()).unwrap();
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        let tasks: Vec<Option<&str>> = p
+            .sample
+            .iter()
+            .map(|x| {
+                x.label
+                    .iter()
+                    .find(|l| s(l.key) == "task")
+                    .map(|l| s(l.str))
+            })
+            .collect();
+        assert_eq!(tasks, [Some("child-1"), None]);
+    }
 
     #[test]
     fn round_trip_with_labels_and_time() {

@@ -51,7 +51,7 @@ mod frames;
 mod next_read;
 mod read_plan;
 mod tasks;
-pub use tasks::{TaskStack, TASK_FILE};
+pub use tasks::{named_task, TaskStack, TASK_FILE};
 mod threads;
 mod top;
 

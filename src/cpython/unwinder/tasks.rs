@@ -35,6 +35,19 @@ pub const TASK_READS: u32 = 3;
 /// File of the frames naming tasks.
 pub const TASK_FILE: &str = "<asyncio task>";
 
+/// The task a frame names, if it is a frame naming a task (function `task NAME`, or `task NAME
+/// (awaited by N)`, in file [`TASK_FILE`]).
+pub fn named_task<'a>(function: &'a str, file: &str) -> Option<&'a str> {
+    if file != TASK_FILE {
+        return None;
+    }
+    let name = function.strip_prefix("task ")?;
+    Some(match name.rfind(" (awaited by ") {
+        Some(at) if name.ends_with(')') => &name[..at],
+        _ => name,
+    })
+}
+
 /// One sample's stack of a task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TaskStack {
