@@ -886,6 +886,35 @@ mod tests {
         assert!(e.starts_with("cannot read config"), "{e}");
     }
 
+    /// `async` and `async-mode` from a config file, validated as on the command line.
+    #[test]
+    fn asyncio_tasks_from_a_config_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pyfleet.toml");
+        let resolve = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            RunOptions {
+                config: Some(path.clone()),
+                ..Default::default()
+            }
+            .resolve(1)
+        };
+        let s = resolve("mode = \"wall\"\nasync = true\nasync-mode = \"all\"\n").unwrap();
+        assert_eq!(
+            s.sampling.tasks,
+            Some(crate::cpython::asyncio::TaskScope::All)
+        );
+        let s = resolve("async = true\n").unwrap();
+        assert_eq!(
+            s.sampling.tasks,
+            Some(crate::cpython::asyncio::TaskScope::Running)
+        );
+        let e = resolve("async = true\nasync-mode = \"all\"\n").unwrap_err();
+        assert!(e.contains("goes with --mode wall"), "{e}");
+        let e = resolve("async-mode = \"all\"\n").unwrap_err();
+        assert!(e.contains("goes with --async"), "{e}");
+    }
+
     /// Label rules and the `[pyroscope]` table from a config file; the command line's
     /// `--pyroscope` wins; mistakes are one line.
     #[test]
