@@ -87,6 +87,10 @@ pub struct TaskMemo {
     type_flags: FxHashMap<u64, u64>,
     /// The tasks of each list (by its head) as the last walk met them, in order.
     lists: FxHashMap<u64, Vec<u64>>,
+    /// Each coroutine chain (by its outermost coroutine) as the last walk read it: each
+    /// coroutine's address, and the stack slot it awaited from and what that held (0, 0
+    /// for the innermost).
+    chains: FxHashMap<u64, Vec<(u64, u64, u64)>>,
 }
 
 /// Most entries of each of a [`TaskMemo`]'s maps.
@@ -113,6 +117,10 @@ pub struct TaskReader<'a, M: RemoteMemory> {
     /// Every range read since the last [`TaskReader::verify`], and its bytes as read.
     witnessed: Vec<(u64, usize)>,
     witness: Vec<u8>,
+    /// Ranges read ahead in one batch (the last walk's coroutine chains): a read of the same
+    /// address and length takes its bytes from here (at their offset in `ahead`).
+    prefetched: FxHashMap<(u64, usize), usize>,
+    ahead: Vec<u8>,
 }
 
 /// A task found in a list, with its object's bytes.
@@ -138,6 +146,50 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
             memo,
             witnessed: Vec::new(),
             witness: Vec::new(),
+            prefetched: FxHashMap::default(),
+            ahead: Vec::new(),
+        }
+    }
+
+    /// `len` bytes at `addr`: read ahead, or read now.
+    fn fetch(&self, addr: u64, len: usize) -> Result<Vec<u8>, UnwindError> {
+        match self.prefetched.get(&(addr, len)) {
+            Some(&o) => Ok(self.ahead[o..o + len].to_vec()),
+            None => Ok(self.mem.read_vec(addr, len)?),
+        }
+    }
+
+    /// Reads in one batch what the last walk read of the chains of coroutines `coros`, for
+    /// the reads of this walk to take (a batch that fails is dropped: they read on their own).
+    fn prefetch_chains(&mut self, coros: &[u64]) {
+        let o = self.objects;
+        let mut ranges: Vec<(u64, usize)> = Vec::new();
+        for c in coros {
+            for &(at, slot, awaited) in self.memo.chains.get(c).into_iter().flatten() {
+                ranges.push((at, o.gen_size as usize));
+                if slot != 0 {
+                    ranges.push((slot, 8));
+                    ranges.push((awaited.wrapping_add(o.ob_type), 8));
+                }
+            }
+        }
+        ranges.sort_unstable();
+        ranges.dedup();
+        let total: usize = ranges.iter().map(|r| r.1).sum();
+        self.prefetched.clear();
+        self.ahead.clear();
+        if ranges.is_empty() || total > MAX_WITNESS_BYTES {
+            return;
+        }
+        self.ahead.resize(total, 0);
+        if read_chunks(self.mem, ranges.iter().copied(), &mut self.ahead).is_err() {
+            self.ahead.clear();
+            return;
+        }
+        let mut at = 0;
+        for r in ranges {
+            self.prefetched.insert(r, at);
+            at += r.1;
         }
     }
 
@@ -146,7 +198,7 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
         if self.witness.len() + len > MAX_WITNESS_BYTES {
             return Err(UnwindError::Budget("bytes of asyncio tasks read"));
         }
-        let bytes = self.mem.read_vec(addr, len)?;
+        let bytes = self.fetch(addr, len)?;
         self.witnessed.push((addr, len));
         self.witness.extend_from_slice(&bytes);
         Ok(bytes)
@@ -158,7 +210,7 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
         if self.witness.len() + len > MAX_WITNESS_BYTES {
             return Err(UnwindError::Budget("bytes of asyncio tasks read"));
         }
-        let bytes = self.mem.read_vec(addr, len)?;
+        let bytes = self.fetch(addr, len)?;
         self.witness_object(addr, &bytes);
         Ok(bytes)
     }
@@ -181,6 +233,8 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
     /// instant's (this one's) only if every byte is unchanged, else the reads are torn
     /// ([`UnwindError::Moved`]: read again, or count the sample failed).
     pub fn verify(&mut self) -> Result<(), UnwindError> {
+        self.prefetched.clear();
+        self.ahead.clear();
         let mut now = vec![0u8; self.witness.len()];
         let r = read_chunks(self.mem, self.witnessed.iter().copied(), &mut now);
         self.witnessed.clear();
@@ -317,6 +371,12 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
             })
             .collect::<Result<Vec<(u64, u64)>, UnwindError>>()?;
         let names = self.names(&name_objects)?;
+        let coros = listed
+            .iter()
+            .filter(|l| !running.contains_key(&l.addr))
+            .map(|l| Ok(Bytes(&l.bytes).u64(self.table.task_coro)? & !TAG_BITS))
+            .collect::<Result<Vec<u64>, UnwindError>>()?;
+        self.prefetch_chains(&coros);
         let mut tasks = Vec::with_capacity(listed.len());
         for (l, name) in listed.iter().zip(names) {
             let task = self.parse(l.addr, &Bytes(&l.bytes), name, Some(&seen))?;
@@ -552,8 +612,10 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
         let f = &self.layout.frame;
         let mut chain = Vec::new();
         let mut visited = FxHashSet::default();
+        let mut links = Vec::new();
         let mut at = coro;
         loop {
+            links.push((at, 0, 0));
             if chain.len() >= MAX_CHAIN {
                 return Err(UnwindError::TooLong("coroutine chain", MAX_CHAIN));
             }
@@ -589,8 +651,15 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
             if !visited.insert(awaited) || awaited == coro {
                 return Err(UnwindError::Cycle("coroutine chain"));
             }
+            if let Some(last) = links.last_mut() {
+                *last = (at, slot, awaited);
+            }
             at = awaited;
         }
+        if self.memo.chains.len() >= MAX_MEMO {
+            self.memo.chains.clear();
+        }
+        self.memo.chains.insert(coro, links);
         chain.reverse();
         Ok(chain)
     }
