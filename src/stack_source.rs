@@ -133,7 +133,11 @@ impl UnwinderSource {
         self.switched_last = None;
         // A read the target changed under is read again by the unwinder itself (its one
         // retry policy, `MAX_SAMPLE_READS`); any failure that reaches here is counted.
-        if let Err(e) = self.unwinder.sample() {
+        let sampled = match self.tasks.as_mut() {
+            Some(view) => self.unwinder.sample_then(|u| view.read(u)),
+            None => self.unwinder.sample().map(|_| ()),
+        };
+        if let Err(e) = sampled {
             return Err(SampleError {
                 kind: e.kind(),
                 process_gone: e.is_process_gone(),
@@ -164,20 +168,11 @@ impl StackSource for UnwinderSource {
         if let Some(idle) = self.idle.as_mut() {
             idle.leave_out(self.unwinder.stacks(), out, from);
         }
-        let result = match (result, self.tasks.as_mut()) {
-            (Ok(kind), Some(tasks)) => match tasks.apply(&mut self.unwinder, out, from) {
-                Ok(()) => Ok(kind),
-                Err(e) => {
-                    out.truncate(from);
-                    Err(SampleError {
-                        kind: e.kind(),
-                        process_gone: e.is_process_gone(),
-                        message: format!("asyncio tasks: {e}"),
-                    })
-                }
-            },
-            (result, _) => result,
-        };
+        // The task view after the idle one: it judges threads, never tasks. A capturing
+        // source has none (`--async` reads).
+        if let (Ok(_), Some(view), None) = (&result, self.tasks.as_ref(), &self.capture) {
+            view.apply(out, from);
+        }
         if let Some(threads) = self.thread_frames.as_mut() {
             let now = Instant::now();
             if threads.names_due(now, out.iter().skip(from).map(|t| t.tid)) {

@@ -3,6 +3,10 @@
 //! `cpython::unwinder::tasks`), and with `--async-mode all` every other task is a sample of
 //! its own too, of the thread whose loop holds it (neither on a CPU nor holding the GIL).
 //!
+//! The tasks are read right after the threads' sample ([`TaskView::read`], inside the
+//! unwinder's `sample_then`: in the same pause with `--blocking`), and put in its place
+//! after the views that judge threads (`--no-idle` leaves out threads, never tasks).
+//!
 //! The task layout is looked for when the source attaches, and again at most every
 //! [`LOOK_AGAIN`] until found: 3.14 maps `_asyncio` when the target first imports asyncio,
 //! and a process without it has no task. A process before 3.14 cannot be attached with
@@ -59,15 +63,10 @@ impl TaskView {
         self.counts
     }
 
-    /// Puts the task stacks of the unwinder's last sample into `out[from..]` (its threads'
-    /// samples): a running task's in place of its thread's, and with `All` every other
-    /// task's after them.
-    pub fn apply(
-        &mut self,
-        unwinder: &mut Unwinder<ProcessMemory>,
-        out: &mut Vec<SampledThread>,
-        from: usize,
-    ) -> Result<(), UnwindError> {
+    /// Reads the task stacks of the unwinder's last sample (called right after it: within
+    /// its pause with `--blocking`), and counts the tasks.
+    pub fn read(&mut self, unwinder: &mut Unwinder<ProcessMemory>) -> Result<(), UnwindError> {
+        self.stacks.clear();
         if self.tasks.is_none() && Instant::now() >= self.look_at {
             if let Err(e) = self.look(unwinder) {
                 tracing::debug!(pid = unwinder.pid(), "asyncio's layout: {e}");
@@ -76,7 +75,6 @@ impl TaskView {
         let Some(tasks) = self.tasks.as_mut() else {
             return Ok(());
         };
-        self.stacks.clear();
         let listed = unwinder.task_stacks(tasks, self.scope, &mut self.stacks)?;
         let running = self.stacks.iter().filter(|s| s.running).count();
         let listed = match listed {
@@ -91,6 +89,13 @@ impl TaskView {
         if let Some(n) = listed {
             self.counts = Some([running as u64, n.saturating_sub(running) as u64]);
         }
+        Ok(())
+    }
+
+    /// Puts the task stacks [`TaskView::read`] read into `out[from..]` (the threads'
+    /// samples): a running task's in place of its thread's, and with `All` every other
+    /// task's after them.
+    pub fn apply(&self, out: &mut Vec<SampledThread>, from: usize) {
         for s in &self.stacks {
             if s.running {
                 if let Some(t) = out[from..].iter_mut().find(|t| t.tid == s.native_thread_id) {
@@ -108,6 +113,5 @@ impl TaskView {
                 samples: 1,
             });
         }
-        Ok(())
     }
 }

@@ -15,10 +15,11 @@
 //!   [`UnwindError::Cycle`], a chain deeper than [`MAX_AWAIT_DEPTH`] [`UnwindError::TooLong`].
 //! - One instant's: everything a walk read is read again in one batch and must be unchanged
 //!   (`TaskReader::verify`); a walk the target changed under is made again, at most
-//!   [`TASK_READS`] times, then the sample fails. A running task's frames are the sample's,
-//!   and its being the running task at the verifying read, awaited by the same tasks, means
-//!   that none of those tasks resumed in between (a task resumes only once what it awaits is
-//!   done).
+//!   [`TASK_READS`] times, then the sample fails. A running task's frames are the sample's
+//!   own read of its thread (with `--blocking`, all of it in one pause); the tasks awaiting it
+//!   are read microseconds later and must still await it then: a task resumes only once what
+//!   it awaits is done, unless it awaits with a timeout, and one that resumed on its timeout
+//!   and waits again within those microseconds would show its later chain.
 
 use super::*;
 use crate::cpython::asyncio::walk::{
