@@ -375,24 +375,14 @@ mod tests {
             FrameInfo::new("parent", "/app.py", Some(9)),
             task("task root"),
         ];
-        let snap = Snapshot {
-            started_at: UNIX_EPOCH,
-            taken_at: UNIX_EPOCH + Duration::from_secs(1),
-            processes: vec![ProcessProfile {
-                pid: 7,
-                name: "app".into(),
-                role: pyfleet_policies::Role::Single,
-                labels: Default::default(),
-                samples: vec![
-                    (status, frames.into(), 2),
-                    (
-                        status,
-                        vec![FrameInfo::new("loop", "/a.py", Some(1))].into(),
-                        1,
-                    ),
-                ],
-            }],
-        };
+        let snap = crate::output::views::one_process(vec![
+            (status, frames.into(), 2),
+            (
+                status,
+                vec![FrameInfo::new("loop", "/a.py", Some(1))].into(),
+                1,
+            ),
+        ]);
         let p = decode(&render(&snap, &RenderContext::default()).unwrap()).unwrap();
         let s = |i: i64| p.string_table[i as usize].as_str();
         let tasks: Vec<Option<&str>> = p

@@ -41,10 +41,26 @@ pub fn by_function(snap: &Snapshot) -> Snapshot {
     }
 }
 
+/// A one-second window of one process (pid 7, `app`) with `samples`: the formats' tests'.
+#[cfg(test)]
+pub(crate) fn one_process(samples: Vec<(ThreadStatus, Frames, u64)>) -> Snapshot {
+    use std::time::{Duration, UNIX_EPOCH};
+    Snapshot {
+        started_at: UNIX_EPOCH,
+        taken_at: UNIX_EPOCH + Duration::from_secs(1),
+        processes: vec![ProcessProfile {
+            pid: 7,
+            name: "app".into(),
+            role: pyfleet_policies::Role::Single,
+            labels: Default::default(),
+            samples,
+        }],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{Duration, UNIX_EPOCH};
 
     /// The function-level folds equal the line-level ones summed by function.
     #[test]
@@ -57,22 +73,12 @@ mod tests {
                 .collect::<Vec<_>>()
                 .into()
         };
-        let snap = Snapshot {
-            started_at: UNIX_EPOCH,
-            taken_at: UNIX_EPOCH + Duration::from_secs(1),
-            processes: vec![ProcessProfile {
-                pid: 7,
-                name: "app".into(),
-                role: pyfleet_policies::Role::Single,
-                labels: Default::default(),
-                samples: vec![
-                    (status, stack(&[("build_report", 10), ("main", 3)]), 5),
-                    (status, stack(&[("build_report", 12), ("main", 3)]), 7),
-                    (status, stack(&[("build_report", 10), ("main", 4)]), 1),
-                    (status, stack(&[("render", 20), ("main", 5)]), 2),
-                ],
-            }],
-        };
+        let snap = one_process(vec![
+            (status, stack(&[("build_report", 10), ("main", 3)]), 5),
+            (status, stack(&[("build_report", 12), ("main", 3)]), 7),
+            (status, stack(&[("build_report", 10), ("main", 4)]), 1),
+            (status, stack(&[("render", 20), ("main", 5)]), 2),
+        ]);
         let view = by_function(&snap);
         let p = &view.processes[0];
         let names = |frames: &Frames| -> Vec<String> {

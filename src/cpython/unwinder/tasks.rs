@@ -65,7 +65,53 @@ struct SampledThreadState {
     native: u64,
 }
 
+/// The threads the task walk reads.
+fn walked(threads: &[SampledThreadState]) -> Vec<TaskThread> {
+    threads
+        .iter()
+        .map(|t| TaskThread {
+            thread_id: t.thread_id,
+            tstate: t.tstate,
+        })
+        .collect()
+}
+
 impl<M: RemoteMemory> Unwinder<M> {
+    /// The last sample's interpreters: (address, id).
+    fn sampled_interps(&self) -> Vec<(u64, i64)> {
+        self.interps
+            .iter()
+            .copied()
+            .zip(self.interp_ids.iter().copied())
+            .collect()
+    }
+
+    fn task_reader<'a>(&'a self, tasks: &'a mut Tasks) -> TaskReader<'a, M> {
+        TaskReader::new(
+            &self.mem,
+            &self.layout,
+            &tasks.objects,
+            &tasks.table,
+            &mut tasks.memo,
+        )
+    }
+
+    /// `read`, made again at once while the target changed under it, at most
+    /// [`TASK_READS`] times in all.
+    fn read_again_if_torn<T>(
+        &mut self,
+        mut read: impl FnMut(&mut Self) -> Result<T, UnwindError>,
+    ) -> Result<T, UnwindError> {
+        let mut reads = 0;
+        loop {
+            reads += 1;
+            match read(self) {
+                Err(e) if e.is_torn() && reads < TASK_READS => self.stats.resamples += 1,
+                r => return r,
+            }
+        }
+    }
+
     fn sampled_threads(&self, interp_id: i64) -> Vec<SampledThreadState> {
         self.spare
             .work
@@ -82,12 +128,7 @@ impl<M: RemoteMemory> Unwinder<M> {
     /// Every task of every interpreter of the last sample, main interpreter first.
     pub fn tasks(&mut self, tasks: &mut Tasks) -> Result<Vec<InterpreterTasks>, UnwindError> {
         let mut out = Vec::new();
-        let interps: Vec<(u64, i64)> = self
-            .interps
-            .iter()
-            .copied()
-            .zip(self.interp_ids.iter().copied())
-            .collect();
+        let interps = self.sampled_interps();
         for (interp, id) in interps {
             let threads = self.sampled_threads(id);
             let raw = self.read_all_tasks(tasks, interp, &threads)?;
@@ -132,12 +173,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         out: &mut Vec<TaskStack>,
     ) -> Result<Option<usize>, UnwindError> {
         let mut listed = None;
-        let interps: Vec<(u64, i64)> = self
-            .interps
-            .iter()
-            .copied()
-            .zip(self.interp_ids.iter().copied())
-            .collect();
+        let interps = self.sampled_interps();
         let mut ids = Vec::new();
         for (interp, id) in interps {
             let threads = self.sampled_threads(id);
@@ -176,29 +212,11 @@ impl<M: RemoteMemory> Unwinder<M> {
 
     /// How many tasks the lists of the last sample's interpreters hold.
     pub fn tasks_listed(&mut self, tasks: &mut Tasks) -> Result<usize, UnwindError> {
-        let interps: Vec<(u64, i64)> = self
-            .interps
-            .iter()
-            .copied()
-            .zip(self.interp_ids.iter().copied())
-            .collect();
+        let interps = self.sampled_interps();
         let mut n = 0;
         for (interp, id) in interps {
-            let walk: Vec<TaskThread> = self
-                .sampled_threads(id)
-                .iter()
-                .map(|t| TaskThread {
-                    thread_id: t.thread_id,
-                    tstate: t.tstate,
-                })
-                .collect();
-            let mut reader = TaskReader::new(
-                &self.mem,
-                &self.layout,
-                &tasks.objects,
-                &tasks.table,
-                &mut tasks.memo,
-            );
+            let walk = walked(&self.sampled_threads(id));
+            let mut reader = self.task_reader(tasks);
             n += reader.listed(interp, &walk)?;
             reader.verify()?;
         }
@@ -213,14 +231,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         interp: u64,
         threads: &[SampledThreadState],
     ) -> Result<Vec<RawTask>, UnwindError> {
-        let mut reads = 0;
-        loop {
-            reads += 1;
-            match self.read_all_tasks_once(tasks, interp, threads) {
-                Err(e) if e.is_torn() && reads < TASK_READS => self.stats.resamples += 1,
-                r => return r,
-            }
-        }
+        self.read_again_if_torn(|u| u.read_all_tasks_once(tasks, interp, threads))
     }
 
     fn read_all_tasks_once(
@@ -229,20 +240,8 @@ impl<M: RemoteMemory> Unwinder<M> {
         interp: u64,
         threads: &[SampledThreadState],
     ) -> Result<Vec<RawTask>, UnwindError> {
-        let walk: Vec<TaskThread> = threads
-            .iter()
-            .map(|t| TaskThread {
-                thread_id: t.thread_id,
-                tstate: t.tstate,
-            })
-            .collect();
-        let mut reader = TaskReader::new(
-            &self.mem,
-            &self.layout,
-            &tasks.objects,
-            &tasks.table,
-            &mut tasks.memo,
-        );
+        let walk = walked(threads);
+        let mut reader = self.task_reader(tasks);
         let tasks = reader.all_tasks(interp, &walk)?;
         reader.verify()?;
         Ok(tasks)
@@ -256,14 +255,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         tasks: &mut Tasks,
         tstate: u64,
     ) -> Result<Option<Vec<(TaskObject, Vec<CoroutineFrame>)>>, UnwindError> {
-        let mut reads = 0;
-        loop {
-            reads += 1;
-            match self.running_chain_once(tasks, tstate) {
-                Err(e) if e.is_torn() && reads < TASK_READS => self.stats.resamples += 1,
-                r => return r,
-            }
-        }
+        self.read_again_if_torn(|u| u.running_chain_once(tasks, tstate))
     }
 
     #[allow(clippy::type_complexity)]
@@ -272,13 +264,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         tasks: &mut Tasks,
         tstate: u64,
     ) -> Result<Option<Vec<(TaskObject, Vec<CoroutineFrame>)>>, UnwindError> {
-        let mut reader = TaskReader::new(
-            &self.mem,
-            &self.layout,
-            &tasks.objects,
-            &tasks.table,
-            &mut tasks.memo,
-        );
+        let mut reader = self.task_reader(tasks);
         let Some(running) = reader.running_task(tstate)? else {
             return Ok(None);
         };
