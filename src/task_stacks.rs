@@ -7,10 +7,10 @@
 //! unwinder's `sample_then`: in the same pause with `--blocking`), and put in its place
 //! after the views that judge threads (`--no-idle` leaves out threads, never tasks).
 //!
-//! The task layout is looked for when the source attaches, and again at most every
-//! [`LOOK_AGAIN`] until found: 3.14 maps `_asyncio` when the target first imports asyncio,
-//! and a process without it has no task. A process before 3.14 cannot be attached with
-//! `--async` (no layout is published).
+//! The task layout is looked for when the source attaches, and again after [`LOOK_AGAIN`],
+//! the wait doubling up to [`LOOK_AT_MOST`], until found: 3.14 maps `_asyncio` when the
+//! target first imports asyncio, and a process without it has no task. A process before 3.14
+//! has no view (no layout is published).
 
 use crate::cpython::asyncio::{self, TaskScope, Tasks, TasksUnavailable};
 use crate::cpython::{TaskStack, UnwindError, Unwinder};
@@ -19,8 +19,11 @@ use crate::process::Process;
 use pyfleet_actors::{SampledThread, ThreadStatus};
 use std::time::{Duration, Instant};
 
-/// How often a process whose `_asyncio` was not found is looked at again.
+/// How long after a look that did not find `_asyncio` the process is looked at again, the
+/// wait doubling up to [`LOOK_AT_MOST`] (most processes that have not imported asyncio at
+/// start never will).
 pub const LOOK_AGAIN: Duration = Duration::from_secs(2);
+pub const LOOK_AT_MOST: Duration = Duration::from_secs(64);
 /// How often the tasks are counted in running mode (all mode counts them at every sample).
 pub const COUNT_EVERY: Duration = Duration::from_secs(1);
 
@@ -29,6 +32,7 @@ pub struct TaskView {
     scope: TaskScope,
     tasks: Option<Tasks>,
     look_at: Instant,
+    look_wait: Duration,
     stacks: Vec<TaskStack>,
     /// At the last count: tasks run by a thread, and waiting (`None` before the first).
     counts: Option<[u64; 2]>,
@@ -43,6 +47,7 @@ impl TaskView {
             scope,
             tasks: None,
             look_at: Instant::now(),
+            look_wait: LOOK_AGAIN,
             stacks: Vec::new(),
             counts: None,
             count_at: Instant::now(),
@@ -52,7 +57,8 @@ impl TaskView {
     }
 
     fn look(&mut self, unwinder: &Unwinder<ProcessMemory>) -> Result<(), TasksUnavailable> {
-        self.look_at = Instant::now() + LOOK_AGAIN;
+        self.look_at = Instant::now() + self.look_wait;
+        self.look_wait = (self.look_wait * 2).min(LOOK_AT_MOST);
         let process = Process::new(unwinder.pid()).map_err(crate::binary::BinaryError::from)?;
         self.tasks = asyncio::locate(&process, unwinder.memory(), unwinder.layout())?;
         Ok(())

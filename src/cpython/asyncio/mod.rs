@@ -188,8 +188,10 @@ pub fn locate<M: RemoteMemory>(
             version: layout.version.to_string(),
         });
     };
-    let Some(at) =
-        binary::locate_section(process, &[".AsyncioDebug", "AsyncioDebug"], holds_asyncio)?
+    let minor = layout.version.minor;
+    let Some(at) = binary::locate_section(process, &[".AsyncioDebug", "AsyncioDebug"], |path| {
+        holds_asyncio(path, minor)
+    })?
     else {
         return Ok(None);
     };
@@ -207,12 +209,12 @@ pub fn locate<M: RemoteMemory>(
     }))
 }
 
-/// Whether a mapped file may hold `_asyncio`: the module itself, libpython or a Python
-/// executable.
-fn holds_asyncio(path: &Path) -> bool {
-    path.file_name()
-        .and_then(|n| n.to_str())
-        .is_some_and(|n| n.starts_with("_asyncio.") || n.contains("python"))
+/// Whether a mapped file may hold `_asyncio`'s table on 3.`minor`: the extension module on
+/// 3.14 (so that a process that has not imported asyncio costs a look at its maps, no ELF
+/// read), else the module, libpython or a Python executable.
+fn holds_asyncio(path: &Path, minor: u32) -> bool {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    name.starts_with("_asyncio.") || (minor != 14 && name.contains("python"))
 }
 
 #[cfg(test)]

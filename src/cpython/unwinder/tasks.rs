@@ -179,7 +179,10 @@ impl<M: RemoteMemory> Unwinder<M> {
             let threads = self.sampled_threads(id);
             match scope {
                 TaskScope::Running => {
-                    for th in &threads {
+                    // One batch tells which threads run a task; only those are read further.
+                    let tstates: Vec<u64> = threads.iter().map(|t| t.tstate).collect();
+                    let runs = self.task_reader(tasks).running_tasks(&tstates)?;
+                    for (th, _) in threads.iter().zip(runs).filter(|(_, r)| r.is_some()) {
                         let Some(chain) = self.running_chain(tasks, th.tstate)? else {
                             continue;
                         };
