@@ -43,7 +43,7 @@ pub struct UnwinderFactory {
     /// Wall mode's `--no-idle`: threads off their CPU waiting for work left out (see
     /// [`crate::idle_stacks`]).
     pub leave_out_idle: bool,
-    /// `--async`: asyncio task stacks (see [`crate::task_stacks`]); read from outside only.
+    /// `--async`: asyncio task stacks (see [`crate::task_stacks`]); all mode from reads only.
     pub tasks: Option<TaskScope>,
 }
 
@@ -117,7 +117,10 @@ impl UnwinderSource {
     /// One call's samples, as every view but `--threads` has them.
     fn sample_stacks(&mut self, out: &mut Vec<SampledThread>) -> Result<SampleKind, SampleError> {
         if let Some(link) = self.capture.as_mut() {
-            let result = link.sample(&mut self.unwinder, out);
+            let result = link.sample(&mut self.unwinder, out, self.tasks.as_mut());
+            if let Some(view) = self.tasks.as_mut() {
+                view.count_if_due(&mut self.unwinder);
+            }
             if link.deeper() && self.reads_if_deeper {
                 tracing::info!(
                     pid = link.pid(),
