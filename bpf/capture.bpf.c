@@ -30,11 +30,6 @@
 // time), not in a record of its own. With both, userspace knows each thread's time off its
 // CPU and the stack it spent it in.
 //
-// With --async (userspace gives the offsets in the thread's entry), every record carries the
-// asyncio task the thread runs as its chain is copied (`asyncio_running_task` while
-// `asyncio_running_loop` is set), so that userspace can cut the chain at that task's
-// coroutine frame.
-//
 // Whether the thread holds the GIL (gil mode, when userspace gives the GIL's address in the
 // thread's entry): every record of it says so, flagged HOLDS_GIL, read as the chain is. The
 // thread cannot take or drop the GIL while it is stopped here or off its CPU, so what a
@@ -149,10 +144,6 @@ struct thread_info {
     __u64 chunk;
     // When it was last switched in (0: not since it was watched).
     __u64 switched_in_at;
-    // --async: offsets in the thread state of `asyncio_running_loop` and
-    // `asyncio_running_task` (0: not asked); the task goes out with each record.
-    __u64 running_loop;
-    __u64 running_task;
 };
 
 // A chunk's bytes below a top frame, and room past them for the last frame's copy: frames
@@ -178,9 +169,6 @@ struct record {
     __u32 pad;
     // The thread's last switch-in (its entry's `switched_in_at`; 0 when not known).
     __u64 switched_in;
-    // The asyncio task the thread runs (its `asyncio_running_task` while a loop runs, tag
-    // bits cleared; 0: none, not asked, or not readable).
-    __u64 task;
     struct frame_copy frame[MAX_FRAMES];
 };
 
@@ -323,21 +311,6 @@ static __u16 gil_flag(struct thread_info *info)
     return holder == info->tstate ? FLAG_HOLDS_GIL : 0;
 }
 
-// The asyncio task the thread of `info` runs (0: none, not asked, or not readable).
-static __u64 running_task(struct thread_info *info)
-{
-    if (info->running_loop == 0 || info->running_task == 0 || info->running_loop > 65536
-        || info->running_task > 65536)
-        return 0;
-    __u64 loop = 0, task = 0;
-    if (bpf_probe_read_user(&loop, 8, (void *)(info->tstate + info->running_loop)) < 0
-        || loop == 0)
-        return 0;
-    if (bpf_probe_read_user(&task, 8, (void *)(info->tstate + info->running_task)) < 0)
-        return 0;
-    return task & ~3ULL;
-}
-
 // Sends the first `frames` frames of `r` (a record with no frames when it failed early);
 // whether the ring took it.
 static int send(struct record *r, __u32 frames)
@@ -388,7 +361,6 @@ static __attribute__((always_inline)) int capture(int switched_out)
     r->flags = 0;
     r->pad = 0;
     r->switched_in = info ? info->switched_in_at : 0;
-    r->task = info ? running_task(info) : 0;
     if (!info) {
         r->flags = FLAG_UNKNOWN_THREAD;
         send(r, 0);

@@ -92,13 +92,12 @@ pub struct SamplingOptions {
     pub no_idle: bool,
     /// asyncio task stacks (Python 3.14+): a sample of a thread that runs a task shows the
     /// task's frames under the frames of the tasks awaiting it, each task's topped by a frame
-    /// naming it (`task NAME`) (see docs/reference.md).
+    /// naming it (`task NAME`); stacks are then read from outside (see docs/reference.md).
     #[arg(long = "async")]
     #[serde(rename = "async")]
     pub tasks: bool,
     /// With --async: running (the task each thread runs, in place of its stack) or all (every
-    /// task at each tick, waiting ones too; wall mode; stacks read from outside) [default:
-    /// running].
+    /// task at each tick, waiting ones too; wall mode) [default: running].
     #[arg(long, value_name = "running|all")]
     pub async_mode: Option<String>,
     /// After `--`: a program to start and profile, with its Python subprocesses, from its
@@ -249,9 +248,7 @@ impl SamplingOptions {
                  GIL; got --mode {mode})"
             ));
         }
-        // Waiting tasks are read from outside: all mode takes every stack so.
-        let all_tasks = tasks == Some(crate::cpython::asyncio::TaskScope::All);
-        let capture = capture.resolve(o.blocking, o.switch_log, all_tasks, "--capture")?;
+        let capture = capture.resolve(o.blocking, o.switch_log, tasks.is_some(), "--capture")?;
         let file_mode = match &o.file_mode {
             Some(m) => m.parse().map_err(|e| format!("--file-mode: {e}"))?,
             None => FileMode::default(),

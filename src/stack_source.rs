@@ -43,7 +43,7 @@ pub struct UnwinderFactory {
     /// Wall mode's `--no-idle`: threads off their CPU waiting for work left out (see
     /// [`crate::idle_stacks`]).
     pub leave_out_idle: bool,
-    /// `--async`: asyncio task stacks (see [`crate::task_stacks`]); all mode from reads only.
+    /// `--async`: asyncio task stacks (see [`crate::task_stacks`]); read from outside only.
     pub tasks: Option<TaskScope>,
 }
 
@@ -117,10 +117,7 @@ impl UnwinderSource {
     /// One call's samples, as every view but `--threads` has them.
     fn sample_stacks(&mut self, out: &mut Vec<SampledThread>) -> Result<SampleKind, SampleError> {
         if let Some(link) = self.capture.as_mut() {
-            let result = link.sample(&mut self.unwinder, out, self.tasks.as_mut());
-            if let Some(view) = self.tasks.as_mut() {
-                view.count_if_due(&mut self.unwinder);
-            }
+            let result = link.sample(&mut self.unwinder, out);
             if link.deeper() && self.reads_if_deeper {
                 tracing::info!(
                     pid = link.pid(),

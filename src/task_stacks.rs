@@ -2,9 +2,6 @@
 //! of its own (the task's frames under the frames of the tasks awaiting it, see
 //! `cpython::unwinder::tasks`), and with `--async-mode all` every other task is a sample of
 //! its own too, of the thread whose loop holds it (neither on a CPU nor holding the GIL).
-//! With the kernel capture (running mode), the capture copies each thread's running task with
-//! its chain ([`TaskView::running_offsets`] says where) and `capture::link` asks
-//! [`TaskView::captured`] for that task's stack.
 //!
 //! The tasks are read right after the threads' sample ([`TaskView::read`], inside the
 //! unwinder's `sample_then`: in the same pause with `--blocking`), and put in its place
@@ -19,7 +16,6 @@ use crate::cpython::asyncio::{self, TaskScope, Tasks, TasksUnavailable};
 use crate::cpython::{TaskStack, UnwindError, Unwinder};
 use crate::memory::ProcessMemory;
 use crate::process::Process;
-use crate::stacks::StackId;
 use pyfleet_actors::{SampledThread, ThreadStatus};
 use std::time::{Duration, Instant};
 
@@ -68,56 +64,6 @@ impl TaskView {
         Ok(())
     }
 
-    /// With the kernel capture: where the capture finds each thread's running task
-    /// (`asyncio_running_loop`, `asyncio_running_task` in the thread state), once the layout
-    /// is known (looked for again when due).
-    pub fn running_offsets(&mut self, unwinder: &Unwinder<ProcessMemory>) -> Option<(u64, u64)> {
-        self.look_if_due(unwinder);
-        self.tasks
-            .as_ref()
-            .map(|t| (t.table.thread_running_loop, t.table.thread_running_task))
-    }
-
-    /// With the kernel capture: the stack of task `task`, which the thread at `tstate` ran
-    /// when the chain just decoded was copied (see `Unwinder::captured_task_stack`); `None`
-    /// when the chain does not show it.
-    pub fn captured(
-        &mut self,
-        unwinder: &mut Unwinder<ProcessMemory>,
-        tstate: u64,
-        task: u64,
-    ) -> Result<Option<StackId>, UnwindError> {
-        match self.tasks.as_mut() {
-            Some(tasks) => unwinder.captured_task_stack(tasks, tstate, task),
-            None => Ok(None),
-        }
-    }
-
-    /// With the kernel capture: counts the tasks when due (the lists, and the threads that
-    /// run one now), a failed count waiting for the next.
-    pub fn count_if_due(&mut self, unwinder: &mut Unwinder<ProcessMemory>) {
-        let Some(tasks) = self.tasks.as_mut() else {
-            return;
-        };
-        if Instant::now() < self.count_at {
-            return;
-        }
-        self.count_at = Instant::now() + COUNT_EVERY;
-        if let (Ok(listed), Ok(running)) =
-            (unwinder.tasks_listed(tasks), unwinder.tasks_running(tasks))
-        {
-            self.counts = Some([running as u64, listed.saturating_sub(running) as u64]);
-        }
-    }
-
-    fn look_if_due(&mut self, unwinder: &Unwinder<ProcessMemory>) {
-        if self.tasks.is_none() && Instant::now() >= self.look_at {
-            if let Err(e) = self.look(unwinder) {
-                tracing::debug!(pid = unwinder.pid(), "asyncio's layout: {e}");
-            }
-        }
-    }
-
     /// Tasks run by a thread and waiting, at the last count.
     pub fn counts(&self) -> Option<[u64; 2]> {
         self.counts
@@ -127,7 +73,11 @@ impl TaskView {
     /// its pause with `--blocking`), and counts the tasks.
     pub fn read(&mut self, unwinder: &mut Unwinder<ProcessMemory>) -> Result<(), UnwindError> {
         self.stacks.clear();
-        self.look_if_due(unwinder);
+        if self.tasks.is_none() && Instant::now() >= self.look_at {
+            if let Err(e) = self.look(unwinder) {
+                tracing::debug!(pid = unwinder.pid(), "asyncio's layout: {e}");
+            }
+        }
         let Some(tasks) = self.tasks.as_mut() else {
             return Ok(());
         };

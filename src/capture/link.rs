@@ -6,9 +6,8 @@ use super::shared::{PendingRecord, SharedCapture};
 use super::wall_time::{self, Chain, Seen, SwitchedOut, WallTime};
 use super::{OffCpu, CAPTURE_FULL_REFRESH, CAPTURE_RECHECK, CAPTURE_RETRY};
 use crate::cpython::{self, Unwinder};
-use crate::memory::capture_records::{frames_in, CaptureLayout};
+use crate::memory::capture_records::frames_in;
 use crate::memory::{ProcessMemory, RemoteMemory};
-use crate::task_stacks::TaskView;
 use pyfleet_actors::{CapturedCounts, SampleError, SampleKind, SampledThread, ThreadStatus};
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
@@ -39,9 +38,6 @@ pub struct CaptureLink {
     gone: Option<SampleError>,
     /// Wall and gil modes (see `UnwinderFactory::off_cpu`).
     wall: Option<WallTime>,
-    /// The layout the threads were last watched with (watched again when it changes: the
-    /// asyncio offsets, known once `_asyncio` is).
-    watched_layout: Option<CaptureLayout>,
 }
 
 impl CaptureLink {
@@ -60,7 +56,6 @@ impl CaptureLink {
             gone: None,
             deeper: false,
             wall: off_cpu.map(|o| WallTime::new(o.rate_hz, o.gil_holder_only)),
-            watched_layout: None,
         }
     }
 
@@ -100,13 +95,11 @@ impl CaptureLink {
     }
 
     /// A tick of a capturing source: every chain captured for this process since the last
-    /// tick, its threads learnt again first when due. With `tasks` (`--async`), a chain
-    /// copied while its thread ran an asyncio task becomes that task's stack.
+    /// tick, its threads learnt again first when due.
     pub fn sample(
         &mut self,
         unwinder: &mut Unwinder<ProcessMemory>,
         out: &mut Vec<SampledThread>,
-        mut tasks: Option<&mut TaskView>,
     ) -> Result<SampleKind, SampleError> {
         let link = self;
         link.last = CapturedCounts::default();
@@ -174,18 +167,15 @@ impl CaptureLink {
                         }
                         wall.retain(|tid| threads.iter().any(|t| t.tid as u32 == tid));
                     }
-                    let mut layout = unwinder.capture_layout();
-                    layout.running_task = tasks.as_mut().and_then(|t| t.running_offsets(unwinder));
-                    if first || threads != link.threads || link.watched_layout != Some(layout) {
+                    if first || threads != link.threads {
                         link.threads = threads;
-                        link.watched_layout = Some(layout);
+                        let layout = unwinder.capture_layout();
                         if let Err(message) =
                             link.shared
                                 .watch(link.pid, &link.threads, layout, link.gil())
                         {
                             // Watched again at the next read, due after CAPTURE_RETRY.
                             link.threads.clear();
-                            link.watched_layout = None;
                             link.refreshed = None;
                             return Err(SampleError {
                                 kind: "capture",
@@ -242,23 +232,7 @@ impl CaptureLink {
                 (false, Some(why), _) => unwinder.captured_failure(why),
                 // Captured before this source stopped watching it: a thread that ended.
                 (false, None, None) => continue,
-                (false, None, Some(t)) => {
-                    let sampled = unwinder.sample_captured(t, frames_in(&r.frames), false);
-                    match (sampled, tasks.as_mut()) {
-                        // The task it ran, when the chain shows it.
-                        (Ok(mut s), Some(view)) if r.task != 0 => {
-                            match view.captured(unwinder, t.tstate, r.task) {
-                                Ok(Some(stack)) => {
-                                    s.stack = stack;
-                                    Ok(s)
-                                }
-                                Ok(None) => Ok(s),
-                                Err(e) => Err(e),
-                            }
-                        }
-                        (sampled, _) => sampled,
-                    }
-                }
+                (false, None, Some(t)) => unwinder.sample_captured(t, frames_in(&r.frames), false),
             };
             decoded += 1;
             // The kernel copied the chain (and took it as the thread's last) unless it said

@@ -79,8 +79,7 @@ pub enum NotApplicable {
     Blocking,
     /// `--switch-log` goes with reads.
     SwitchLog,
-    /// `--async-mode all`: waiting tasks are read from outside (the capture copies chains of
-    /// threads, not of tasks that wait).
+    /// `--async`: task stacks are read from outside (the capture does not copy them).
     Tasks,
 }
 
@@ -175,7 +174,6 @@ impl Capture {
     /// context-switch log: `Auto` is reads where the capture does not apply. An explicit
     /// `Kernel` where it does not apply is an error, in words for `flag` (the command line's
     /// `--capture` or the config file's `capture`).
-    /// `tasks`: every asyncio task is sampled (`--async-mode all`), waiting ones too.
     pub fn resolve(
         self,
         blocking: bool,
@@ -197,9 +195,8 @@ impl Capture {
             }
             Capture::Auto if switch_log => Ok(Capture::ReadsWhere(NotApplicable::SwitchLog)),
             Capture::Kernel if tasks => Err(format!(
-                "{flag} kernel copies the chains of threads, not of waiting asyncio tasks: it \
-                 does not go with {} all",
-                option("async-mode")
+                "{flag} kernel does not copy asyncio task stacks yet: it does not go with {}",
+                option("async")
             )),
             Capture::Auto if tasks => Ok(Capture::ReadsWhere(NotApplicable::Tasks)),
             other => Ok(other),
@@ -298,7 +295,7 @@ mod tests {
         let paused = kernel.resolve(true, false, false, "capture");
         assert!(paused.is_err_and(|e| e.contains("does not go with blocking")));
         let tasks = kernel.resolve(false, false, true, "--capture");
-        assert!(tasks.is_err_and(|e| e.contains("does not go with --async-mode all")));
+        assert!(tasks.is_err_and(|e| e.contains("does not go with --async")));
         assert!("bpf".parse::<Capture>().is_err());
     }
 

@@ -52,8 +52,6 @@ pub(super) struct PendingRecord {
     pub(super) truncated: bool,
     /// The frames as the ring held them (`capture_records::frames_in`).
     pub(super) frames: Vec<u8>,
-    /// The asyncio task the thread ran (0: none, or not asked).
-    pub(super) task: u64,
 }
 
 impl PendingRecord {
@@ -278,7 +276,6 @@ impl CaptureState {
                     .truncated()
                     .then_some("a chain deeper than the capture copies")),
                 frames: r.frame_bytes().to_vec(),
-                task: r.task,
             };
             let now_due = record.prompt() || queue.records.len() + 1 == PROMPT_AT;
             if now_due {

@@ -266,7 +266,7 @@ pub fn captured_record(
         n += 1;
         frame = at_word(layout.previous);
     }
-    // The head: pid, tid, time, frames, flags, padding, last switch-in (not known), task.
+    // The head: pid, tid, time, frames, flags, padding, last switch-in (not known).
     let mut record = Vec::with_capacity(32 + frames.len());
     record.extend(pid.to_le_bytes());
     record.extend(tid.to_le_bytes());
@@ -274,8 +274,6 @@ pub fn captured_record(
     record.extend(n.to_le_bytes());
     record.extend(0u16.to_le_bytes());
     record.extend(0u32.to_le_bytes());
-    record.extend(0u64.to_le_bytes());
-    // No asyncio task.
     record.extend(0u64.to_le_bytes());
     record.extend(frames);
     record

@@ -28,8 +28,7 @@ const TIME_AT: usize = 8;
 const FRAMES_AT: usize = 16;
 const FLAGS_AT: usize = 18;
 const SWITCHED_IN_AT: usize = 24;
-const TASK_AT: usize = 32;
-const HEAD_BYTES: usize = 40;
+const HEAD_BYTES: usize = 32;
 // `struct frame_copy`: the frame's address, its code object's fingerprint, its first bytes.
 const ADDR_AT: usize = 0;
 const FINGERPRINT_AT: usize = 8;
@@ -75,9 +74,6 @@ pub struct CaptureLayout {
     /// Offset in the thread state of its current data-stack chunk's address: the program
     /// reads the chunk below the top frame at once (none: frame by frame).
     pub chunk: Option<u64>,
-    /// `--async`: offsets in the thread state of `asyncio_running_loop` and
-    /// `asyncio_running_task` (3.14+): every record then carries the task the thread runs.
-    pub running_task: Option<(u64, u64)>,
 }
 
 /// Where the program finds whether a thread holds the GIL (gil mode), read with each chain.
@@ -119,12 +115,9 @@ pub struct ThreadInfo {
     chunk: u64,
     /// The program's: when the thread was last switched in (0 when watched).
     switched_in_at: u64,
-    /// See [`CaptureLayout::running_task`] (0, 0: not asked).
-    running_loop: u64,
-    running_task: u64,
 }
 
-// SAFETY: two u32 then seventeen u64 fields, `repr(C)`, no padding: every bit pattern is a valid value, which
+// SAFETY: two u32 then fifteen u64 fields, `repr(C)`, no padding: every bit pattern is a valid value, which
 // is what `Pod` asks of types copied to and from BPF maps.
 unsafe impl Pod for ThreadInfo {}
 
@@ -157,8 +150,6 @@ impl ThreadInfo {
             },
             chunk: layout.chunk.unwrap_or(0),
             switched_in_at: 0,
-            running_loop: layout.running_task.map_or(0, |(l, _)| l),
-            running_task: layout.running_task.map_or(0, |(_, t)| t),
         }
     }
 }
@@ -174,13 +165,6 @@ impl CaptureLayout {
                  past the {FRAME_BYTES} bytes copied of a frame",
                 self.previous, self.code, self.instr
             ));
-        }
-        if let Some((l, t)) = self.running_task {
-            if l == 0 || t == 0 || l > 65536 || t > 65536 {
-                return Err(format!(
-                    "asyncio's running loop at {l} or task at {t}, outside a thread state"
-                ));
-            }
         }
         if self.fingerprint_bytes == 0
             || self.fingerprint_bytes % 8 != 0
@@ -233,8 +217,6 @@ pub struct CapturedRecord<'a> {
     pub time_ns: u64,
     flags: u16,
     switched_in_ns: u64,
-    /// The asyncio task the thread ran (0: none, or not asked).
-    pub task: u64,
     frames: &'a [u8],
 }
 
@@ -257,7 +239,6 @@ impl<'a> CapturedRecord<'a> {
                     .try_into()
                     .ok()?,
             ),
-            task: u64::from_le_bytes(head.get(TASK_AT..TASK_AT + 8)?.try_into().ok()?),
             frames,
         })
     }
@@ -335,7 +316,6 @@ mod tests {
         v.extend(flags.to_le_bytes());
         v.extend(0u32.to_le_bytes());
         v.extend(5u64.to_le_bytes());
-        v.extend(9u64.to_le_bytes());
         for &(addr, fill) in frames {
             v.extend(addr.to_le_bytes());
             v.extend((addr + 1).to_le_bytes());
@@ -364,7 +344,7 @@ mod tests {
             "CONST(FLAG_UNCHANGED); CONST(FLAG_ENTERING);",
             "CONST(FLAG_HOLDS_GIL);",
             "AT(record, pid); AT(record, tid); AT(record, time); AT(record, frames);",
-            "AT(record, flags); AT(record, switched_in); AT(record, task); AT(record, frame);",
+            "AT(record, flags); AT(record, switched_in); AT(record, frame);",
             "AT(thread_info, switched_in_at);",
             "AT(frame_copy, addr); AT(frame_copy, code_fingerprint); AT(frame_copy, bytes);",
             "SIZE(frame_copy); SIZE(thread_info);",
@@ -375,7 +355,6 @@ mod tests {
             "AT(thread_info, instr); AT(thread_info, root_cframe);",
             "AT(thread_info, gil_locked); AT(thread_info, gil_holder);",
             "AT(thread_info, chunk); CONST(CHUNK_HEAD);",
-            "AT(thread_info, running_loop); AT(thread_info, running_task);",
         ] {
             c.push_str(line);
             c.push('\n');
@@ -434,7 +413,6 @@ mod tests {
             ("record.frames", FRAMES_AT as u64),
             ("record.flags", FLAGS_AT as u64),
             ("record.switched_in", SWITCHED_IN_AT as u64),
-            ("record.task", TASK_AT as u64),
             ("record.frame", HEAD_BYTES as u64),
             ("frame_copy.addr", ADDR_AT as u64),
             ("frame_copy.code_fingerprint", FINGERPRINT_AT as u64),
@@ -505,14 +483,6 @@ mod tests {
                 "thread_info.switched_in_at",
                 std::mem::offset_of!(ThreadInfo, switched_in_at) as u64,
             ),
-            (
-                "thread_info.running_loop",
-                std::mem::offset_of!(ThreadInfo, running_loop) as u64,
-            ),
-            (
-                "thread_info.running_task",
-                std::mem::offset_of!(ThreadInfo, running_task) as u64,
-            ),
             ("CHUNK_HEAD", crate::cpython::layout::CHUNK_DATA),
         ];
         for (name, value) in rust {
@@ -535,8 +505,8 @@ mod tests {
         let bytes = record(10, 11, FLAG_TRUNCATED, &[(0x1000, 1), (0x2000, 2)]);
         let r = CapturedRecord::parse(&bytes).expect("parses");
         assert_eq!(
-            (r.pid, r.tid, r.time_ns, r.switched_in_ns(), r.task),
-            (10, 11, 7, 5, 9)
+            (r.pid, r.tid, r.time_ns, r.switched_in_ns()),
+            (10, 11, 7, 5)
         );
         assert!(r.truncated());
         assert_eq!(r.unreadable(), None);
@@ -561,14 +531,9 @@ mod tests {
             fingerprint_at: 96,
             fingerprint_bytes: 32,
             chunk: Some(200),
-            running_task: Some((0x360, 0x368)),
         };
         assert!(fits.check().is_ok());
         let refused = [
-            CaptureLayout {
-                running_task: Some((0x360, 1 << 20)),
-                ..fits
-            },
             CaptureLayout {
                 previous: FRAME_BYTES as u64 - 7,
                 ..fits

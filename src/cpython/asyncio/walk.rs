@@ -688,18 +688,6 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
         Ok(chain)
     }
 
-    /// Whether coroutine `coro` has not finished, witnessed.
-    pub fn unfinished(&mut self, coro: u64) -> Result<bool, UnwindError> {
-        if coro == 0 {
-            return Ok(false);
-        }
-        let o = self.objects;
-        let raw = self.read_object(coro, o.gen_size as usize)?;
-        Ok(!o
-            .gen_finished
-            .contains(&(Bytes(&raw).u8(o.gen_frame_state)? as i8)))
-    }
-
     /// The tasks awaiting the future whose bytes are `b`, looking through futures that are
     /// not tasks (what `gather` returns), each task once, lowest address first. With
     /// `known` (the tasks of the lists read), an awaiter there is a task without reading it,
@@ -903,7 +891,6 @@ mod tests {
             gen_frame_state: 0x43,
             gen_cleared: 4,
             gen_yield_from: &[-1],
-            gen_finished: &[1, 4],
             frame_stackpointer: 0x28,
             awaited_depth: 1,
             set_size: 0x30,

@@ -51,7 +51,6 @@ impl<M: RemoteMemory> Unwinder<M> {
             fingerprint_at,
             fingerprint_bytes: fingerprint_bytes as u64,
             chunk: self.layout.tstate.datastack_chunk,
-            running_task: None,
         }
     }
 

@@ -174,6 +174,7 @@ impl<M: RemoteMemory> Unwinder<M> {
     ) -> Result<Option<usize>, UnwindError> {
         let mut listed = None;
         let interps = self.sampled_interps();
+        let mut ids = Vec::new();
         for (interp, id) in interps {
             let threads = self.sampled_threads(id);
             match scope {
@@ -185,13 +186,21 @@ impl<M: RemoteMemory> Unwinder<M> {
                         let Some(chain) = self.running_chain(tasks, th.tstate)? else {
                             continue;
                         };
-                        if let Some(stack) = self.running_task_stack(th.tstate, &chain, tasks)? {
-                            out.push(TaskStack {
-                                native_thread_id: th.native,
-                                running: true,
-                                stack,
-                            });
+                        ids.clear();
+                        if !self.running_frame_ids(th.tstate, chain[0].0.coro, tasks, &mut ids) {
+                            continue;
                         }
+                        for (i, (task, frames)) in chain.iter().enumerate() {
+                            if i > 0 {
+                                self.coroutine_frame_ids(frames, &mut ids)?;
+                            }
+                            ids.push(self.task_frame_id(&task.name, task.awaited_by.len()));
+                        }
+                        out.push(TaskStack {
+                            native_thread_id: th.native,
+                            running: true,
+                            stack: self.table.stack(&ids),
+                        });
                     }
                 }
                 TaskScope::All => {
@@ -265,64 +274,6 @@ impl<M: RemoteMemory> Unwinder<M> {
         let chain = reader.awaited_chain(running)?;
         reader.verify()?;
         Ok(Some(chain))
-    }
-
-    /// The stack of the task at the head of `chain` (a running task and those awaiting it,
-    /// as [`TaskReader::awaited_chain`] gives them) run by thread `tstate`: the thread's chain
-    /// as last walked or captured, cut at the task's coroutine frame, then the frames of the
-    /// tasks awaiting it; `None` when that chain does not hold the task's frame.
-    fn running_task_stack(
-        &mut self,
-        tstate: u64,
-        chain: &[(TaskObject, Vec<CoroutineFrame>)],
-        tasks: &Tasks,
-    ) -> Result<Option<StackId>, UnwindError> {
-        let mut ids = Vec::new();
-        let Some((running, _)) = chain.first() else {
-            return Ok(None);
-        };
-        if !self.running_frame_ids(tstate, running.coro, tasks, &mut ids) {
-            return Ok(None);
-        }
-        for (i, (task, frames)) in chain.iter().enumerate() {
-            if i > 0 {
-                self.coroutine_frame_ids(frames, &mut ids)?;
-            }
-            ids.push(self.task_frame_id(&task.name, task.awaited_by.len()));
-        }
-        Ok(Some(self.table.stack(&ids)))
-    }
-
-    /// The task stack of a chain the kernel capture copied of thread `tstate` (just decoded
-    /// by [`Unwinder::sample_captured`]) while it ran task `task` (copied with the chain):
-    /// `None` when the chain does not hold the task's coroutine frame. The tasks awaiting it
-    /// are read now, a tick at most after the interrupt: they must still await it, and it
-    /// must not have finished (its coroutine not cleared), else the sample fails.
-    pub fn captured_task_stack(
-        &mut self,
-        tasks: &mut Tasks,
-        tstate: u64,
-        task: u64,
-    ) -> Result<Option<StackId>, UnwindError> {
-        let chain = self.read_again_if_torn(|u| {
-            let mut reader = u.task_reader(tasks);
-            let chain = reader.awaited_chain(task)?;
-            if chain.len() > 1 && !reader.unfinished(chain[0].0.coro)? {
-                return Err(UnwindError::Moved(
-                    "a task that finished between its interrupt and the read of its awaiters",
-                ));
-            }
-            reader.verify()?;
-            Ok(chain)
-        })?;
-        self.running_task_stack(tstate, &chain, tasks)
-    }
-
-    /// How many threads of the last full read run a task now (one batched read).
-    pub fn tasks_running(&mut self, tasks: &mut Tasks) -> Result<usize, UnwindError> {
-        let tstates: Vec<u64> = self.spare.work.iter().map(|w| w.ts.addr).collect();
-        let runs = self.task_reader(tasks).running_tasks(&tstates)?;
-        Ok(runs.iter().filter(|r| r.is_some()).count())
     }
 
     /// Pushes the frames of thread `tstate`'s chain down to the frame of coroutine `coro`;
