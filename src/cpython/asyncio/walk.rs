@@ -193,12 +193,17 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
         }
     }
 
-    /// Reads `len` bytes at `addr`, witnessed (see [`TaskReader::verify`]).
-    fn read(&mut self, addr: u64, len: usize) -> Result<Vec<u8>, UnwindError> {
+    /// `len` bytes at `addr` (see [`TaskReader::fetch`]), within the walk's byte budget.
+    fn fetch_within_budget(&self, addr: u64, len: usize) -> Result<Vec<u8>, UnwindError> {
         if self.witness.len() + len > MAX_WITNESS_BYTES {
             return Err(UnwindError::Budget("bytes of asyncio tasks read"));
         }
-        let bytes = self.fetch(addr, len)?;
+        self.fetch(addr, len)
+    }
+
+    /// Reads `len` bytes at `addr`, witnessed (see [`TaskReader::verify`]).
+    fn read(&mut self, addr: u64, len: usize) -> Result<Vec<u8>, UnwindError> {
+        let bytes = self.fetch_within_budget(addr, len)?;
         self.witnessed.push((addr, len));
         self.witness.extend_from_slice(&bytes);
         Ok(bytes)
@@ -207,10 +212,7 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
     /// Reads `len` bytes of the object at `addr`, witnessed but for its reference count
     /// (which the target changes without changing the object).
     fn read_object(&mut self, addr: u64, len: usize) -> Result<Vec<u8>, UnwindError> {
-        if self.witness.len() + len > MAX_WITNESS_BYTES {
-            return Err(UnwindError::Budget("bytes of asyncio tasks read"));
-        }
-        let bytes = self.fetch(addr, len)?;
+        let bytes = self.fetch_within_budget(addr, len)?;
         self.witness_object(addr, &bytes);
         Ok(bytes)
     }
@@ -247,18 +249,20 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
         }
     }
 
-    /// Which of the threads at `tstates` run a task now, in one batched read, not witnessed:
-    /// a first look, which [`TaskReader::running_task`] confirms for the threads it names.
+    /// Which of the threads at `tstates` run a task now (each one's `asyncio_running_task`
+    /// while a loop runs there), in one batched read, witnessed.
     pub fn running_tasks(&mut self, tstates: &[u64]) -> Result<Vec<Option<u64>>, UnwindError> {
         let t = self.table;
         let lo = t.thread_running_loop.min(t.thread_running_task);
         let len = (t.thread_running_loop.max(t.thread_running_task) - lo + 8) as usize;
-        let mut buf = vec![0u8; len * tstates.len()];
-        read_chunks(
-            self.mem,
-            tstates.iter().map(|&ts| (ts.wrapping_add(lo), len)),
-            &mut buf,
-        )?;
+        let ranges: Vec<(u64, usize)> = tstates
+            .iter()
+            .map(|&ts| (ts.wrapping_add(lo), len))
+            .collect();
+        let mut buf = vec![0u8; len * ranges.len()];
+        read_chunks(self.mem, ranges.iter().copied(), &mut buf)?;
+        self.witnessed.extend_from_slice(&ranges);
+        self.witness.extend_from_slice(&buf);
         buf.chunks_exact(len)
             .map(|words| {
                 let b = Bytes(words);
@@ -271,19 +275,9 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
             .collect()
     }
 
-    /// The task a thread runs: its `asyncio_running_task` while a loop runs there (`None`
-    /// when no loop runs, or it runs no task).
+    /// The task the thread at `tstate` runs (see [`TaskReader::running_tasks`]).
     pub fn running_task(&mut self, tstate: u64) -> Result<Option<u64>, UnwindError> {
-        let t = self.table;
-        let lo = t.thread_running_loop.min(t.thread_running_task);
-        let len = (t.thread_running_loop.max(t.thread_running_task) - lo + 8) as usize;
-        let raw = self.read(tstate.wrapping_add(lo), len)?;
-        let b = Bytes(&raw);
-        if b.u64(t.thread_running_loop - lo)? == 0 {
-            return Ok(None);
-        }
-        let task = b.u64(t.thread_running_task - lo)? & !TAG_BITS;
-        Ok((task != 0).then_some(task))
+        Ok(self.running_tasks(&[tstate])?.pop().flatten())
     }
 
     /// The task at `addr`; its awaiters looked through as [`TaskReader::awaiters`] says.
@@ -355,6 +349,15 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
     /// How many tasks the lists of the interpreter at `interp` and its `threads` hold (the
     /// lists alone are read).
     pub fn listed(&mut self, interp: u64, threads: &[TaskThread]) -> Result<usize, UnwindError> {
+        Ok(self.walk_lists(interp, threads)?.0.len())
+    }
+
+    /// The tasks of the lists of `threads` and of the interpreter at `interp`, and their set.
+    fn walk_lists(
+        &mut self,
+        interp: u64,
+        threads: &[TaskThread],
+    ) -> Result<(Vec<Listed>, FxHashSet<u64>), UnwindError> {
         let mut listed = Vec::new();
         let mut seen = FxHashSet::default();
         for t in threads {
@@ -363,7 +366,7 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
         }
         let head = interp.wrapping_add(self.table.interp_tasks_head);
         self.list(head, None, &mut listed, &mut seen)?;
-        Ok(listed.len())
+        Ok((listed, seen))
     }
 
     /// Every task of the interpreter at `interp` whose threads are `threads`.
@@ -372,18 +375,14 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
         interp: u64,
         threads: &[TaskThread],
     ) -> Result<Vec<RawTask>, UnwindError> {
-        let mut listed = Vec::new();
-        let mut seen = FxHashSet::default();
-        let mut running: FxHashMap<u64, u64> = FxHashMap::default();
-        for t in threads {
-            if let Some(task) = self.running_task(t.tstate)? {
-                running.insert(task, t.thread_id);
-            }
-            let head = t.tstate.wrapping_add(self.table.thread_tasks_head);
-            self.list(head, Some(t.thread_id), &mut listed, &mut seen)?;
-        }
-        let head = interp.wrapping_add(self.table.interp_tasks_head);
-        self.list(head, None, &mut listed, &mut seen)?;
+        let tstates: Vec<u64> = threads.iter().map(|t| t.tstate).collect();
+        let running: FxHashMap<u64, u64> = self
+            .running_tasks(&tstates)?
+            .into_iter()
+            .zip(threads)
+            .filter_map(|(task, t)| Some((task?, t.thread_id)))
+            .collect();
+        let (listed, seen) = self.walk_lists(interp, threads)?;
 
         let name_objects = listed
             .iter()

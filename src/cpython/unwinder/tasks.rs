@@ -285,10 +285,13 @@ impl<M: RemoteMemory> Unwinder<M> {
         tasks: &Tasks,
         ids: &mut Vec<FrameId>,
     ) -> bool {
-        if coro == 0 {
-            return false;
-        }
-        let frame = coro.wrapping_add(tasks.objects.gen_iframe);
+        coro != 0
+            && self.thread_frames_down_to(tstate, coro.wrapping_add(tasks.objects.gen_iframe), ids)
+    }
+
+    /// Pushes the frames of thread `tstate`'s chain (as last walked) from its top down to
+    /// the frame at `frame`; false (nothing pushed) when the chain does not hold it.
+    fn thread_frames_down_to(&self, tstate: u64, frame: u64, ids: &mut Vec<FrameId>) -> bool {
         let chain = self
             .threads
             .get(&tstate)
@@ -317,18 +320,12 @@ impl<M: RemoteMemory> Unwinder<M> {
             .find(|th| Some(th.thread_id) == t.thread_id)
             .map(|th| th.tstate)
             .unwrap_or(0);
-        let chain = self
-            .threads
-            .get(&tstate)
-            .map(|c| c.chain.as_slice())
-            .unwrap_or_default();
-        let Some(end) = chain.iter().position(|f| f.addr == t.frame) else {
-            return Err(UnwindError::Moved(
+        match self.thread_frames_down_to(tstate, t.frame, ids) {
+            true => Ok(()),
+            false => Err(UnwindError::Moved(
                 "a running task's frame is not on its thread's stack",
-            ));
-        };
-        ids.extend(chain[..=end].iter().filter_map(|f| f.id));
-        Ok(())
+            )),
+        }
     }
 
     /// One stack per task of `raw`, with the stacks of the tasks awaiting it.
