@@ -110,7 +110,7 @@ pub fn layout_311(version: Version) -> Layout {
             modules: 888, // interp.imports_modules
         },
         tstate: ThreadLayout {
-            size: 304,             // through datastack_chunk
+            size: 360,             // through root_cframe
             next: 8,               // tstate.next
             interp: 16,            // tstate.interp
             thread_id: 152,        // tstate.thread_id
@@ -190,7 +190,7 @@ pub fn layout_312(version: Version) -> Layout {
             modules: 944, // interp.imports_modules
         },
         tstate: ThreadLayout {
-            size: 240,             // through datastack_chunk
+            size: 288,             // through root_cframe
             next: 8,               // tstate.next
             interp: 16,            // tstate.interp
             thread_id: 136,        // tstate.thread_id

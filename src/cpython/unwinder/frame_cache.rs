@@ -44,9 +44,10 @@ pub(super) struct ThreadCache {
     pub(super) outside: Vec<u64>,
     /// 3.11/3.12: where `tstate->cframe` pointed.
     pub(super) cframe: u64,
-    /// The C frames it pointed to in its last reads, newest first (at most [`MAX_CFRAMES`]):
-    /// their current-frame words are prefetched.
-    pub(super) cframes: Vec<u64>,
+    /// The stretch of C stack (start, end) that held the C frames of its eval loops met so
+    /// far, at most [`MAX_CSTACK_SPAN`] wide (see [`grow_cstack`]): it is prefetched whole, so
+    /// that whichever eval loop runs at the read, its C frame is in the read.
+    pub(super) cstack: Option<(u64, u64)>,
     /// Its top frame was where the read before left it: it is read with the other quiet
     /// threads' (its ranges merge with theirs), not in a group of its own.
     pub(super) quiet: bool,

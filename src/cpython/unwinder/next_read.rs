@@ -24,6 +24,12 @@ pub(super) const TOP_OVERLAP: u64 = 256;
 /// 3.12+: bytes of C stack prefetched below a thread's innermost entry frame.
 pub(super) const ENTRY_WINDOW: u64 = 8192;
 
+/// 3.11/3.12: bytes of C stack prefetched below a thread's C-stack extent (see
+/// [`ThreadCache::cstack`]), for an eval loop entered deeper than any met so far. Nothing is
+/// read above it: the outermost C frame may lie near the top of the thread's stack mapping,
+/// and a read past it fails whole.
+pub(super) const CSTACK_BELOW: u64 = 2048;
+
 /// What tells that threads, or a whole sample, may be kept unread (`skip_idle`): the
 /// kernel's run watch of the process's threads, the epoch of the last sample read in full that
 /// succeeded, and how many samples in a row were kept whole since it (a full read at least
@@ -141,10 +147,9 @@ impl<M: RemoteMemory> Unwinder<M> {
         if keep {
             return;
         }
-        if let Some((lo, len)) = l.tstate.current_frame.cframe_span() {
-            for &cf in &tc.cframes {
-                b.push(Key::CFrame(cf), cf.wrapping_add(lo), len);
-            }
+        if let Some((s, e)) = tc.cstack {
+            let lo = s.saturating_sub(CSTACK_BELOW);
+            b.push(Key::CStack(ta), lo, (e - lo) as usize);
         }
         for &(s, e) in &tc.regions {
             match top_split(s, e, tc.last_top) {

@@ -20,8 +20,9 @@ pub(super) enum Key {
     Head,
     Interp(u64),
     Word(u64),
-    /// 3.11/3.12: a C frame's current-frame and previous pointers (see `cframe_span`).
-    CFrame(u64),
+    /// 3.11/3.12: the C stack where a thread's eval loops keep their C frames, by thread
+    /// state (see `ThreadCache::cstack`).
+    CStack(u64),
     Gil(u64),
     Tstate(u64),
     Region(u64),
@@ -97,7 +98,7 @@ impl ReadPlan {
                 Key::RegionTop(_) => 0,
                 Key::Region(_) => 1,
                 Key::Tstate(_) => 2,
-                Key::Word(_) | Key::CFrame(_) => 3,
+                Key::Word(_) | Key::CStack(_) => 3,
                 Key::Frame(_) => 4,
                 Key::Entries(_) => 5,
                 _ => 6,
@@ -226,6 +227,18 @@ impl ReadPlan {
         let (pos, len) = self.locate(key)?;
         self.buf.get(pos..pos + len)
     }
+    /// `len` bytes at `addr`, inside the range read under `key`, if it holds them.
+    pub(super) fn within(&self, key: Key, addr: u64, len: usize) -> Option<&[u8]> {
+        let i = self.keys.iter().position(|k| *k == key)?;
+        let off = usize::try_from(addr.checked_sub(self.ranges[i].0)?).ok()?;
+        (off.checked_add(len)? <= self.ranges[i].1).then_some(())?;
+        let (pos, _) = self.locate(key)?;
+        self.buf.get(pos + off..pos + off + len)
+    }
+    /// Whether `key` was asked for but could not be read.
+    pub(super) fn unread(&self, key: Key) -> bool {
+        self.index.contains_key(&key) && self.locate(key).is_none()
+    }
     /// Where `key`'s bytes are in `buf` (position, length), if they were read.
     pub(super) fn locate(&self, key: Key) -> Option<(usize, usize)> {
         let &(pos, len) = self.index.get(&key)?;
@@ -236,6 +249,27 @@ impl ReadPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bytes_within_a_range_are_found_only_inside_it() {
+        let mut b = ReadPlan::default();
+        b.next_group();
+        b.push(Key::CStack(0x9000), 0x7000, 64);
+        b.plan();
+        let (pos, _) = b.locate(Key::CStack(0x9000)).expect("planned");
+        b.buf[pos + 16..pos + 24].copy_from_slice(&7u64.to_le_bytes());
+        assert_eq!(
+            b.within(Key::CStack(0x9000), 0x7010, 8),
+            Some(&7u64.to_le_bytes()[..])
+        );
+        assert_eq!(
+            b.within(Key::CStack(0x9000), 0x7038, 8).map(<[u8]>::len),
+            Some(8)
+        );
+        assert_eq!(b.within(Key::CStack(0x9000), 0x7039, 8), None);
+        assert_eq!(b.within(Key::CStack(0x9000), 0x6ff8, 8), None);
+        assert_eq!(b.within(Key::CStack(0xa000), 0x7010, 8), None);
+    }
 
     #[test]
     fn data_stacks_are_copied_before_anything_else() {

@@ -10,8 +10,9 @@ pub(super) const MAX_INTERPRETERS: usize = 256;
 /// Most threads read in one sample, all interpreters together.
 pub(super) const MAX_THREADS: usize = 8192;
 
-/// 3.11/3.12: C frames of a thread prefetched (its eval loops' of late and their callers').
-pub(super) const MAX_CFRAMES: usize = 8;
+/// 3.11/3.12: widest stretch of a thread's C stack over which the C frames of its eval loops
+/// are followed and prefetched (see [`grow_cstack`]).
+pub(super) const MAX_CSTACK_SPAN: u64 = 24 * 1024;
 
 /// Most data-stack chunks followed per thread.
 pub(super) const MAX_CHUNKS: usize = 64;
@@ -77,16 +78,19 @@ pub(super) enum EntryLink {
     Unknown,
 }
 
-/// Puts a C frame into a thread's list of those to prefetch, at `position` (0: the current
-/// one; 1: the one that called it), keeping at most [`MAX_CFRAMES`].
-fn remember_cframe(cframes: &mut Vec<u64>, cf: u64, position: usize) {
-    if cf == 0 || cframes.get(position) == Some(&cf) {
-        return;
-    }
-    cframes.retain(|&c| c != cf);
-    cframes.truncate(MAX_CFRAMES - 1);
-    let at = position.min(cframes.len());
-    cframes.insert(at, cf);
+/// Grows a thread's C-stack extent (where its eval loops' C frames were met, see
+/// [`ThreadCache::cstack`]) to hold `lo..hi`, the pointers of one more C frame. The new C
+/// frame is always held; wider than [`MAX_CSTACK_SPAN`], the extent keeps as much of its high
+/// end as it can: the outermost eval loops' C frames, which stay while inner ones come and go
+/// below them. (A thread state reused by a new thread names a C stack elsewhere: the extent
+/// moves there.)
+pub(super) fn grow_cstack(extent: &mut Option<(u64, u64)>, lo: u64, hi: u64) {
+    let (s, e) = match *extent {
+        Some((s, e)) => (s.min(lo), e.max(hi)),
+        None => (lo, hi),
+    };
+    let e = e.min(lo.saturating_add(MAX_CSTACK_SPAN)).max(hi);
+    *extent = Some((s.max(e.saturating_sub(MAX_CSTACK_SPAN)), e));
 }
 
 /// Per-thread work of one sample.
@@ -228,11 +232,18 @@ impl<M: RemoteMemory> Unwinder<M> {
                 Err((addr, e)) => {
                     // What this thread's cache predicted may be what misled the walk: it
                     // starts afresh, unless the walk only lacked bytes (the cache then
-                    // knows where they are). The other threads' caches stay (a torn read
-                    // of one thread says nothing about the others, and re-learning every
-                    // thread of a busy process costs a syscall each).
+                    // knows where they are). Where its C frames are is kept: the C stack
+                    // is read whole there and its words are believed only as the thread
+                    // state names them. The other threads' caches stay (a torn read of one
+                    // thread says nothing about the others, and re-learning every thread
+                    // of a busy process costs a syscall each).
                     if !matches!(e, UnwindError::Moved(_)) {
-                        self.threads.remove(&addr);
+                        if let Some(tc) = self.threads.get_mut(&addr) {
+                            *tc = ThreadCache {
+                                cstack: tc.cstack,
+                                ..ThreadCache::default()
+                            };
+                        }
                     }
                     return Err(e);
                 }
@@ -286,11 +297,33 @@ impl<M: RemoteMemory> Unwinder<M> {
                     // The C frame holding the pointer is the idle thread's own.
                     Some((c, top, _)) if c == cf && cf != 0 => top,
                     _ => {
+                        // The C frame's pointers: from the C stack this read prefetched (the
+                        // thread's extent), or from the thread state (its own C frame).
+                        let tsize = l.tstate.size;
+                        let in_read = |c: u64| {
+                            let at = c.wrapping_add(lo);
+                            match at
+                                .checked_sub(ta)
+                                .filter(|o| o.saturating_add(len as u64) <= tsize)
+                            {
+                                Some(o) => tb.get(o as usize..o as usize + len),
+                                None => b.within(Key::CStack(ta), at, len),
+                            }
+                        };
                         let tc = self.threads.entry(ta).or_default();
                         tc.cframe = cf;
-                        // The thread's C frames of late, newest first (a generator's eval loop
-                        // comes and goes: its C frame and its caller's take turns).
-                        remember_cframe(&mut tc.cframes, cf, 0);
+                        // Where the thread's eval loops keep their C frames (a generator's eval
+                        // loop comes and goes: its C frame and its caller's take turns). An
+                        // extent that could not be read spans memory no stack holds now (a
+                        // thread state reused by a thread whose stack lies elsewhere): it
+                        // starts afresh.
+                        if b.unread(Key::CStack(ta)) {
+                            tc.cstack = None;
+                        }
+                        if cf != 0 && cf != root_cf {
+                            let at = cf.wrapping_add(lo);
+                            grow_cstack(&mut tc.cstack, at, at.saturating_add(len as u64));
+                        }
                         // 3.12: an eval loop's C frame and its entry frame are locals of one
                         // C function, so the C stack read around the innermost entry frame
                         // mostly holds the C frame too (read after the frames: the frames then
@@ -306,7 +339,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                             b.buf.get(pos + off..pos + off + len)
                         };
                         let field = |bytes: &[u8], at: u64| Bytes(bytes).u64(at - lo);
-                        match b.get(Key::CFrame(cf)).or_else(near_entry) {
+                        match in_read(cf).or_else(near_entry) {
                             _ if cf == 0 => 0,
                             // The thread state's own C frame: no eval loop runs.
                             Some(c) if cf == root_cf => field(c, current_frame)?,
@@ -321,13 +354,23 @@ impl<M: RemoteMemory> Unwinder<M> {
                                     entry_link = match caller_cf {
                                         0 => EntryLink::Unchecked,
                                         c if c == root_cf => EntryLink::Expect(0),
-                                        c => match b.get(Key::CFrame(c)) {
+                                        c => match in_read(c) {
                                             Some(cb) => {
                                                 EntryLink::Expect(field(cb, current_frame)?)
                                             }
                                             None => {
-                                                let tc = self.threads.entry(ta).or_default();
-                                                remember_cframe(&mut tc.cframes, c, 1);
+                                                // Believed as a place of the C stack only
+                                                // above the current C frame and near it (a
+                                                // C frame read torn may point anywhere).
+                                                if c > cf && c - cf <= MAX_CSTACK_SPAN {
+                                                    let tc = self.threads.entry(ta).or_default();
+                                                    let at = c.wrapping_add(lo);
+                                                    grow_cstack(
+                                                        &mut tc.cstack,
+                                                        at,
+                                                        at.saturating_add(len as u64),
+                                                    );
+                                                }
                                                 EntryLink::Unknown
                                             }
                                         },
@@ -428,5 +471,39 @@ impl<M: RemoteMemory> Unwinder<M> {
         tc.chunk_end = chunk_end;
         tc.older = older;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cstack_extent_holds_the_c_frame_met_last_and_as_much_of_its_high_end_as_fits() {
+        let mut extent = None;
+        grow_cstack(&mut extent, 0x7000_8000, 0x7000_8010);
+        assert_eq!(extent, Some((0x7000_8000, 0x7000_8010)));
+        // A deeper eval loop's C frame, then an outer one: both held.
+        grow_cstack(&mut extent, 0x7000_6000, 0x7000_6010);
+        grow_cstack(&mut extent, 0x7000_9000, 0x7000_9010);
+        assert_eq!(extent, Some((0x7000_6000, 0x7000_9010)));
+        // Deeper than the span allows: the new C frame and as much above it as fits.
+        grow_cstack(
+            &mut extent,
+            0x7000_9010 - MAX_CSTACK_SPAN - 0x100,
+            0x7000_9010 - MAX_CSTACK_SPAN - 0xf0,
+        );
+        assert_eq!(
+            extent,
+            Some((0x7000_9010 - MAX_CSTACK_SPAN - 0x100, 0x7000_9010 - 0x100))
+        );
+        // The outermost one again: the high end comes back, the low end gives way.
+        grow_cstack(&mut extent, 0x7000_9000, 0x7000_9010);
+        assert_eq!(extent, Some((0x7000_9010 - MAX_CSTACK_SPAN, 0x7000_9010)));
+        // A C frame far below or far above (a new thread's stack): the extent moves there.
+        grow_cstack(&mut extent, 0x6000_0000, 0x6000_0010);
+        assert_eq!(extent, Some((0x6000_0000, 0x6000_0000 + MAX_CSTACK_SPAN)));
+        grow_cstack(&mut extent, 0x7100_0000, 0x7100_0010);
+        assert_eq!(extent, Some((0x7100_0010 - MAX_CSTACK_SPAN, 0x7100_0010)));
     }
 }
