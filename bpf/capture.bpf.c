@@ -30,6 +30,12 @@
 // time), not in a record of its own. With both, userspace knows each thread's time off its
 // CPU and the stack it spent it in.
 //
+// With --async (userspace gives the offsets in the thread's entry), every record carries the
+// asyncio task the thread runs as its chain is copied (`asyncio_running_task` while
+// `asyncio_running_loop` is set), so that userspace can cut the chain at that task's
+// coroutine frame, with what names the task (its name object's first bytes) and what it
+// awaits: the task may be freed, and another made at its address, before the record is read.
+//
 // Whether the thread holds the GIL (gil mode, when userspace gives the GIL's address in the
 // thread's entry): every record of it says so, flagged HOLDS_GIL, read as the chain is. The
 // thread cannot take or drop the GIL while it is stopped here or off its CPU, so what a
@@ -84,6 +90,7 @@ const volatile __u64 task_pid_at = 0;
 #define MAX_FRAMES 256
 #define FRAME_BYTES 80
 #define MAX_FINGERPRINT_BYTES 64
+#define TASK_NAME_BYTES 96
 // Most bytes of a thread's data-stack chunk read at once below its top frame (a power of 2),
 // and the chunk's head (`previous`, `size`, `top`) before its data.
 #define WINDOW_BYTES 16384
@@ -144,6 +151,14 @@ struct thread_info {
     __u64 chunk;
     // When it was last switched in (0: not since it was watched).
     __u64 switched_in_at;
+    // --async: offsets in the thread state of `asyncio_running_loop` and
+    // `asyncio_running_task` (0: not asked); the task goes out with each record, with what
+    // names it and what it awaits at these offsets in the task object (below 4096).
+    __u64 running_loop;
+    __u64 running_task;
+    __u64 task_name;
+    __u64 task_coro;
+    __u64 task_awaited_by;
 };
 
 // A chunk's bytes below a top frame, and room past them for the last frame's copy: frames
@@ -160,6 +175,21 @@ struct frame_copy {
     __u8 bytes[FRAME_BYTES];
 };
 
+// The asyncio task a thread runs as its chain is copied (--async), copied with it: a task
+// may end and be freed, and another made at its address, before userspace reads the record.
+struct task_copy {
+    // Its address (its `asyncio_running_task` while a loop runs, tag bits cleared; 0: none,
+    // not asked, or not readable).
+    __u64 addr;
+    // Its name object, coroutine and awaiter (0: none; the name 0 too when its bytes could
+    // not be copied).
+    __u64 name;
+    __u64 coro;
+    __u64 awaited_by;
+    // The name object's first bytes: a str's header and characters, or an int's digits.
+    __u8 name_head[TASK_NAME_BYTES];
+};
+
 struct record {
     __u32 pid;
     __u32 tid;
@@ -169,6 +199,7 @@ struct record {
     __u32 pad;
     // The thread's last switch-in (its entry's `switched_in_at`; 0 when not known).
     __u64 switched_in;
+    struct task_copy task;
     struct frame_copy frame[MAX_FRAMES];
 };
 
@@ -311,6 +342,44 @@ static __u16 gil_flag(struct thread_info *info)
     return holder == info->tstate ? FLAG_HOLDS_GIL : 0;
 }
 
+// The asyncio task the thread of `info` runs (0: none, not asked, or not readable).
+static __u64 running_task(struct thread_info *info)
+{
+    if (info->running_loop == 0 || info->running_task == 0 || info->running_loop > 65536
+        || info->running_task > 65536)
+        return 0;
+    __u64 loop = 0, task = 0;
+    if (bpf_probe_read_user(&loop, 8, (void *)(info->tstate + info->running_loop)) < 0
+        || loop == 0)
+        return 0;
+    if (bpf_probe_read_user(&task, 8, (void *)(info->tstate + info->running_task)) < 0)
+        return 0;
+    return task & ~3ULL;
+}
+
+// Copies into `t` the asyncio task the thread of `info` runs, with its name, coroutine and
+// awaiter (all 0 when none, not asked, or not readable).
+static void copy_task(struct thread_info *info, struct task_copy *t)
+{
+    t->addr = running_task(info);
+    t->name = 0;
+    t->coro = 0;
+    t->awaited_by = 0;
+    if (t->addr == 0 || info->task_name >= 4096 || info->task_coro >= 4096
+        || info->task_awaited_by >= 4096 || info->task_name == 0)
+        return;
+    if (bpf_probe_read_user(&t->coro, 8, (void *)(t->addr + info->task_coro)) < 0
+        || bpf_probe_read_user(&t->awaited_by, 8, (void *)(t->addr + info->task_awaited_by))
+            < 0
+        || bpf_probe_read_user(&t->name, 8, (void *)(t->addr + info->task_name)) < 0) {
+        t->addr = 0;
+        return;
+    }
+    if (t->name == 0
+        || bpf_probe_read_user(t->name_head, TASK_NAME_BYTES, (void *)t->name) < 0)
+        t->name = 0;
+}
+
 // Sends the first `frames` frames of `r` (a record with no frames when it failed early);
 // whether the ring took it.
 static int send(struct record *r, __u32 frames)
@@ -361,6 +430,10 @@ static __attribute__((always_inline)) int capture(int switched_out)
     r->flags = 0;
     r->pad = 0;
     r->switched_in = info ? info->switched_in_at : 0;
+    if (info)
+        copy_task(info, &r->task);
+    else
+        r->task.addr = 0;
     if (!info) {
         r->flags = FLAG_UNKNOWN_THREAD;
         send(r, 0);

@@ -92,12 +92,13 @@ pub struct SamplingOptions {
     pub no_idle: bool,
     /// asyncio task stacks (Python 3.14+): a sample of a thread that runs a task shows the
     /// task's frames under the frames of the tasks awaiting it, each task's topped by a frame
-    /// naming it (`task NAME`); stacks are then read from outside (see docs/reference.md).
+    /// naming it (`task NAME`) (see docs/reference.md).
     #[arg(long = "async")]
     #[serde(rename = "async")]
     pub tasks: bool,
     /// With --async: running (the task each thread runs, in place of its stack) or all (every
-    /// task at each tick, waiting ones too; wall mode) [default: running].
+    /// task at each tick, waiting ones too, read from outside; wall mode) [default:
+    /// running].
     #[arg(long, value_name = "running|all")]
     pub async_mode: Option<String>,
     /// After `--`: a program to start and profile, with its Python subprocesses, from its
@@ -248,7 +249,7 @@ impl SamplingOptions {
                  GIL; got --mode {mode})"
             ));
         }
-        let capture = capture.resolve(o.blocking, o.switch_log, tasks.is_some(), "--capture")?;
+        let capture = capture.resolve(o.blocking, o.switch_log, "--capture")?;
         let file_mode = match &o.file_mode {
             Some(m) => m.parse().map_err(|e| format!("--file-mode: {e}"))?,
             None => FileMode::default(),

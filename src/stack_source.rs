@@ -43,7 +43,7 @@ pub struct UnwinderFactory {
     /// Wall mode's `--no-idle`: threads off their CPU waiting for work left out (see
     /// [`crate::idle_stacks`]).
     pub leave_out_idle: bool,
-    /// `--async`: asyncio task stacks (see [`crate::task_stacks`]); read from outside only.
+    /// `--async`: asyncio task stacks (see [`crate::task_stacks`]); all mode from reads only.
     pub tasks: Option<TaskScope>,
 }
 
@@ -117,7 +117,10 @@ impl UnwinderSource {
     /// One call's samples, as every view but `--threads` has them.
     fn sample_stacks(&mut self, out: &mut Vec<SampledThread>) -> Result<SampleKind, SampleError> {
         if let Some(link) = self.capture.as_mut() {
-            let result = link.sample(&mut self.unwinder, out);
+            let result = link.sample(&mut self.unwinder, out, self.tasks.as_mut());
+            if let Some(view) = self.tasks.as_mut() {
+                view.count_if_due(&mut self.unwinder);
+            }
             if link.deeper() && self.reads_if_deeper {
                 tracing::info!(
                     pid = link.pid(),
@@ -169,8 +172,15 @@ impl StackSource for UnwinderSource {
             idle.leave_out(self.unwinder.stacks(), out, from);
         }
         // The task view after the idle one: it judges threads, never tasks. A capturing
-        // source has none (`--async` reads).
-        if let (Ok(_), Some(view), None) = (&result, self.tasks.as_ref(), &self.capture) {
+        // source has the running tasks from the chains; in all mode the waiting ones are read
+        // now, and a read of them that fails is one failed sample of this call (the captured
+        // chains stay).
+        if let (Ok(_), Some(view)) = (&result, self.tasks.as_mut()) {
+            if let Some(link) = self.capture.as_mut() {
+                if let Err(e) = view.read_waiting(&mut self.unwinder) {
+                    link.count_failure(e.kind());
+                }
+            }
             view.apply(out, from);
         }
         if let Some(threads) = self.thread_frames.as_mut() {

@@ -2,6 +2,9 @@
 //! of its own (the task's frames under the frames of the tasks awaiting it, see
 //! `cpython::unwinder::tasks`), and with `--async-mode all` every other task is a sample of
 //! its own too, of the thread whose loop holds it (neither on a CPU nor holding the GIL).
+//! With the kernel capture (running mode), the capture copies each thread's running task with
+//! its chain ([`TaskView::running_offsets`] says where) and `capture::link` asks
+//! [`TaskView::captured`] for that task's stack.
 //!
 //! The tasks are read right after the threads' sample ([`TaskView::read`], inside the
 //! unwinder's `sample_then`: in the same pause with `--blocking`), and put in its place
@@ -14,8 +17,10 @@
 
 use crate::cpython::asyncio::{self, TaskScope, Tasks, TasksUnavailable};
 use crate::cpython::{TaskStack, UnwindError, Unwinder};
+use crate::memory::capture_records::{CapturedTask, TaskOffsets};
 use crate::memory::ProcessMemory;
 use crate::process::Process;
+use crate::stacks::StackId;
 use pyfleet_actors::{SampledThread, ThreadStatus};
 use std::time::{Duration, Instant};
 
@@ -64,6 +69,60 @@ impl TaskView {
         Ok(())
     }
 
+    /// With the kernel capture: where the capture finds each thread's running task
+    /// (`asyncio_running_loop`, `asyncio_running_task` in the thread state), once the layout
+    /// is known (looked for again when due).
+    pub fn running_offsets(&mut self, unwinder: &Unwinder<ProcessMemory>) -> Option<TaskOffsets> {
+        self.look_if_due(unwinder);
+        self.tasks.as_ref().map(|t| TaskOffsets {
+            running_loop: t.table.thread_running_loop,
+            running_task: t.table.thread_running_task,
+            name: t.table.task_name,
+            coro: t.table.task_coro,
+            awaited_by: t.table.task_awaited_by,
+        })
+    }
+
+    /// With the kernel capture: the stack of task `task`, which the thread at `tstate` ran
+    /// when the chain just decoded was copied (see `Unwinder::captured_task_stack`); `None`
+    /// when the chain does not show it.
+    pub fn captured(
+        &mut self,
+        unwinder: &mut Unwinder<ProcessMemory>,
+        tstate: u64,
+        task: &CapturedTask,
+    ) -> Result<Option<StackId>, UnwindError> {
+        match self.tasks.as_mut() {
+            Some(tasks) => unwinder.captured_task_stack(tasks, tstate, task),
+            None => Ok(None),
+        }
+    }
+
+    /// With the kernel capture: counts the tasks when due (the lists, and the threads that
+    /// run one now), a failed count waiting for the next.
+    pub fn count_if_due(&mut self, unwinder: &mut Unwinder<ProcessMemory>) {
+        let Some(tasks) = self.tasks.as_mut() else {
+            return;
+        };
+        if Instant::now() < self.count_at {
+            return;
+        }
+        self.count_at = Instant::now() + COUNT_EVERY;
+        if let (Ok(listed), Ok(running)) =
+            (unwinder.tasks_listed(tasks), unwinder.tasks_running(tasks))
+        {
+            self.counts = Some([running as u64, listed.saturating_sub(running) as u64]);
+        }
+    }
+
+    fn look_if_due(&mut self, unwinder: &Unwinder<ProcessMemory>) {
+        if self.tasks.is_none() && Instant::now() >= self.look_at {
+            if let Err(e) = self.look(unwinder) {
+                tracing::debug!(pid = unwinder.pid(), "asyncio's layout: {e}");
+            }
+        }
+    }
+
     /// Tasks run by a thread and waiting, at the last count.
     pub fn counts(&self) -> Option<[u64; 2]> {
         self.counts
@@ -73,11 +132,7 @@ impl TaskView {
     /// its pause with `--blocking`), and counts the tasks.
     pub fn read(&mut self, unwinder: &mut Unwinder<ProcessMemory>) -> Result<(), UnwindError> {
         self.stacks.clear();
-        if self.tasks.is_none() && Instant::now() >= self.look_at {
-            if let Err(e) = self.look(unwinder) {
-                tracing::debug!(pid = unwinder.pid(), "asyncio's layout: {e}");
-            }
-        }
+        self.look_if_due(unwinder);
         let Some(tasks) = self.tasks.as_mut() else {
             return Ok(());
         };
@@ -95,6 +150,24 @@ impl TaskView {
         if let Some(n) = listed {
             self.counts = Some([running as u64, n.saturating_sub(running) as u64]);
         }
+        Ok(())
+    }
+
+    /// With the kernel capture, all mode: reads the stacks of the tasks that wait (the
+    /// running ones come with the captured chains, see [`TaskView::captured`]); nothing in
+    /// running mode.
+    pub fn read_waiting(
+        &mut self,
+        unwinder: &mut Unwinder<ProcessMemory>,
+    ) -> Result<(), UnwindError> {
+        self.stacks.clear();
+        if self.scope != TaskScope::All {
+            return Ok(());
+        }
+        let Some(tasks) = self.tasks.as_mut() else {
+            return Ok(());
+        };
+        unwinder.waiting_task_stacks(tasks, &mut self.stacks)?;
         Ok(())
     }
 

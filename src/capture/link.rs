@@ -6,8 +6,9 @@ use super::shared::{PendingRecord, SharedCapture};
 use super::wall_time::{self, Chain, Seen, SwitchedOut, WallTime};
 use super::{OffCpu, CAPTURE_FULL_REFRESH, CAPTURE_RECHECK, CAPTURE_RETRY};
 use crate::cpython::{self, Unwinder};
-use crate::memory::capture_records::frames_in;
+use crate::memory::capture_records::{frames_in, CaptureLayout};
 use crate::memory::{ProcessMemory, RemoteMemory};
+use crate::task_stacks::TaskView;
 use pyfleet_actors::{CapturedCounts, SampleError, SampleKind, SampledThread, ThreadStatus};
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
@@ -38,6 +39,9 @@ pub struct CaptureLink {
     gone: Option<SampleError>,
     /// Wall and gil modes (see `UnwinderFactory::off_cpu`).
     wall: Option<WallTime>,
+    /// The layout the threads were last watched with (watched again when it changes: the
+    /// asyncio offsets, known once `_asyncio` is).
+    watched_layout: Option<CaptureLayout>,
 }
 
 impl CaptureLink {
@@ -56,6 +60,7 @@ impl CaptureLink {
             gone: None,
             deeper: false,
             wall: off_cpu.map(|o| WallTime::new(o.rate_hz, o.gil_holder_only)),
+            watched_layout: None,
         }
     }
 
@@ -95,11 +100,13 @@ impl CaptureLink {
     }
 
     /// A tick of a capturing source: every chain captured for this process since the last
-    /// tick, its threads learnt again first when due.
+    /// tick, its threads learnt again first when due. With `tasks` (`--async`), a chain
+    /// copied while its thread ran an asyncio task becomes that task's stack.
     pub fn sample(
         &mut self,
         unwinder: &mut Unwinder<ProcessMemory>,
         out: &mut Vec<SampledThread>,
+        mut tasks: Option<&mut TaskView>,
     ) -> Result<SampleKind, SampleError> {
         let link = self;
         link.last = CapturedCounts::default();
@@ -167,15 +174,18 @@ impl CaptureLink {
                         }
                         wall.retain(|tid| threads.iter().any(|t| t.tid as u32 == tid));
                     }
-                    if first || threads != link.threads {
+                    let mut layout = unwinder.capture_layout();
+                    layout.tasks = tasks.as_mut().and_then(|t| t.running_offsets(unwinder));
+                    if first || threads != link.threads || link.watched_layout != Some(layout) {
                         link.threads = threads;
-                        let layout = unwinder.capture_layout();
+                        link.watched_layout = Some(layout);
                         if let Err(message) =
                             link.shared
                                 .watch(link.pid, &link.threads, layout, link.gil())
                         {
                             // Watched again at the next read, due after CAPTURE_RETRY.
                             link.threads.clear();
+                            link.watched_layout = None;
                             link.refreshed = None;
                             return Err(SampleError {
                                 kind: "capture",
@@ -232,7 +242,28 @@ impl CaptureLink {
                 (false, Some(why), _) => unwinder.captured_failure(why),
                 // Captured before this source stopped watching it: a thread that ended.
                 (false, None, None) => continue,
-                (false, None, Some(t)) => unwinder.sample_captured(t, frames_in(&r.frames), false),
+                (false, None, Some(t)) => {
+                    let sampled = unwinder.sample_captured(t, frames_in(&r.frames), false);
+                    match (sampled, tasks.as_mut()) {
+                        // The task it ran, when the chain shows it.
+                        (Ok(mut s), Some(view)) if r.task.is_some() => {
+                            match r
+                                .task
+                                .as_ref()
+                                .map(|task| view.captured(unwinder, t.tstate, task))
+                                .unwrap_or(Ok(None))
+                            {
+                                Ok(Some(stack)) => {
+                                    s.stack = stack;
+                                    Ok(s)
+                                }
+                                Ok(None) => Ok(s),
+                                Err(e) => Err(e),
+                            }
+                        }
+                        (sampled, _) => sampled,
+                    }
+                }
             };
             decoded += 1;
             // The kernel copied the chain (and took it as the thread's last) unless it said
@@ -296,6 +327,15 @@ impl CaptureLink {
         match (taken, first_error) {
             (0, Some(e)) => Err(sample_error(&e)),
             _ => Ok(kind),
+        }
+    }
+
+    /// Counts one more failed sample in this call's counts (the waiting tasks of all mode,
+    /// read after the chains were decoded).
+    pub fn count_failure(&mut self, kind: &'static str) {
+        self.last.failed += 1;
+        if self.last.failed_kind.is_empty() {
+            self.last.failed_kind = kind;
         }
     }
 }

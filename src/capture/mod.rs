@@ -79,8 +79,6 @@ pub enum NotApplicable {
     Blocking,
     /// `--switch-log` goes with reads.
     SwitchLog,
-    /// `--async`: task stacks are read from outside (the capture does not copy them).
-    Tasks,
 }
 
 /// How a profile's stacks are taken, and when not by the kernel capture, why not: what
@@ -120,7 +118,6 @@ impl HowStacks {
             HowStacks::Reads(WhyReads::NotApplicable(NotApplicable::SwitchLog)) => {
                 ("reads", "switch_log")
             }
-            HowStacks::Reads(WhyReads::NotApplicable(NotApplicable::Tasks)) => ("reads", "async"),
             HowStacks::Reads(WhyReads::CannotStart { code, .. }) => ("reads", code),
         }
     }
@@ -143,9 +140,6 @@ impl std::fmt::Display for HowStacks {
                 f.write_str("stacks read from outside: ")?;
                 match why {
                     WhyReads::Asked => f.write_str("reads were asked for (capture: reads)"),
-                    WhyReads::NotApplicable(NotApplicable::Tasks) => f.write_str(
-                        "the kernel capture does not copy asyncio task stacks (--async)",
-                    ),
                     WhyReads::NotApplicable(_) => {
                         f.write_str("the context-switch log (--switch-log) goes with reads")
                     }
@@ -174,13 +168,7 @@ impl Capture {
     /// context-switch log: `Auto` is reads where the capture does not apply. An explicit
     /// `Kernel` where it does not apply is an error, in words for `flag` (the command line's
     /// `--capture` or the config file's `capture`).
-    pub fn resolve(
-        self,
-        blocking: bool,
-        switch_log: bool,
-        tasks: bool,
-        flag: &str,
-    ) -> Result<Capture, String> {
+    pub fn resolve(self, blocking: bool, switch_log: bool, flag: &str) -> Result<Capture, String> {
         let option = |name: &str| match flag.starts_with("--") {
             true => format!("--{name}"),
             false => name.to_string(),
@@ -194,11 +182,6 @@ impl Capture {
                 Ok(Capture::ReadsWhere(NotApplicable::Blocking))
             }
             Capture::Auto if switch_log => Ok(Capture::ReadsWhere(NotApplicable::SwitchLog)),
-            Capture::Kernel if tasks => Err(format!(
-                "{flag} kernel does not copy asyncio task stacks yet: it does not go with {}",
-                option("async")
-            )),
-            Capture::Auto if tasks => Ok(Capture::ReadsWhere(NotApplicable::Tasks)),
             other => Ok(other),
         }
     }
@@ -269,33 +252,27 @@ mod tests {
     fn auto_is_the_kernel_capture_only_where_it_applies() {
         let auto: Capture = "auto".parse().expect("parses");
         // Neither blocking nor the switch log, in any mode.
-        assert_eq!(
-            auto.resolve(false, false, false, "--capture"),
-            Ok(Capture::Auto)
-        );
-        for (blocking, switch_log, tasks, why) in [
-            (true, false, false, NotApplicable::Blocking),
-            (false, true, false, NotApplicable::SwitchLog),
-            (false, false, true, NotApplicable::Tasks),
+        assert_eq!(auto.resolve(false, false, "--capture"), Ok(Capture::Auto));
+        for (blocking, switch_log, why) in [
+            (true, false, NotApplicable::Blocking),
+            (false, true, NotApplicable::SwitchLog),
         ] {
             assert_eq!(
-                auto.resolve(blocking, switch_log, tasks, "--capture"),
+                auto.resolve(blocking, switch_log, "--capture"),
                 Ok(Capture::ReadsWhere(why))
             );
         }
         assert_eq!(
-            Capture::Reads.resolve(true, false, false, "--capture"),
+            Capture::Reads.resolve(true, false, "--capture"),
             Ok(Capture::ReadsWhere(NotApplicable::Blocking))
         );
         let kernel: Capture = "kernel".parse().expect("parses");
         assert_eq!(
-            kernel.resolve(false, false, false, "--capture"),
+            kernel.resolve(false, false, "--capture"),
             Ok(Capture::Kernel)
         );
-        let paused = kernel.resolve(true, false, false, "capture");
+        let paused = kernel.resolve(true, false, "capture");
         assert!(paused.is_err_and(|e| e.contains("does not go with blocking")));
-        let tasks = kernel.resolve(false, false, true, "--capture");
-        assert!(tasks.is_err_and(|e| e.contains("does not go with --async")));
         assert!("bpf".parse::<Capture>().is_err());
     }
 

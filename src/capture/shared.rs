@@ -6,7 +6,7 @@
 use super::kernel::KernelCapture;
 use crate::cpython;
 use crate::host::PidNamespace;
-use crate::memory::capture_records::GilAt;
+use crate::memory::capture_records::{CapturedTask, GilAt};
 use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -52,6 +52,8 @@ pub(super) struct PendingRecord {
     pub(super) truncated: bool,
     /// The frames as the ring held them (`capture_records::frames_in`).
     pub(super) frames: Vec<u8>,
+    /// The asyncio task the thread ran, as copied with the chain (none, or not asked).
+    pub(super) task: Option<CapturedTask>,
 }
 
 impl PendingRecord {
@@ -276,6 +278,7 @@ impl CaptureState {
                     .truncated()
                     .then_some("a chain deeper than the capture copies")),
                 frames: r.frame_bytes().to_vec(),
+                task: r.task,
             };
             let now_due = record.prompt() || queue.records.len() + 1 == PROMPT_AT;
             if now_due {

@@ -596,6 +596,7 @@ fn task_objects(
         gen_frame_state: gen("gi_frame_state")?,
         gen_cleared: extras.gen_cleared,
         gen_yield_from: extras.gen_yield_from,
+        gen_finished: extras.gen_finished,
         frame_stackpointer: d.offset("interpreter_frame", "stackpointer")?,
         awaited_depth: extras.awaited_depth,
         set_size: span(&[

@@ -222,6 +222,8 @@ pub struct TaskObjectsLayout {
     /// `gi_frame_state` values: cleared, and suspended awaiting another object.
     pub gen_cleared: i8,
     pub gen_yield_from: &'static [i8],
+    /// `gi_frame_state` values of a generator that finished.
+    pub gen_finished: &'static [i8],
     /// A suspended frame's `_PyStackRef *stackpointer`, and how many slots below it the
     /// object it awaits lies.
     pub frame_stackpointer: u64,

@@ -7,7 +7,7 @@ use super::layout::{Layout, Version};
 use super::objects::fingerprint;
 use super::{Unwinder, UnwinderOptions};
 use crate::binary::RuntimeLocation;
-use crate::memory::capture_records::{CaptureLayout, FRAME_BYTES, MAX_FRAMES};
+use crate::memory::capture_records::{CaptureLayout, FRAME_BYTES, MAX_FRAMES, TASK_NAME_BYTES};
 use crate::memory::{MemoryImage, RemoteMemory};
 use std::path::PathBuf;
 
@@ -266,7 +266,7 @@ pub fn captured_record(
         n += 1;
         frame = at_word(layout.previous);
     }
-    // The head: pid, tid, time, frames, flags, padding, last switch-in (not known).
+    // The head: pid, tid, time, frames, flags, padding, last switch-in (not known), task.
     let mut record = Vec::with_capacity(32 + frames.len());
     record.extend(pid.to_le_bytes());
     record.extend(tid.to_le_bytes());
@@ -275,6 +275,8 @@ pub fn captured_record(
     record.extend(0u16.to_le_bytes());
     record.extend(0u32.to_le_bytes());
     record.extend(0u64.to_le_bytes());
+    // No asyncio task (its copy is zeros).
+    record.extend([0u8; 32 + TASK_NAME_BYTES]);
     record.extend(frames);
     record
 }

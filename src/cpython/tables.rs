@@ -35,6 +35,8 @@ pub struct Extras {
     /// states of a generator suspended in `yield from` / `await` (3.15 adds a locked one).
     pub gen_cleared: i8,
     pub gen_yield_from: &'static [i8],
+    /// The states of a generator that finished (`FRAME_STATE_FINISHED`).
+    pub gen_finished: &'static [i8],
     /// How far below a suspended frame's `stackpointer` the object it awaits lies (slots:
     /// `_PyFrame_StackPeek` in `_PyGen_yf`).
     pub awaited_depth: u64,
@@ -55,6 +57,7 @@ pub fn extras(minor: u32) -> Option<Extras> {
             stacktop_after_instr: true,
             gen_cleared: 4,
             gen_yield_from: &[-1],
+            gen_finished: &[1, 4],
             awaited_depth: 1,
         }),
         // Same unicode layout; FRAME_OWNED_BY_INTERPRETER = 3, FRAME_OWNED_BY_CSTACK = 4;
@@ -71,6 +74,7 @@ pub fn extras(minor: u32) -> Option<Extras> {
             // FRAME_SUSPENDED_YIELD_FROM = -1, FRAME_CLEARED = 4; `stackpointer[-1]`.
             gen_cleared: 4,
             gen_yield_from: &[-1],
+            gen_finished: &[1, 4],
             awaited_depth: 1,
         }),
         // 3.15 has no FRAME_OWNED_BY_CSTACK: entry frames are FRAME_OWNED_BY_INTERPRETER = 3.
@@ -86,6 +90,7 @@ pub fn extras(minor: u32) -> Option<Extras> {
             // FRAME_CLEARED = 5; `stackpointer[-2]`.
             gen_cleared: 5,
             gen_yield_from: &[2, 3],
+            gen_finished: &[5],
             awaited_depth: 2,
         }),
         _ => None,

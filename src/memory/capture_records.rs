@@ -28,7 +28,17 @@ const TIME_AT: usize = 8;
 const FRAMES_AT: usize = 16;
 const FLAGS_AT: usize = 18;
 const SWITCHED_IN_AT: usize = 24;
-const HEAD_BYTES: usize = 32;
+const TASK_AT: usize = 32;
+// `struct task_copy`: the task's address, its name object, coroutine and awaiter, the name
+// object's first bytes.
+const TASK_NAME_AT: usize = 8;
+const TASK_CORO_AT: usize = 16;
+const TASK_AWAITED_BY_AT: usize = 24;
+const TASK_NAME_HEAD_AT: usize = 32;
+/// Bytes of a running task's name object copied with its chain (`TASK_NAME_BYTES`).
+pub const TASK_NAME_BYTES: usize = 96;
+const TASK_COPY_BYTES: usize = TASK_NAME_HEAD_AT + TASK_NAME_BYTES;
+const HEAD_BYTES: usize = TASK_AT + TASK_COPY_BYTES;
 // `struct frame_copy`: the frame's address, its code object's fingerprint, its first bytes.
 const ADDR_AT: usize = 0;
 const FINGERPRINT_AT: usize = 8;
@@ -74,6 +84,20 @@ pub struct CaptureLayout {
     /// Offset in the thread state of its current data-stack chunk's address: the program
     /// reads the chunk below the top frame at once (none: frame by frame).
     pub chunk: Option<u64>,
+    /// `--async` (3.14+): every record then carries the task the thread runs, with what
+    /// names it and what it awaits.
+    pub tasks: Option<TaskOffsets>,
+}
+
+/// Where the program finds the asyncio task a thread runs (offsets in the thread state) and
+/// what it copies of it (offsets in the task object).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskOffsets {
+    pub running_loop: u64,
+    pub running_task: u64,
+    pub name: u64,
+    pub coro: u64,
+    pub awaited_by: u64,
 }
 
 /// Where the program finds whether a thread holds the GIL (gil mode), read with each chain.
@@ -115,9 +139,15 @@ pub struct ThreadInfo {
     chunk: u64,
     /// The program's: when the thread was last switched in (0 when watched).
     switched_in_at: u64,
+    /// See [`CaptureLayout::tasks`] (all 0: not asked).
+    running_loop: u64,
+    running_task: u64,
+    task_name: u64,
+    task_coro: u64,
+    task_awaited_by: u64,
 }
 
-// SAFETY: two u32 then fifteen u64 fields, `repr(C)`, no padding: every bit pattern is a valid value, which
+// SAFETY: two u32 then twenty u64 fields, `repr(C)`, no padding: every bit pattern is a valid value, which
 // is what `Pod` asks of types copied to and from BPF maps.
 unsafe impl Pod for ThreadInfo {}
 
@@ -150,6 +180,11 @@ impl ThreadInfo {
             },
             chunk: layout.chunk.unwrap_or(0),
             switched_in_at: 0,
+            running_loop: layout.tasks.map_or(0, |t| t.running_loop),
+            running_task: layout.tasks.map_or(0, |t| t.running_task),
+            task_name: layout.tasks.map_or(0, |t| t.name),
+            task_coro: layout.tasks.map_or(0, |t| t.coro),
+            task_awaited_by: layout.tasks.map_or(0, |t| t.awaited_by),
         }
     }
 }
@@ -165,6 +200,24 @@ impl CaptureLayout {
                  past the {FRAME_BYTES} bytes copied of a frame",
                 self.previous, self.code, self.instr
             ));
+        }
+        if let Some(t) = self.tasks {
+            if t.running_loop == 0
+                || t.running_task == 0
+                || t.running_loop > 65536
+                || t.running_task > 65536
+            {
+                return Err(format!(
+                    "asyncio's running loop at {} or task at {}, outside a thread state",
+                    t.running_loop, t.running_task
+                ));
+            }
+            if t.name == 0 || [t.name, t.coro, t.awaited_by].iter().any(|&o| o >= 4096) {
+                return Err(format!(
+                    "a task's name at {}, coroutine at {} or awaiter at {}, outside a task",
+                    t.name, t.coro, t.awaited_by
+                ));
+            }
         }
         if self.fingerprint_bytes == 0
             || self.fingerprint_bytes % 8 != 0
@@ -217,7 +270,22 @@ pub struct CapturedRecord<'a> {
     pub time_ns: u64,
     flags: u16,
     switched_in_ns: u64,
+    /// The asyncio task the thread ran, as copied with the chain (none, or not asked).
+    pub task: Option<CapturedTask>,
     frames: &'a [u8],
+}
+
+/// The asyncio task a thread ran at the interrupt, copied with its chain (`struct task_copy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CapturedTask {
+    pub addr: u64,
+    /// Its name object (0: its bytes could not be copied).
+    pub name: u64,
+    /// Its coroutine and what it was awaited by (0: none).
+    pub coro: u64,
+    pub awaited_by: u64,
+    /// The name object's first bytes.
+    pub name_head: [u8; TASK_NAME_BYTES],
 }
 
 impl<'a> CapturedRecord<'a> {
@@ -239,6 +307,20 @@ impl<'a> CapturedRecord<'a> {
                     .try_into()
                     .ok()?,
             ),
+            task: {
+                let t = head.get(TASK_AT..TASK_AT + TASK_COPY_BYTES)?;
+                let word = |o: usize| Some(u64::from_le_bytes(t.get(o..o + 8)?.try_into().ok()?));
+                match word(0)? {
+                    0 => None,
+                    addr => Some(CapturedTask {
+                        addr,
+                        name: word(TASK_NAME_AT)?,
+                        coro: word(TASK_CORO_AT)?,
+                        awaited_by: word(TASK_AWAITED_BY_AT)?,
+                        name_head: t.get(TASK_NAME_HEAD_AT..)?.try_into().ok()?,
+                    }),
+                }
+            },
             frames,
         })
     }
@@ -316,6 +398,12 @@ mod tests {
         v.extend(flags.to_le_bytes());
         v.extend(0u32.to_le_bytes());
         v.extend(5u64.to_le_bytes());
+        // The task: at 9, named at 0x90 (its first bytes 3s), coroutine 0x91, no awaiter.
+        v.extend(9u64.to_le_bytes());
+        v.extend(0x90u64.to_le_bytes());
+        v.extend(0x91u64.to_le_bytes());
+        v.extend(0u64.to_le_bytes());
+        v.extend([3u8; TASK_NAME_BYTES]);
         for &(addr, fill) in frames {
             v.extend(addr.to_le_bytes());
             v.extend((addr + 1).to_le_bytes());
@@ -342,9 +430,13 @@ mod tests {
             "CONST(FLAG_POINTER_UNREADABLE); CONST(FLAG_FRAME_UNREADABLE);",
             "CONST(FLAG_TRUNCATED); CONST(FLAG_UNKNOWN_THREAD); CONST(FLAG_SWITCHED_OUT);",
             "CONST(FLAG_UNCHANGED); CONST(FLAG_ENTERING);",
-            "CONST(FLAG_HOLDS_GIL);",
+            "CONST(FLAG_HOLDS_GIL); CONST(TASK_NAME_BYTES);",
+            "AT(task_copy, name); AT(task_copy, coro); AT(task_copy, awaited_by);",
+            "AT(task_copy, name_head); SIZE(task_copy);",
+            "AT(thread_info, task_name); AT(thread_info, task_coro);",
+            "AT(thread_info, task_awaited_by);",
             "AT(record, pid); AT(record, tid); AT(record, time); AT(record, frames);",
-            "AT(record, flags); AT(record, switched_in); AT(record, frame);",
+            "AT(record, flags); AT(record, switched_in); AT(record, task); AT(record, frame);",
             "AT(thread_info, switched_in_at);",
             "AT(frame_copy, addr); AT(frame_copy, code_fingerprint); AT(frame_copy, bytes);",
             "SIZE(frame_copy); SIZE(thread_info);",
@@ -355,6 +447,7 @@ mod tests {
             "AT(thread_info, instr); AT(thread_info, root_cframe);",
             "AT(thread_info, gil_locked); AT(thread_info, gil_holder);",
             "AT(thread_info, chunk); CONST(CHUNK_HEAD);",
+            "AT(thread_info, running_loop); AT(thread_info, running_task);",
         ] {
             c.push_str(line);
             c.push('\n');
@@ -413,6 +506,13 @@ mod tests {
             ("record.frames", FRAMES_AT as u64),
             ("record.flags", FLAGS_AT as u64),
             ("record.switched_in", SWITCHED_IN_AT as u64),
+            ("record.task", TASK_AT as u64),
+            ("TASK_NAME_BYTES", TASK_NAME_BYTES as u64),
+            ("task_copy.name", TASK_NAME_AT as u64),
+            ("task_copy.coro", TASK_CORO_AT as u64),
+            ("task_copy.awaited_by", TASK_AWAITED_BY_AT as u64),
+            ("task_copy.name_head", TASK_NAME_HEAD_AT as u64),
+            ("task_copy", TASK_COPY_BYTES as u64),
             ("record.frame", HEAD_BYTES as u64),
             ("frame_copy.addr", ADDR_AT as u64),
             ("frame_copy.code_fingerprint", FINGERPRINT_AT as u64),
@@ -483,6 +583,26 @@ mod tests {
                 "thread_info.switched_in_at",
                 std::mem::offset_of!(ThreadInfo, switched_in_at) as u64,
             ),
+            (
+                "thread_info.running_loop",
+                std::mem::offset_of!(ThreadInfo, running_loop) as u64,
+            ),
+            (
+                "thread_info.running_task",
+                std::mem::offset_of!(ThreadInfo, running_task) as u64,
+            ),
+            (
+                "thread_info.task_name",
+                std::mem::offset_of!(ThreadInfo, task_name) as u64,
+            ),
+            (
+                "thread_info.task_coro",
+                std::mem::offset_of!(ThreadInfo, task_coro) as u64,
+            ),
+            (
+                "thread_info.task_awaited_by",
+                std::mem::offset_of!(ThreadInfo, task_awaited_by) as u64,
+            ),
             ("CHUNK_HEAD", crate::cpython::layout::CHUNK_DATA),
         ];
         for (name, value) in rust {
@@ -508,6 +628,12 @@ mod tests {
             (r.pid, r.tid, r.time_ns, r.switched_in_ns()),
             (10, 11, 7, 5)
         );
+        let task = r.task.expect("a task");
+        assert_eq!(
+            (task.addr, task.name, task.coro, task.awaited_by),
+            (9, 0x90, 0x91, 0)
+        );
+        assert!(task.name_head.iter().all(|&b| b == 3));
         assert!(r.truncated());
         assert_eq!(r.unreadable(), None);
         let frames: Vec<_> = r.frames().collect();
@@ -531,9 +657,27 @@ mod tests {
             fingerprint_at: 96,
             fingerprint_bytes: 32,
             chunk: Some(200),
+            tasks: Some(TaskOffsets {
+                running_loop: 0x360,
+                running_task: 0x368,
+                name: 0x40,
+                coro: 0x48,
+                awaited_by: 0x50,
+            }),
         };
         assert!(fits.check().is_ok());
         let refused = [
+            CaptureLayout {
+                tasks: fits.tasks.map(|t| TaskOffsets {
+                    running_task: 1 << 20,
+                    ..t
+                }),
+                ..fits
+            },
+            CaptureLayout {
+                tasks: fits.tasks.map(|t| TaskOffsets { coro: 4096, ..t }),
+                ..fits
+            },
             CaptureLayout {
                 previous: FRAME_BYTES as u64 - 7,
                 ..fits

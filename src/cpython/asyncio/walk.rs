@@ -21,6 +21,7 @@ use super::super::layout::{Layout, TaskObjectsLayout, OWNED_BY_GENERATOR};
 use super::super::objects::{read_chunks, unicode_header};
 use super::super::UnwindError;
 use super::AsyncioLayout;
+use crate::memory::capture_records::CapturedTask;
 use crate::memory::{Bytes, RemoteMemory};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::Arc;
@@ -323,7 +324,88 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
         &mut self,
         task: u64,
     ) -> Result<Vec<(TaskObject, Vec<CoroutineFrame>)>, UnwindError> {
-        let mut chain = vec![(self.task(task, None)?, Vec::new())];
+        let first = self.task(task, None)?;
+        self.awaited_chain_from(first)
+    }
+
+    /// [`TaskReader::awaited_chain`] of a running task the kernel capture copied with its
+    /// thread's chain (`copy`): named as it was then. A task nothing awaited then needs no
+    /// read; one that was awaited is read now for its awaiters, and must still be the task
+    /// copied (its name and coroutine) and not have finished, else the chain is
+    /// [`UnwindError::Moved`] (a task freed since, or another made at its address).
+    #[allow(clippy::type_complexity)]
+    pub fn captured_chain(
+        &mut self,
+        copy: &CapturedTask,
+    ) -> Result<Vec<(TaskObject, Vec<CoroutineFrame>)>, UnwindError> {
+        if copy.name == 0 {
+            return Err(UnwindError::Moved(
+                "a running task whose name the capture could not copy",
+            ));
+        }
+        let mut first = TaskObject {
+            addr: copy.addr,
+            name: self.copied_name(copy.addr, copy.name & !TAG_BITS, &copy.name_head)?,
+            coro: copy.coro & !TAG_BITS,
+            awaited_by: Vec::new(),
+        };
+        if copy.awaited_by == 0 {
+            return Ok(vec![(first, Vec::new())]);
+        }
+        let now = self.task(copy.addr, None)?;
+        if now.coro != first.coro || now.name != first.name || !self.unfinished(first.coro)? {
+            return Err(UnwindError::Moved(
+                "a task that finished between its interrupt and the read of its awaiters",
+            ));
+        }
+        first.awaited_by = now.awaited_by;
+        self.awaited_chain_from(first)
+    }
+
+    /// The name of task `task` from the first bytes of its name object `name` as copied at
+    /// an interrupt (`head`): a str's characters (`…` past those copied) or an unnamed
+    /// task's counter. The type's flags are read now (a type outlives its objects).
+    pub fn copied_name(
+        &mut self,
+        task: u64,
+        name: u64,
+        head: &[u8],
+    ) -> Result<Arc<str>, UnwindError> {
+        let o = self.objects;
+        let bad = |what: &str| UnwindError::BadObject {
+            addr: task,
+            what: what.into(),
+        };
+        let flags = self.type_flags(Bytes(head).u64(o.ob_type)?)?;
+        if flags & UNICODE_SUBCLASS != 0 {
+            let s = unicode_header(self.layout, name, head)?;
+            let start = usize::try_from(s.addr.wrapping_sub(name))
+                .ok()
+                .filter(|&st| s.addr >= name && st <= head.len())
+                .ok_or_else(|| bad("a task name whose characters lie apart from it"))?;
+            let end = start.saturating_add(s.read_len()).min(head.len());
+            let mut text = s.decode(&head[start..end]);
+            if end - start < s.read_len() && !text.ends_with('…') {
+                text.push('…');
+            }
+            return Ok(Arc::from(text));
+        }
+        if flags & LONG_SUBCLASS == 0 {
+            return Err(bad("a task name that is neither a str nor an int"));
+        }
+        let (text, _) = task_counter(&Bytes(head), o)
+            .ok_or_else(|| bad("a task counter too large to be one"))?;
+        Ok(Arc::from(text))
+    }
+
+    /// [`TaskReader::awaited_chain`] from its first task, already read.
+    #[allow(clippy::type_complexity)]
+    fn awaited_chain_from(
+        &mut self,
+        first: TaskObject,
+    ) -> Result<Vec<(TaskObject, Vec<CoroutineFrame>)>, UnwindError> {
+        let task = first.addr;
+        let mut chain = vec![(first, Vec::new())];
         let mut seen = vec![task];
         while let Some(&parent) = chain.last().and_then(|(t, _)| t.awaited_by.first()) {
             if seen.contains(&parent) {
@@ -687,6 +769,18 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
         Ok(chain)
     }
 
+    /// Whether coroutine `coro` has not finished, witnessed.
+    pub fn unfinished(&mut self, coro: u64) -> Result<bool, UnwindError> {
+        if coro == 0 {
+            return Ok(false);
+        }
+        let o = self.objects;
+        let raw = self.read_object(coro, o.gen_size as usize)?;
+        Ok(!o
+            .gen_finished
+            .contains(&(Bytes(&raw).u8(o.gen_frame_state)? as i8)))
+    }
+
     /// The tasks awaiting the future whose bytes are `b`, looking through futures that are
     /// not tasks (what `gather` returns), each task once, lowest address first. With
     /// `known` (the tasks of the lists read), an awaiter there is a task without reading it,
@@ -800,6 +894,7 @@ mod tests {
     //! the error that says why.
     use super::*;
     use crate::cpython::synthetic;
+    use crate::memory::capture_records::TASK_NAME_BYTES;
     use crate::memory::MemoryImage;
 
     const BASE: u64 = 0x1000_0000;
@@ -890,6 +985,7 @@ mod tests {
             gen_frame_state: 0x43,
             gen_cleared: 4,
             gen_yield_from: &[-1],
+            gen_finished: &[1, 4],
             frame_stackpointer: 0x28,
             awaited_depth: 1,
             set_size: 0x30,
@@ -1044,6 +1140,70 @@ mod tests {
         reader.all_tasks(interp, &[thread]).expect("read again");
         img.poke(tasks[0] + 0x98, &(tasks[1] + 0x98).to_le_bytes());
         let r = reader.verify();
+        assert!(matches!(r, Err(UnwindError::Moved(_))), "{r:?}");
+    }
+
+    /// The copy the kernel capture would make of the task at `task` (its name object's first
+    /// bytes), as it is in `w` now.
+    fn copy_of(w: &World, task: u64, name: u64, awaited_by: u64) -> CapturedTask {
+        let o = (name - BASE) as usize;
+        let mut name_head = [0u8; TASK_NAME_BYTES];
+        name_head.copy_from_slice(&w.bytes[o..o + TASK_NAME_BYTES]);
+        CapturedTask {
+            addr: task,
+            name,
+            coro: 0,
+            awaited_by,
+            name_head,
+        }
+    }
+
+    #[test]
+    fn a_copied_task_is_named_as_copied_and_one_replaced_since_fails() {
+        let mut w = World::new(1 << 20);
+        let short = w.string("request-7");
+        let long_text = "x".repeat(200);
+        let long = w.string(&long_text);
+        let root = w.task(short, 0, true);
+        let child = w.task(short, root, true);
+        // The child runs a coroutine that has not finished (frame state 0: created).
+        let coro = w.alloc(objects().gen_size);
+        w.put_u64(child + table().task_coro, coro);
+        let other = w.string("another");
+        let (short_copy, long_copy) = (copy_of(&w, root, short, 0), copy_of(&w, root, long, 0));
+        let child_copy = CapturedTask {
+            coro,
+            ..copy_of(&w, child, short, root)
+        };
+        let img = w.image();
+        let (layout, objects, table) = (synthetic::layout(), objects(), table());
+        let mut memo = TaskMemo::default();
+        let mut reader = TaskReader::new(&img, &layout, &objects, &table, &mut memo);
+        // Nothing awaited it: named from the copy alone.
+        let chain = reader.captured_chain(&short_copy).expect("named");
+        assert_eq!(chain.len(), 1);
+        assert_eq!(&*chain[0].0.name, "request-7");
+        // A name longer than the bytes copied ends in an ellipsis.
+        let name = reader.captured_chain(&long_copy).expect("named")[0]
+            .0
+            .name
+            .clone();
+        assert!(name.ends_with('…') && name.starts_with("xxxx"), "{name}");
+        assert!(name.chars().count() < long_text.len());
+        // Awaited: its awaiter is read now, and it is still the task copied.
+        let chain = reader.captured_chain(&child_copy).expect("awaited");
+        assert_eq!(chain.len(), 2);
+        assert_eq!(chain[1].0.addr, root);
+        // Another task made at its address since (another name): the sample fails.
+        img.poke(child + 0x88, &other.to_le_bytes());
+        let mut reader = TaskReader::new(&img, &layout, &objects, &table, &mut memo);
+        let r = reader.captured_chain(&child_copy);
+        assert!(matches!(r, Err(UnwindError::Moved(_))), "{r:?}");
+        // A name the capture could not copy fails too.
+        let r = reader.captured_chain(&CapturedTask {
+            name: 0,
+            ..short_copy
+        });
         assert!(matches!(r, Err(UnwindError::Moved(_))), "{r:?}");
     }
 }

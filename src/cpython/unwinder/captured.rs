@@ -51,6 +51,7 @@ impl<M: RemoteMemory> Unwinder<M> {
             fingerprint_at,
             fingerprint_bytes: fingerprint_bytes as u64,
             chunk: self.layout.tstate.datastack_chunk,
+            tasks: None,
         }
     }
 

@@ -27,6 +27,7 @@ use crate::cpython::asyncio::walk::{
 };
 use crate::cpython::asyncio::{TaskScope, Tasks};
 use crate::cpython::resolved::{InterpreterTasks, Task};
+use crate::memory::capture_records::CapturedTask;
 use crate::stacks::Function;
 
 /// Reads of the tasks made for one sample before it counts as failed (the first and the
@@ -174,7 +175,6 @@ impl<M: RemoteMemory> Unwinder<M> {
     ) -> Result<Option<usize>, UnwindError> {
         let mut listed = None;
         let interps = self.sampled_interps();
-        let mut ids = Vec::new();
         for (interp, id) in interps {
             let threads = self.sampled_threads(id);
             match scope {
@@ -186,29 +186,39 @@ impl<M: RemoteMemory> Unwinder<M> {
                         let Some(chain) = self.running_chain(tasks, th.tstate)? else {
                             continue;
                         };
-                        ids.clear();
-                        if !self.running_frame_ids(th.tstate, chain[0].0.coro, tasks, &mut ids) {
-                            continue;
+                        if let Some(stack) = self.running_task_stack(th.tstate, &chain, tasks)? {
+                            out.push(TaskStack {
+                                native_thread_id: th.native,
+                                running: true,
+                                stack,
+                            });
                         }
-                        for (i, (task, frames)) in chain.iter().enumerate() {
-                            if i > 0 {
-                                self.coroutine_frame_ids(frames, &mut ids)?;
-                            }
-                            ids.push(self.task_frame_id(&task.name, task.awaited_by.len()));
-                        }
-                        out.push(TaskStack {
-                            native_thread_id: th.native,
-                            running: true,
-                            stack: self.table.stack(&ids),
-                        });
                     }
                 }
                 TaskScope::All => {
                     let raw = self.read_all_tasks(tasks, interp, &threads)?;
                     *listed.get_or_insert(0) += raw.len();
-                    self.all_task_stacks(&raw, &threads, out)?;
+                    self.all_task_stacks(&raw, &threads, false, out)?;
                 }
             }
+        }
+        Ok(listed)
+    }
+
+    /// With the kernel capture, all mode: the stacks of the tasks that wait (the running
+    /// ones come with the captured chains), read now through the interpreters and threads
+    /// of the last full read, and how many tasks the lists held.
+    pub fn waiting_task_stacks(
+        &mut self,
+        tasks: &mut Tasks,
+        out: &mut Vec<TaskStack>,
+    ) -> Result<usize, UnwindError> {
+        let mut listed = 0;
+        for (interp, id) in self.sampled_interps() {
+            let threads = self.sampled_threads(id);
+            let raw = self.read_all_tasks(tasks, interp, &threads)?;
+            listed += raw.len();
+            self.all_task_stacks(&raw, &threads, true, out)?;
         }
         Ok(listed)
     }
@@ -276,6 +286,59 @@ impl<M: RemoteMemory> Unwinder<M> {
         Ok(Some(chain))
     }
 
+    /// The stack of the task at the head of `chain` (a running task and those awaiting it,
+    /// as [`TaskReader::awaited_chain`] gives them) run by thread `tstate`: the thread's chain
+    /// as last walked or captured, cut at the task's coroutine frame, then the frames of the
+    /// tasks awaiting it; `None` when that chain does not hold the task's frame.
+    fn running_task_stack(
+        &mut self,
+        tstate: u64,
+        chain: &[(TaskObject, Vec<CoroutineFrame>)],
+        tasks: &Tasks,
+    ) -> Result<Option<StackId>, UnwindError> {
+        let mut ids = Vec::new();
+        let Some((running, _)) = chain.first() else {
+            return Ok(None);
+        };
+        if !self.running_frame_ids(tstate, running.coro, tasks, &mut ids) {
+            return Ok(None);
+        }
+        for (i, (task, frames)) in chain.iter().enumerate() {
+            if i > 0 {
+                self.coroutine_frame_ids(frames, &mut ids)?;
+            }
+            ids.push(self.task_frame_id(&task.name, task.awaited_by.len()));
+        }
+        Ok(Some(self.table.stack(&ids)))
+    }
+
+    /// The task stack of a chain the kernel capture copied of thread `tstate` (just decoded
+    /// by [`Unwinder::sample_captured`]) while it ran the task copied with it (`task`):
+    /// `None` when the chain does not hold the task's coroutine frame. The task is named as
+    /// copied; the tasks awaiting it, if any awaited it then, are read now (see
+    /// [`TaskReader::captured_chain`](crate::cpython::asyncio::TaskReader::captured_chain)).
+    pub fn captured_task_stack(
+        &mut self,
+        tasks: &mut Tasks,
+        tstate: u64,
+        task: &CapturedTask,
+    ) -> Result<Option<StackId>, UnwindError> {
+        let chain = self.read_again_if_torn(|u| {
+            let mut reader = u.task_reader(tasks);
+            let chain = reader.captured_chain(task)?;
+            reader.verify()?;
+            Ok(chain)
+        })?;
+        self.running_task_stack(tstate, &chain, tasks)
+    }
+
+    /// How many threads of the last full read run a task now (one batched read).
+    pub fn tasks_running(&mut self, tasks: &mut Tasks) -> Result<usize, UnwindError> {
+        let tstates: Vec<u64> = self.spare.work.iter().map(|w| w.ts.addr).collect();
+        let runs = self.task_reader(tasks).running_tasks(&tstates)?;
+        Ok(runs.iter().filter(|r| r.is_some()).count())
+    }
+
     /// Pushes the frames of thread `tstate`'s chain down to the frame of coroutine `coro`;
     /// false (nothing pushed) when the chain does not hold it.
     fn running_frame_ids(
@@ -328,11 +391,14 @@ impl<M: RemoteMemory> Unwinder<M> {
         }
     }
 
-    /// One stack per task of `raw`, with the stacks of the tasks awaiting it.
+    /// One stack per task of `raw`, with the stacks of the tasks awaiting it; with
+    /// `waiting_only`, of the tasks that wait alone (a running task's frames are then not
+    /// read from its thread: the thread's chain is not this instant's).
     fn all_task_stacks(
         &mut self,
         raw: &[RawTask],
         threads: &[SampledThreadState],
+        waiting_only: bool,
         out: &mut Vec<TaskStack>,
     ) -> Result<(), UnwindError> {
         let by_addr: FxHashMap<u64, usize> =
@@ -341,6 +407,10 @@ impl<M: RemoteMemory> Unwinder<M> {
         // frame its thread no longer shows has none: it is not sampled, nor what awaits it.
         let mut own: Vec<Option<Vec<FrameId>>> = Vec::with_capacity(raw.len());
         for t in raw {
+            if waiting_only && t.running {
+                own.push(None);
+                continue;
+            }
             let mut ids = Vec::new();
             match self.own_frame_ids(t, threads, &mut ids) {
                 Ok(()) => {
