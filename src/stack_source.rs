@@ -177,7 +177,7 @@ impl StackSource for UnwinderSource {
         // chains stay).
         if let (Ok(_), Some(view)) = (&result, self.tasks.as_mut()) {
             if let Some(link) = self.capture.as_mut() {
-                if let Err(e) = view.read_waiting(&mut self.unwinder) {
+                if let Err(e) = view.read_waiting(&mut self.unwinder, link.wall_rate()) {
                     link.count_failure(e.kind());
                 }
             }

@@ -42,6 +42,11 @@ pub struct TaskView {
     /// At the last count: tasks run by a thread, and waiting (`None` before the first).
     counts: Option<[u64; 2]>,
     count_at: Instant,
+    /// What each waiting task's stack stands for (see [`TaskView::read_waiting`]; 1 by
+    /// reads): ticks, the time of the last read of them and what is owed of a tick.
+    waiting_weight: u32,
+    waiting_read_ns: Option<u64>,
+    waiting_carry: f64,
 }
 
 impl TaskView {
@@ -56,6 +61,9 @@ impl TaskView {
             stacks: Vec::new(),
             counts: None,
             count_at: Instant::now(),
+            waiting_weight: 1,
+            waiting_read_ns: None,
+            waiting_carry: 0.0,
         };
         view.look(unwinder).map_err(|e| e.to_string())?;
         Ok(view)
@@ -155,10 +163,13 @@ impl TaskView {
 
     /// With the kernel capture, all mode: reads the stacks of the tasks that wait (the
     /// running ones come with the captured chains, see [`TaskView::captured`]); nothing in
-    /// running mode.
+    /// running mode. A capturing source is called when its chains arrive, which for a process
+    /// that seldom runs is several ticks apart: each waiting task then stands for the ticks
+    /// at `rate_hz` since the last read of them (as wall mode counts a thread off its CPU).
     pub fn read_waiting(
         &mut self,
         unwinder: &mut Unwinder<ProcessMemory>,
+        rate_hz: f64,
     ) -> Result<(), UnwindError> {
         self.stacks.clear();
         if self.scope != TaskScope::All {
@@ -166,6 +177,16 @@ impl TaskView {
         }
         let Some(tasks) = self.tasks.as_mut() else {
             return Ok(());
+        };
+        let now = crate::capture::wall_time::now_ns();
+        self.waiting_weight = match self.waiting_read_ns.replace(now) {
+            None => 1,
+            Some(last) => {
+                let owed = now.saturating_sub(last) as f64 * rate_hz / 1e9 + self.waiting_carry;
+                let whole = owed.floor();
+                self.waiting_carry = owed - whole;
+                whole.min(f64::from(u32::MAX)) as u32
+            }
         };
         unwinder.waiting_task_stacks(tasks, &mut self.stacks)?;
         Ok(())
@@ -182,6 +203,9 @@ impl TaskView {
                 }
                 continue;
             }
+            if self.waiting_weight == 0 {
+                continue;
+            }
             out.push(SampledThread {
                 tid: s.native_thread_id,
                 status: ThreadStatus {
@@ -189,7 +213,7 @@ impl TaskView {
                     holds_gil: false,
                 },
                 stack: u64::from(s.stack),
-                samples: 1,
+                samples: self.waiting_weight,
             });
         }
     }

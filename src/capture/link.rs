@@ -330,6 +330,11 @@ impl CaptureLink {
         }
     }
 
+    /// Wall and gil modes' sampling rate (0 in cpu mode).
+    pub fn wall_rate(&self) -> f64 {
+        self.wall.as_ref().map_or(0.0, WallTime::rate_hz)
+    }
+
     /// Counts one more failed sample in this call's counts (the waiting tasks of all mode,
     /// read after the chains were decoded).
     pub fn count_failure(&mut self, kind: &'static str) {

@@ -237,6 +237,11 @@ impl WallTime {
         failed
     }
 
+    /// Samples a second.
+    pub fn rate_hz(&self) -> f64 {
+        self.rate_hz
+    }
+
     /// Counts every thread's time off its CPU up to [`settle_ns`](Self::settle_ns) before
     /// `now_ns` into `out`. Returns the failed samples.
     pub fn until(&mut self, now_ns: u64, out: &mut Vec<SampledThread>) -> u64 {
