@@ -18,7 +18,7 @@
 //!   per task; a list or chain that loops is a [`UnwindError::Cycle`], never a hang.
 
 use super::super::layout::{Layout, TaskObjectsLayout, OWNED_BY_GENERATOR};
-use super::super::objects::{read_chunks, unicode_header};
+use super::super::objects::{read_chunks, unicode_header, StrData};
 use super::super::UnwindError;
 use super::AsyncioLayout;
 use crate::memory::capture_records::CapturedTask;
@@ -106,6 +106,13 @@ pub struct TaskObject {
     pub coro: u64,
     /// The tasks awaiting it (see [`TaskReader::awaiters`]).
     pub awaited_by: Vec<u64>,
+}
+
+/// A task's name object: a str (its header), or an unnamed task's counter (the name it
+/// stands for, and the bytes of the int that hold it).
+enum NameObject {
+    Str(StrData),
+    Counter(String, usize),
 }
 
 /// Reads tasks of one target.
@@ -371,6 +378,34 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
         name: u64,
         head: &[u8],
     ) -> Result<Arc<str>, UnwindError> {
+        match self.name_object(task, name, head)? {
+            NameObject::Str(s) => {
+                let start = usize::try_from(s.addr.wrapping_sub(name))
+                    .ok()
+                    .filter(|&st| s.addr >= name && st <= head.len())
+                    .ok_or_else(|| UnwindError::BadObject {
+                        addr: task,
+                        what: "a task name whose characters lie apart from it".into(),
+                    })?;
+                let end = start.saturating_add(s.read_len()).min(head.len());
+                let mut text = s.decode(&head[start..end]);
+                if end - start < s.read_len() && !text.ends_with('…') {
+                    text.push('…');
+                }
+                Ok(Arc::from(text))
+            }
+            NameObject::Counter(text, _) => Ok(Arc::from(text)),
+        }
+    }
+
+    /// What the name object `name` of task `task` is, from its first bytes `head` (its
+    /// type's flags read, or remembered).
+    fn name_object(
+        &mut self,
+        task: u64,
+        name: u64,
+        head: &[u8],
+    ) -> Result<NameObject, UnwindError> {
         let o = self.objects;
         let bad = |what: &str| UnwindError::BadObject {
             addr: task,
@@ -378,24 +413,14 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
         };
         let flags = self.type_flags(Bytes(head).u64(o.ob_type)?)?;
         if flags & UNICODE_SUBCLASS != 0 {
-            let s = unicode_header(self.layout, name, head)?;
-            let start = usize::try_from(s.addr.wrapping_sub(name))
-                .ok()
-                .filter(|&st| s.addr >= name && st <= head.len())
-                .ok_or_else(|| bad("a task name whose characters lie apart from it"))?;
-            let end = start.saturating_add(s.read_len()).min(head.len());
-            let mut text = s.decode(&head[start..end]);
-            if end - start < s.read_len() && !text.ends_with('…') {
-                text.push('…');
-            }
-            return Ok(Arc::from(text));
+            return Ok(NameObject::Str(unicode_header(self.layout, name, head)?));
         }
         if flags & LONG_SUBCLASS == 0 {
             return Err(bad("a task name that is neither a str nor an int"));
         }
-        let (text, _) = task_counter(&Bytes(head), o)
+        let (text, own) = task_counter(&Bytes(head), o)
             .ok_or_else(|| bad("a task counter too large to be one"))?;
-        Ok(Arc::from(text))
+        Ok(NameObject::Counter(text, own))
     }
 
     /// [`TaskReader::awaited_chain`] from its first task, already read.
@@ -644,37 +669,28 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
         let mut names: Vec<Option<String>> = Vec::with_capacity(objs.len());
         let mut data = Vec::new();
         for (&(task, name), h) in objs.iter().zip(heads.chunks_exact(head)) {
-            let bad = |what: &str| UnwindError::BadObject {
-                addr: task,
-                what: what.into(),
-            };
-            let flags = self.type_flags(Bytes(h).u64(o.ob_type)?)?;
-            if flags & UNICODE_SUBCLASS != 0 {
-                let s = unicode_header(self.layout, name, h)?;
-                let start = s.addr.wrapping_sub(name) as usize;
-                // Only the object's own bytes are witnessed: past it lie others'.
-                match start.checked_add(s.read_len()) {
-                    Some(end) if s.addr >= name && end <= head => {
-                        self.witness_object(name, &h[..end]);
-                        names.push(Some(s.decode(&h[start..end])))
-                    }
-                    _ => {
-                        let own = (self.layout.unicode.ascii_size as usize).min(head);
-                        self.witness_object(name, &h[..own]);
-                        data.push((names.len(), s));
-                        names.push(None);
+            match self.name_object(task, name, h)? {
+                NameObject::Str(s) => {
+                    let start = s.addr.wrapping_sub(name) as usize;
+                    // Only the object's own bytes are witnessed: past it lie others'.
+                    match start.checked_add(s.read_len()) {
+                        Some(end) if s.addr >= name && end <= head => {
+                            self.witness_object(name, &h[..end]);
+                            names.push(Some(s.decode(&h[start..end])))
+                        }
+                        _ => {
+                            let own = (self.layout.unicode.ascii_size as usize).min(head);
+                            self.witness_object(name, &h[..own]);
+                            data.push((names.len(), s));
+                            names.push(None);
+                        }
                     }
                 }
-                continue;
+                NameObject::Counter(text, own) => {
+                    self.witness_object(name, &h[..own.min(head)]);
+                    names.push(Some(text));
+                }
             }
-            if flags & LONG_SUBCLASS == 0 {
-                return Err(bad("a task name that is neither a str nor an int"));
-            }
-            let counter = task_counter(&Bytes(h), o);
-            let (name_text, own) =
-                counter.ok_or_else(|| bad("a task counter too large to be one"))?;
-            self.witness_object(name, &h[..own.min(head)]);
-            names.push(Some(name_text));
         }
         if !data.is_empty() {
             let mut chars = vec![0u8; data.iter().map(|(_, s)| s.read_len()).sum()];
