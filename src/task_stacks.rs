@@ -45,7 +45,7 @@ pub struct TaskView {
     /// What each waiting task's stack stands for (see [`TaskView::read_waiting`]; 1 by
     /// reads): ticks, the time of the last read of them and what is owed of a tick.
     waiting_weight: u32,
-    waiting_read_ns: Option<u64>,
+    waiting_read_at: Option<Instant>,
     waiting_carry: f64,
 }
 
@@ -62,7 +62,7 @@ impl TaskView {
             counts: None,
             count_at: Instant::now(),
             waiting_weight: 1,
-            waiting_read_ns: None,
+            waiting_read_at: None,
             waiting_carry: 0.0,
         };
         view.look(unwinder).map_err(|e| e.to_string())?;
@@ -178,11 +178,11 @@ impl TaskView {
         let Some(tasks) = self.tasks.as_mut() else {
             return Ok(());
         };
-        let now = crate::capture::wall_time::now_ns();
-        self.waiting_weight = match self.waiting_read_ns.replace(now) {
+        let now = Instant::now();
+        self.waiting_weight = match self.waiting_read_at.replace(now) {
             None => 1,
             Some(last) => {
-                let owed = now.saturating_sub(last) as f64 * rate_hz / 1e9 + self.waiting_carry;
+                let owed = now.duration_since(last).as_secs_f64() * rate_hz + self.waiting_carry;
                 let whole = owed.floor();
                 self.waiting_carry = owed - whole;
                 whole.min(f64::from(u32::MAX)) as u32
