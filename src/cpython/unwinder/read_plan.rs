@@ -61,7 +61,8 @@ pub(super) struct ReadPlan {
     pub(super) group: u32,
     pub(super) groups: u32,
     pub(super) buf: Vec<u8>,
-    pub(super) index: FxHashMap<Key, (usize, usize)>,
+    /// Each key's bytes in `buf` (position, length) and the address they were read from.
+    pub(super) index: FxHashMap<Key, (usize, usize, u64)>,
     /// The prediction the plan below was built for.
     pub(super) plan_keys: Vec<Key>,
     pub(super) plan_ranges: Vec<(u64, usize)>,
@@ -159,7 +160,7 @@ impl ReadPlan {
         self.index.clear();
         for (i, (k, r)) in self.keys.iter().zip(&self.ranges).enumerate() {
             let (p, off) = self.place[i];
-            self.index.insert(*k, (self.offsets[p] + off, r.1));
+            self.index.insert(*k, (self.offsets[p] + off, r.1, r.0));
         }
         self.plan_keys.clone_from(&self.keys);
         self.plan_ranges.clone_from(&self.ranges);
@@ -216,7 +217,7 @@ impl ReadPlan {
             // Unread keys are absent this time; the plan is rebuilt next time.
             for (i, k) in self.keys.iter().enumerate() {
                 if failed.contains(&self.place[i].0) {
-                    self.index.insert(*k, (usize::MAX, 0));
+                    self.index.insert(*k, (usize::MAX, 0, 0));
                 }
             }
             self.plan_keys.clear();
@@ -229,11 +230,10 @@ impl ReadPlan {
     }
     /// `len` bytes at `addr`, inside the range read under `key`, if it holds them.
     pub(super) fn within(&self, key: Key, addr: u64, len: usize) -> Option<&[u8]> {
-        let i = self.keys.iter().position(|k| *k == key)?;
-        let off = usize::try_from(addr.checked_sub(self.ranges[i].0)?).ok()?;
-        (off.checked_add(len)? <= self.ranges[i].1).then_some(())?;
-        let (pos, _) = self.locate(key)?;
-        self.buf.get(pos + off..pos + off + len)
+        let &(pos, n, start) = self.index.get(&key)?;
+        let off = usize::try_from(addr.checked_sub(start)?).ok()?;
+        (off.checked_add(len)? <= n).then_some(())?;
+        self.buf.get(pos.checked_add(off)?..pos + off + len)
     }
     /// Whether `key` was asked for but could not be read.
     pub(super) fn unread(&self, key: Key) -> bool {
@@ -241,7 +241,7 @@ impl ReadPlan {
     }
     /// Where `key`'s bytes are in `buf` (position, length), if they were read.
     pub(super) fn locate(&self, key: Key) -> Option<(usize, usize)> {
-        let &(pos, len) = self.index.get(&key)?;
+        let &(pos, len, _) = self.index.get(&key)?;
         (pos.checked_add(len)? <= self.buf.len()).then_some((pos, len))
     }
 }

@@ -297,9 +297,13 @@ impl<M: RemoteMemory> Unwinder<M> {
                     // The C frame holding the pointer is the idle thread's own.
                     Some((c, top, _)) if c == cf && cf != 0 => top,
                     _ => {
-                        // The C frame's pointers: from the C stack this read prefetched (the
-                        // thread's extent), or from the thread state (its own C frame).
+                        // The C frame's pointers: from the thread state (its own C frame), or
+                        // the C stack this read prefetched: the thread's extent, or (3.12) the
+                        // C stack around its innermost entry frame, where an eval loop's C
+                        // frame mostly lies too (a local of the same C function; read after
+                        // the frames, which then tell whether the top moved: `settle_top`).
                         let tsize = l.tstate.size;
+                        let entries = self.threads.get(&ta).and_then(|t| t.entries);
                         let in_read = |c: u64| {
                             let at = c.wrapping_add(lo);
                             match at
@@ -307,7 +311,9 @@ impl<M: RemoteMemory> Unwinder<M> {
                                 .filter(|o| o.saturating_add(len as u64) <= tsize)
                             {
                                 Some(o) => tb.get(o as usize..o as usize + len),
-                                None => b.within(Key::CStack(ta), at, len),
+                                None => b
+                                    .within(Key::CStack(ta), at, len)
+                                    .or_else(|| b.within(Key::Entries(entries?), at, len)),
                             }
                         };
                         let tc = self.threads.entry(ta).or_default();
@@ -324,22 +330,8 @@ impl<M: RemoteMemory> Unwinder<M> {
                             let at = cf.wrapping_add(lo);
                             grow_cstack(&mut tc.cstack, at, at.saturating_add(len as u64));
                         }
-                        // 3.12: an eval loop's C frame and its entry frame are locals of one
-                        // C function, so the C stack read around the innermost entry frame
-                        // mostly holds the C frame too (read after the frames: the frames then
-                        // tell whether the top moved, see `settle_top`).
-                        let near_entry = || {
-                            let e = tc.entries?;
-                            let (pos, n) = b.locate(Key::Entries(e))?;
-                            let off = cf
-                                .wrapping_add(lo)
-                                .checked_sub(e.saturating_sub(ENTRY_WINDOW))?
-                                as usize;
-                            (off.checked_add(len)? <= n).then_some(())?;
-                            b.buf.get(pos + off..pos + off + len)
-                        };
                         let field = |bytes: &[u8], at: u64| Bytes(bytes).u64(at - lo);
-                        match in_read(cf).or_else(near_entry) {
+                        match in_read(cf) {
                             _ if cf == 0 => 0,
                             // The thread state's own C frame: no eval loop runs.
                             Some(c) if cf == root_cf => field(c, current_frame)?,
