@@ -43,7 +43,7 @@ pub struct UnwinderFactory {
     /// Wall mode's `--no-idle`: threads off their CPU waiting for work left out (see
     /// [`crate::idle_stacks`]).
     pub leave_out_idle: bool,
-    /// `--async`: asyncio task stacks (see [`crate::task_stacks`]); all mode from reads only.
+    /// `--async`: asyncio task stacks (see [`crate::task_stacks`]).
     pub tasks: Option<TaskScope>,
 }
 

@@ -2,9 +2,10 @@
 //! of its own (the task's frames under the frames of the tasks awaiting it, see
 //! `cpython::unwinder::tasks`), and with `--async-mode all` every other task is a sample of
 //! its own too, of the thread whose loop holds it (neither on a CPU nor holding the GIL).
-//! With the kernel capture (running mode), the capture copies each thread's running task with
-//! its chain ([`TaskView::running_offsets`] says where) and `capture::link` asks
-//! [`TaskView::captured`] for that task's stack.
+//! With the kernel capture, the capture copies each thread's running task with its chain
+//! ([`TaskView::running_offsets`] says where) and `capture::link` asks [`TaskView::captured`]
+//! for that task's stack; in all mode the waiting tasks are read after the chains are decoded
+//! ([`TaskView::read_waiting`]), and the counts come from that read.
 //!
 //! The tasks are read right after the threads' sample ([`TaskView::read`], inside the
 //! unwinder's `sample_then`: in the same pause with `--blocking`), and put in its place
@@ -106,13 +107,14 @@ impl TaskView {
         }
     }
 
-    /// With the kernel capture: counts the tasks when due (the lists, and the threads that
-    /// run one now), a failed count waiting for the next.
+    /// With the kernel capture, running mode: counts the tasks when due (the lists, and the
+    /// threads that run one now), a failed count waiting for the next. All mode counts them
+    /// with every read of the waiting tasks ([`TaskView::read_waiting`]).
     pub fn count_if_due(&mut self, unwinder: &mut Unwinder<ProcessMemory>) {
         let Some(tasks) = self.tasks.as_mut() else {
             return;
         };
-        if Instant::now() < self.count_at {
+        if self.scope == TaskScope::All || Instant::now() < self.count_at {
             return;
         }
         self.count_at = Instant::now() + COUNT_EVERY;
@@ -188,7 +190,8 @@ impl TaskView {
                 whole.min(f64::from(u32::MAX)) as u32
             }
         };
-        unwinder.waiting_task_stacks(tasks, &mut self.stacks)?;
+        let (running, listed) = unwinder.waiting_task_stacks(tasks, &mut self.stacks)?;
+        self.counts = Some([running as u64, listed.saturating_sub(running) as u64]);
         Ok(())
     }
 

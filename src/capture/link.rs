@@ -244,24 +244,15 @@ impl CaptureLink {
                 (false, None, None) => continue,
                 (false, None, Some(t)) => {
                     let sampled = unwinder.sample_captured(t, frames_in(&r.frames), false);
-                    match (sampled, tasks.as_mut()) {
+                    match (sampled, tasks.as_mut(), r.task.as_ref()) {
                         // The task it ran, when the chain shows it.
-                        (Ok(mut s), Some(view)) if r.task.is_some() => {
-                            match r
-                                .task
-                                .as_ref()
-                                .map(|task| view.captured(unwinder, t.tstate, task))
-                                .unwrap_or(Ok(None))
-                            {
-                                Ok(Some(stack)) => {
-                                    s.stack = stack;
-                                    Ok(s)
-                                }
-                                Ok(None) => Ok(s),
-                                Err(e) => Err(e),
-                            }
+                        (Ok(mut s), Some(view), Some(task)) => {
+                            view.captured(unwinder, t.tstate, task).map(|stack| {
+                                s.stack = stack.unwrap_or(s.stack);
+                                s
+                            })
                         }
-                        (sampled, _) => sampled,
+                        (sampled, _, _) => sampled,
                     }
                 }
             };

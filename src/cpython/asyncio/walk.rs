@@ -372,12 +372,7 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
     /// The name of task `task` from the first bytes of its name object `name` as copied at
     /// an interrupt (`head`): a str's characters (`…` past those copied) or an unnamed
     /// task's counter. The type's flags are read now (a type outlives its objects).
-    pub fn copied_name(
-        &mut self,
-        task: u64,
-        name: u64,
-        head: &[u8],
-    ) -> Result<Arc<str>, UnwindError> {
+    fn copied_name(&mut self, task: u64, name: u64, head: &[u8]) -> Result<Arc<str>, UnwindError> {
         match self.name_object(task, name, head)? {
             NameObject::Str(s) => {
                 let start = usize::try_from(s.addr.wrapping_sub(name))

@@ -207,20 +207,21 @@ impl<M: RemoteMemory> Unwinder<M> {
 
     /// With the kernel capture, all mode: the stacks of the tasks that wait (the running
     /// ones come with the captured chains), read now through the interpreters and threads
-    /// of the last full read, and how many tasks the lists held.
+    /// of the last full read, and how many tasks the lists held: run by a thread, and in all.
     pub fn waiting_task_stacks(
         &mut self,
         tasks: &mut Tasks,
         out: &mut Vec<TaskStack>,
-    ) -> Result<usize, UnwindError> {
-        let mut listed = 0;
+    ) -> Result<(usize, usize), UnwindError> {
+        let (mut running, mut listed) = (0, 0);
         for (interp, id) in self.sampled_interps() {
             let threads = self.sampled_threads(id);
             let raw = self.read_all_tasks(tasks, interp, &threads)?;
+            running += raw.iter().filter(|t| t.running).count();
             listed += raw.len();
             self.all_task_stacks(&raw, &threads, true, out)?;
         }
-        Ok(listed)
+        Ok((running, listed))
     }
 
     /// How many tasks the lists of the last sample's interpreters hold.
