@@ -52,7 +52,14 @@ scripts/without-clang.sh cargo build --release --locked --bin pyfleet
 export PYFLEET_EXACTNESS_BIN="$PWD/target/release/pyfleet"
 
 step "cargo test"
-cargo test --workspace --locked "$@"
+# Each integration test appends its time here (tests/it/common/machine.rs).
+durations=target/tmp/it-durations.tsv
+rm -f "$durations"
+status=0
+cargo test --workspace --locked "$@" || status=$?
+step "the slowest integration tests (seconds, how each held the machine)"
+sort -rn "$durations" 2>/dev/null | head -20 || true
+[ "$status" -eq 0 ] || exit "$status"
 
 step "fuzzing (cargo-fuzz, each target's corpus and ${FUZZ_SECONDS:-10} s more)"
 scripts/fuzz.sh
