@@ -36,10 +36,15 @@
 // coroutine frame, with what names the task (its name object's first bytes) and what it
 // awaits: the task may be freed, and another made at its address, before the record is read.
 //
-// Whether the thread holds the GIL (gil mode, when userspace gives the GIL's address in the
-// thread's entry): every record of it says so, flagged HOLDS_GIL, read as the chain is. The
-// thread cannot take or drop the GIL while it is stopped here or off its CPU, so what a
-// switch-out record says holds until it is switched in again.
+// Whether the thread holds the GIL (when userspace gives the GIL's address in the thread's
+// entry): every record of it says so, flagged HOLDS_GIL, read as the chain is. The thread
+// cannot take or drop the GIL while it is stopped here or off its CPU, so what a switch-out
+// record says holds until it is switched in again. A switch-out record of a thread that does
+// not hold it says whether it leaves its CPU to wait for it, flagged WAITS_GIL: by the
+// thread's own flag (3.15+: `gil_requested`), or (before) when it sleeps in futex(2) on a word
+// of the GIL's struct (its condition variables and mutexes follow `locked`), the system call
+// and its first argument read from the registers it entered the kernel with (userspace gives
+// where they lie in `struct pt_regs`; 0: not asked).
 //
 // Bounded: at most MAX_FRAMES frames (deeper chains are flagged truncated and counted as
 // failed samples by userspace), a record built in a per-CPU scratch value and sent with only
@@ -71,6 +76,8 @@ static __u64 (*bpf_get_current_pid_tgid)(void) = (void *)14;
 static long (*bpf_probe_read_user)(void *dst, __u32 size, const void *src) = (void *)112;
 static long (*bpf_probe_read_kernel)(void *dst, __u32 size, const void *src) = (void *)113;
 static long (*bpf_ringbuf_output)(void *ringbuf, void *data, __u64 size, __u64 flags) = (void *)130;
+static void *(*bpf_get_current_task_btf)(void) = (void *)158;
+static void *(*bpf_task_pt_regs)(void *task) = (void *)175;
 struct bpf_pidns_info {
     __u32 pid;
     __u32 tgid;
@@ -86,6 +93,11 @@ const volatile __u64 pidns_ino = 0;
 // Offset of `pid` in the kernel's `struct task_struct` (0: switch-ins are not told).
 const volatile __u64 task_pid_at = 0;
 
+// Where a task's `struct pt_regs` holds the number of the system call it is in and the call's
+// first argument, and futex(2)'s number (0: a wait for the GIL is told by the flag only).
+const volatile __u64 regs_syscall_at = 0;
+const volatile __u64 regs_arg0_at = 0;
+const volatile __u64 futex_nr = 0;
 // Keep in step with src/memory/capture_records.rs.
 #define MAX_FRAMES 256
 #define FRAME_BYTES 80
@@ -114,6 +126,9 @@ const volatile __u64 task_pid_at = 0;
 #define FLAG_UNCHANGED 64
 #define FLAG_ENTERING 128
 #define FLAG_HOLDS_GIL 256
+#define FLAG_WAITS_GIL 512
+// How far past the GIL's `locked` word its waiters' futex words lie (GIL_WAIT_SPAN).
+#define GIL_WAIT_SPAN 192
 
 // Where a watched thread's current frame is, and how frames link.
 struct thread_info {
@@ -143,8 +158,8 @@ struct thread_info {
     // With `second`: where the thread state holds its own C frame, the only one that names
     // no frame while current (an eval loop publishes its C frame before its current frame).
     __u64 root_cframe;
-    // gil mode: the address of the GIL's `locked` word (a 32-bit int; 0: not asked), and of
-    // its holder's thread state pointer (0: the word is the thread's own `holds_gil`).
+    // The address of the GIL's `locked` word (a 32-bit int; 0: not asked), and of its
+    // holder's thread state pointer (0: the word is the thread's own `holds_gil`).
     __u64 gil_locked;
     __u64 gil_holder;
     // Offset in the thread state of its current data-stack chunk's address (0: not known).
@@ -159,6 +174,8 @@ struct thread_info {
     __u64 task_name;
     __u64 task_coro;
     __u64 task_awaited_by;
+    // The address of the thread's own `gil_requested` (3.15+; 0: none).
+    __u64 gil_requested;
 };
 
 // A chunk's bytes below a top frame, and room past them for the last frame's copy: frames
@@ -342,6 +359,30 @@ static __u16 gil_flag(struct thread_info *info)
     return holder == info->tstate ? FLAG_HOLDS_GIL : 0;
 }
 
+// FLAG_WAITS_GIL if the thread of `info`, which does not hold the GIL, is leaving its CPU to
+// wait for it (see the top of this file).
+static __u16 waits_gil_flag(struct thread_info *info)
+{
+    if (info->gil_requested != 0) {
+        __u32 requested = 0;
+        if (bpf_probe_read_user(&requested, 4, (void *)info->gil_requested) < 0)
+            return 0;
+        return requested != 0 ? FLAG_WAITS_GIL : 0;
+    }
+    if (info->gil_locked == 0 || info->gil_holder == 0 || regs_syscall_at == 0
+        || regs_syscall_at > 4096 || regs_arg0_at > 4096)
+        return 0;
+    void *regs = bpf_task_pt_regs(bpf_get_current_task_btf());
+    if (!regs)
+        return 0;
+    __u64 nr = 0, word = 0;
+    if (bpf_probe_read_kernel(&nr, 8, regs + regs_syscall_at) < 0 || nr != futex_nr)
+        return 0;
+    if (bpf_probe_read_kernel(&word, 8, regs + regs_arg0_at) < 0)
+        return 0;
+    return word - info->gil_locked < GIL_WAIT_SPAN ? FLAG_WAITS_GIL : 0;
+}
+
 // The asyncio task the thread of `info` runs (0: none, not asked, or not readable).
 static __u64 running_task(struct thread_info *info)
 {
@@ -440,6 +481,8 @@ static __attribute__((always_inline)) int capture(int switched_out)
         return 0;
     }
     __u16 extra = gil_flag(info) | (switched_out ? FLAG_SWITCHED_OUT : 0);
+    if (switched_out && !(extra & FLAG_HOLDS_GIL))
+        extra |= waits_gil_flag(info);
     __u64 previous = info->previous;
     if (previous > FRAME_BYTES - 8)
         previous = 0;
@@ -532,7 +575,7 @@ static __attribute__((always_inline)) int capture(int switched_out)
         r->flags |= extra;
     }
     __u32 sent = *(volatile __u16 *)&r->frames;
-    if (send(r, sent) && (r->flags & ~(FLAG_SWITCHED_OUT | FLAG_HOLDS_GIL)) == 0)
+    if (send(r, sent) && (r->flags & ~(FLAG_SWITCHED_OUT | FLAG_HOLDS_GIL | FLAG_WAITS_GIL)) == 0)
         info->last_chain = chain;
     return 0;
 }

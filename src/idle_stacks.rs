@@ -79,6 +79,7 @@ mod tests {
             status: ThreadStatus {
                 on_cpu,
                 holds_gil: false,
+                waits_gil: false,
             },
             stack,
             samples: 1,

@@ -70,6 +70,8 @@ impl SourceFactory for UnwinderFactory {
             frame_cache: capture.is_none() || self.reads_if_deeper,
             read_only: self.read_only,
             cpu_status: needs_cpu_status,
+            // Which threads wait for the GIL: pyfleet_thread_samples_total's states.
+            gil_waits: true,
             blocking: self.blocking,
             ..Default::default()
         };
@@ -152,6 +154,7 @@ impl UnwinderSource {
             status: ThreadStatus {
                 on_cpu: t.on_cpu.unwrap_or(false),
                 holds_gil: t.holds_gil,
+                waits_gil: t.waits_gil,
             },
             stack: u64::from(t.stack),
             samples: 1,

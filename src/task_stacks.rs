@@ -214,6 +214,7 @@ impl TaskView {
                 status: ThreadStatus {
                     on_cpu: false,
                     holds_gil: false,
+                    waits_gil: false,
                 },
                 stack: u64::from(s.stack),
                 samples: self.waiting_weight,

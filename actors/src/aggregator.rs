@@ -426,10 +426,12 @@ mod tests {
     const CPU: ThreadStatus = ThreadStatus {
         on_cpu: true,
         holds_gil: false,
+        waits_gil: false,
     };
     const IDLE: ThreadStatus = ThreadStatus {
         on_cpu: false,
         holds_gil: false,
+        waits_gil: false,
     };
 
     fn batch(life: u64, counts: Vec<(u64, ThreadStatus, u64)>) -> Batch {

@@ -47,6 +47,11 @@ pub const REMOTE_READ_BYTES: &str = "pyfleet_remote_read_bytes_total";
 /// `--async`: a process's asyncio tasks at the last count (gauge), `{process,role,pid,state}`,
 /// `state` `running` (run by a thread) or `pending`.
 pub const ASYNCIO_TASKS: &str = "pyfleet_asyncio_tasks";
+/// Threads' samples by what the thread was doing, `{process,role,pid,state}`, `state` one of
+/// [`ThreadStatus::STATES`](crate::ThreadStatus::STATES): every thread of every sample taken,
+/// whether or not the mode counts it (a stretch off the CPU counted at once counts as its
+/// samples).
+pub const THREAD_SAMPLES: &str = "pyfleet_thread_samples_total";
 /// Live samplers (gauge, no labels).
 pub const PROCESSES: &str = "pyfleet_processes";
 /// Processes that exited while profiled (no labels: an exit counter per pid would vanish
@@ -82,6 +87,11 @@ pub fn describe() {
         SAMPLE_KINDS,
         Unit::Count,
         "Successful samples by cost: kept (checked, not read), checked (checked, then read), read"
+    );
+    describe_counter!(
+        THREAD_SAMPLES,
+        Unit::Count,
+        "Threads' samples by state: holds_gil, waits_gil, running_no_gil, idle"
     );
     describe_gauge!(
         ASYNCIO_TASKS,

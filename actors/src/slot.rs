@@ -293,6 +293,7 @@ impl Slot {
                 }
                 for thread in out.iter() {
                     let s = thread.status;
+                    w.metrics.thread_state(s, thread.samples);
                     if w.mode.counts(s.on_cpu, s.holds_gil) {
                         w.tally.add(thread.stack, s, thread.samples);
                     }
@@ -547,6 +548,10 @@ struct ProcessMetrics {
     kinds: [Counter; 3],
     /// `pyfleet_asyncio_tasks` (running, pending), once the source counts tasks.
     asyncio_tasks: Option<[Gauge; 2]>,
+    /// `pyfleet_thread_samples_total` by [`ThreadStatus::STATES`], and what the samples
+    /// since the last flush add to each.
+    thread_states: [Counter; 4],
+    pending_states: [u64; 4],
     last: SourceStats,
 }
 
@@ -623,6 +628,12 @@ impl ProcessMetrics {
                 metrics::counter!(m::SAMPLE_KINDS, labels)
             }),
             asyncio_tasks: None,
+            thread_states: ThreadStatus::STATES.map(|state| {
+                let mut labels = base.clone();
+                labels.push(metrics::Label::new("state", state));
+                metrics::counter!(m::THREAD_SAMPLES, labels)
+            }),
+            pending_states: [0; 4],
             last: SourceStats::default(),
             base,
         }
@@ -637,6 +648,11 @@ impl ProcessMetrics {
         let k = &mut self.pending_kinds[kind.index()];
         k.0 += 1;
         k.1 += u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+    }
+
+    /// Counts what a sampled thread was doing, `samples` times.
+    fn thread_state(&mut self, status: ThreadStatus, samples: u32) {
+        self.pending_states[status.state_index()] += u64::from(samples);
     }
 
     /// Counts one failed sample.
@@ -664,6 +680,13 @@ impl ProcessMetrics {
         self.pending_durations.clear();
         self.samples
             .increment(std::mem::take(&mut self.pending_samples));
+        for (counter, n) in self
+            .thread_states
+            .iter()
+            .zip(std::mem::take(&mut self.pending_states))
+        {
+            counter.increment(n);
+        }
         for ((counter, total), (n, nanos)) in self
             .kinds
             .iter()

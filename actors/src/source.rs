@@ -104,6 +104,27 @@ pub struct ThreadStatus {
     pub on_cpu: bool,
     /// The thread held the GIL.
     pub holds_gil: bool,
+    /// The thread waited to take the GIL another thread held (`false` when not known: see
+    /// the source).
+    pub waits_gil: bool,
+}
+
+impl ThreadStatus {
+    /// What a thread can be doing, as `pyfleet_thread_samples_total` names it (its `state`
+    /// label), indexed by [`state_index`](Self::state_index): `holds_gil`, `waits_gil`,
+    /// `running_no_gil` (seen on a CPU without the GIL: native code that released it) or
+    /// `idle` (the rest: off its CPU, or not asked whether it was on one).
+    pub const STATES: [&'static str; 4] = ["holds_gil", "waits_gil", "running_no_gil", "idle"];
+
+    /// This status's place in [`STATES`](Self::STATES).
+    pub fn state_index(&self) -> usize {
+        match (self.holds_gil, self.waits_gil, self.on_cpu) {
+            (true, _, _) => 0,
+            (false, true, _) => 1,
+            (false, false, true) => 2,
+            (false, false, false) => 3,
+        }
+    }
 }
 
 /// One thread in one sample, or in several of one stack.

@@ -193,7 +193,17 @@ impl KernelCapture {
         };
         let cpus = aya::util::online_cpus()
             .map_err(|(what, e)| CaptureError::Load(format!("{what}: {e}")))?;
-        let mut ebpf = load(ring_bytes(cpus.len(), rate_hz), namespace, task_pid_at)?;
+        // bpf_task_pt_regs came with 5.15: before, waits for the GIL are told on 3.15 only.
+        let syscall_regs = match off_cpu && host::kernel_version(&release) >= Some((5, 15)) {
+            true => SYSCALL_REGS,
+            false => None,
+        };
+        let mut ebpf = load(
+            ring_bytes(cpus.len(), rate_hz),
+            namespace,
+            task_pid_at,
+            syscall_regs,
+        )?;
         let program: &mut PerfEvent = ebpf
             .program_mut("capture_python_frames")
             .ok_or_else(|| CaptureError::Load("program missing from the object".into()))?
@@ -380,14 +390,38 @@ fn ring_bytes(cpus: usize, rate_hz: u32) -> u32 {
         .unwrap_or(MAX_RING_BYTES as u32)
 }
 
+/// Where `struct pt_regs` holds a task's system call number (`orig_ax`) and first argument
+/// (`di`), and futex(2)'s number, on x86-64: what the switch program looks at to tell a
+/// thread leaving its CPU to wait for the GIL (3.11-3.14; 3.15 says so in the thread state).
+#[cfg(target_arch = "x86_64")]
+const SYSCALL_REGS: Option<SyscallRegs> = Some(SyscallRegs {
+    number_at: 15 * 8,
+    arg0_at: 14 * 8,
+    futex: libc::SYS_futex as u64,
+});
+#[cfg(not(target_arch = "x86_64"))]
+const SYSCALL_REGS: Option<SyscallRegs> = None;
+
+/// See [`SYSCALL_REGS`].
+#[derive(Debug, Clone, Copy)]
+struct SyscallRegs {
+    number_at: u64,
+    arg0_at: u64,
+    futex: u64,
+}
+
 /// The object with the ring sized and, in a pid namespace not the host's, the namespace set
-/// (`pidns_dev`, `pidns_ino`), its maps created.
+/// (`pidns_dev`, `pidns_ino`), its maps created. `syscall_regs`: where the switch program
+/// finds a thread's system call (`None`: it does not look).
 fn load(
     ring: u32,
     namespace: Option<PidNamespace>,
     task_pid_at: u64,
+    syscall_regs: Option<SyscallRegs>,
 ) -> Result<Ebpf, CaptureError> {
     let (dev, inode) = namespace.map_or((0, 0), |ns| (ns.dev, ns.inode));
+    let (number_at, arg0_at, futex) =
+        syscall_regs.map_or((0, 0, 0), |r| (r.number_at, r.arg0_at, r.futex));
     let words = id_words();
     aya::EbpfLoader::new()
         .map_max_entries("records", ring)
@@ -396,6 +430,9 @@ fn load(
         .override_global("pidns_dev", &dev, true)
         .override_global("pidns_ino", &inode, true)
         .override_global("task_pid_at", &task_pid_at, true)
+        .override_global("regs_syscall_at", &number_at, true)
+        .override_global("regs_arg0_at", &arg0_at, true)
+        .override_global("futex_nr", &futex, true)
         .load(PROGRAM)
         .map_err(|e| match os_error(&e) {
             Some(libc::EPERM | libc::EACCES) => not_permitted(&e),

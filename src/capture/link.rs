@@ -94,11 +94,6 @@ impl CaptureLink {
         self.next_call.is_none_or(|t| now >= t) || self.shared.has_records(self.pid, now)
     }
 
-    /// gil mode: the capture tells whether each thread holds the GIL.
-    fn gil(&self) -> bool {
-        self.wall.as_ref().is_some_and(WallTime::gil_holder_only)
-    }
-
     /// A tick of a capturing source: every chain captured for this process since the last
     /// tick, its threads learnt again first when due. With `tasks` (`--async`), a chain
     /// copied while its thread ran an asyncio task becomes that task's stack.
@@ -166,6 +161,7 @@ impl CaptureLink {
                                 status: ThreadStatus {
                                     on_cpu: false,
                                     holds_gil: t.holds_gil,
+                                    waits_gil: false,
                                 },
                                 stack: u64::from(t.stack),
                                 samples: 1,
@@ -179,10 +175,7 @@ impl CaptureLink {
                     if first || threads != link.threads || link.watched_layout != Some(layout) {
                         link.threads = threads;
                         link.watched_layout = Some(layout);
-                        if let Err(message) =
-                            link.shared
-                                .watch(link.pid, &link.threads, layout, link.gil())
-                        {
+                        if let Err(message) = link.shared.watch(link.pid, &link.threads, layout) {
                             // Watched again at the next read, due after CAPTURE_RETRY.
                             link.threads.clear();
                             link.watched_layout = None;
@@ -220,6 +213,7 @@ impl CaptureLink {
                 at_ns: r.time_ns,
                 switched_in_ns: r.switched_in_ns,
                 holds_gil: r.holds_gil,
+                waits_gil: r.waits_gil,
             };
             if let Some(wall) = link.wall.as_mut().filter(|_| thread.is_some()) {
                 if r.unchanged {
@@ -265,10 +259,8 @@ impl CaptureLink {
                     tid: t.native_thread_id,
                     status: ThreadStatus {
                         on_cpu: !r.switched_out,
-                        holds_gil: match link.gil() {
-                            true => r.holds_gil,
-                            false => t.holds_gil,
-                        },
+                        holds_gil: r.holds_gil,
+                        waits_gil: r.waits_gil,
                     },
                     stack: u64::from(t.stack),
                     samples: 1,

@@ -6,7 +6,7 @@
 use super::kernel::KernelCapture;
 use crate::cpython;
 use crate::host::PidNamespace;
-use crate::memory::capture_records::{CapturedTask, GilAt};
+use crate::memory::capture_records::CapturedTask;
 use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -42,8 +42,10 @@ pub(super) struct PendingRecord {
     pub(super) unchanged: bool,
     /// When the thread was last switched in (0: not known).
     pub(super) switched_in_ns: u64,
-    /// gil mode: the thread held the GIL.
+    /// The thread held the GIL.
     pub(super) holds_gil: bool,
+    /// Switched out to wait for the GIL.
+    pub(super) waits_gil: bool,
     /// A thread the capture does not watch ran: no frames.
     pub(super) unknown_thread: bool,
     /// Why the chain is not whole, if it is not.
@@ -157,7 +159,6 @@ impl SharedCapture {
         pid: u32,
         threads: &[cpython::CapturedThread],
         layout: crate::memory::capture_records::CaptureLayout,
-        with_gil: bool,
     ) -> Result<(), String> {
         let mut s = self.lock();
         s.capture.watch_process(pid).map_err(|e| e.to_string())?;
@@ -171,13 +172,7 @@ impl SharedCapture {
         for t in threads {
             let tid = t.tid as u32;
             s.capture
-                .watch(
-                    pid,
-                    tid,
-                    t.tstate,
-                    layout,
-                    if with_gil { t.gil } else { GilAt::NotAsked },
-                )
+                .watch(pid, tid, t.tstate, layout, t.gil)
                 .map_err(|e| e.to_string())?;
             now.push(tid);
         }
@@ -272,6 +267,7 @@ impl CaptureState {
                 unchanged: r.unchanged(),
                 switched_in_ns: r.switched_in_ns(),
                 holds_gil: r.holds_gil(),
+                waits_gil: r.waits_gil(),
                 unknown_thread: r.unknown_thread(),
                 truncated: r.truncated(),
                 incomplete: r.unreadable().or(r

@@ -46,13 +46,14 @@ pub fn now_ns() -> u64 {
 }
 
 /// What a record tells of its thread besides its stack: which, when, its last switch-in (0:
-/// not known) and whether it held the GIL.
+/// not known), whether it held the GIL and whether it left its CPU to wait for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Seen {
     pub tid: u32,
     pub at_ns: u64,
     pub switched_in_ns: u64,
     pub holds_gil: bool,
+    pub waits_gil: bool,
 }
 
 /// A record's chain, as far as it went. The kernel takes a chain it sent as the thread's last
@@ -201,6 +202,7 @@ impl WallTime {
             SwitchedOut::With(chain) => chain.stack().cloned(),
             SwitchedOut::Unchanged => t.last.clone().map(|mut s| {
                 s.status.holds_gil = seen.holds_gil;
+                s.status.waits_gil = seen.waits_gil;
                 s.status.on_cpu = false;
                 s
             }),
@@ -310,6 +312,7 @@ mod tests {
             at_ns,
             switched_in_ns,
             holds_gil,
+            waits_gil: false,
         }
     }
 
@@ -443,6 +446,7 @@ mod tests {
             status: ThreadStatus {
                 on_cpu: false,
                 holds_gil: true,
+                waits_gil: false,
             },
             ..stack(id)
         };

@@ -414,6 +414,10 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
         Some(_) => Some(ts("holds_gil")?),
         None => None,
     };
+    let gil_requested = match d.opt("thread_state.gil_requested") {
+        Some(_) => Some(ts("gil_requested")?),
+        None => None,
+    };
     let datastack_chunk = ts("datastack_chunk")?;
     let mut tstate_fields = vec![
         ts("next")?,
@@ -425,6 +429,7 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
     ];
     tstate_fields.extend(frame_marker.iter().flat_map(|&(m, s)| [m, s]));
     tstate_fields.extend(holds_gil);
+    tstate_fields.extend(gil_requested);
     let base_frame = match d.opt("thread_state.base_frame") {
         Some(_) => Some(ts("base_frame")?),
         None => None,
@@ -524,6 +529,7 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
             datastack_chunk: Some(datastack_chunk),
             frame_marker,
             holds_gil,
+            gil_requested,
             base_frame,
         },
         frame: FrameLayout {

@@ -48,6 +48,13 @@ pub enum GilLayout {
     InterpPointer { ptr: u64, locked: u64, holder: u64 },
 }
 
+/// How far past the GIL's `locked` its waiters' futex words lie: `struct _gil_runtime_state`
+/// (3.11-3.15, with the GIL) goes on after `locked` with `switch_number`, the condition
+/// variable and mutex a thread waiting to take the GIL sleeps on, and the pair a thread that
+/// dropped it waits on until another took it (`FORCE_SWITCHING`): 4 + 4 (padding) + 8 + 48 +
+/// 40 + 48 + 40 bytes on 64-bit glibc.
+pub const GIL_WAIT_SPAN: u64 = 192;
+
 /// How to get a thread's innermost frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CurrentFrame {
@@ -112,6 +119,8 @@ pub struct ThreadLayout {
     pub frame_marker: Option<(u64, u64)>,
     /// 3.15+: `holds_gil`, an `int` set while the thread holds the GIL.
     pub holds_gil: Option<u64>,
+    /// 3.15+: `gil_requested`, an `int` set while the thread waits to take the GIL.
+    pub gil_requested: Option<u64>,
     /// 3.15+: `base_frame`, the pointer to the thread's base frame (a shim in the thread
     /// state every chain ends at).
     pub base_frame: Option<u64>,

@@ -130,6 +130,7 @@ pub fn layout_311(version: Version) -> Layout {
             datastack_chunk: Some(296), // tstate.datastack_chunk
             frame_marker: None,
             holds_gil: None,
+            gil_requested: None,
             base_frame: None,
         },
         frame: FrameLayout {
@@ -210,6 +211,7 @@ pub fn layout_312(version: Version) -> Layout {
             datastack_chunk: Some(232), // tstate.datastack_chunk
             frame_marker: None,
             holds_gil: None,
+            gil_requested: None,
             base_frame: None,
         },
         frame: FrameLayout {

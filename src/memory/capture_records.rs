@@ -53,6 +53,7 @@ const FLAG_SWITCHED_OUT: u16 = 16;
 const FLAG_UNCHANGED: u16 = 64;
 const FLAG_ENTERING: u16 = 128;
 const FLAG_HOLDS_GIL: u16 = 256;
+const FLAG_WAITS_GIL: u16 = 512;
 
 /// Most bytes of a code object its fingerprint covers (`MAX_FINGERPRINT_BYTES`).
 pub const MAX_FINGERPRINT_BYTES: u64 = 64;
@@ -100,16 +101,19 @@ pub struct TaskOffsets {
     pub awaited_by: u64,
 }
 
-/// Where the program finds whether a thread holds the GIL (gil mode), read with each chain.
+/// Where the program finds whether a thread holds the GIL, read with each chain, and whether
+/// a thread leaving its CPU waits for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum GilAt {
-    /// Not asked (cpu and wall mode) or not known: every record says it does not.
+    /// Not known: every record says it neither holds nor waits.
     #[default]
     NotAsked,
-    /// The thread's own `int`, nonzero while it holds the GIL (3.15+: `holds_gil`).
-    OwnFlag(u64),
+    /// The thread's own `int`s (3.15+), nonzero while it holds the GIL (`holds_gil`) and
+    /// while it waits to take it (`gil_requested`; 0: none).
+    OwnFlags { holds: u64, requested: u64 },
     /// The GIL's `locked` `int` and its holder's thread-state pointer: the thread holds it
-    /// when it is locked and the holder is the thread's state.
+    /// when it is locked and the holder is the thread's state. A thread waiting for it sleeps
+    /// in futex(2) on a word at most `GIL_WAIT_SPAN` bytes past `locked`.
     Holder { locked: u64, holder: u64 },
 }
 
@@ -145,9 +149,11 @@ pub struct ThreadInfo {
     task_name: u64,
     task_coro: u64,
     task_awaited_by: u64,
+    /// The thread's own `gil_requested` (0: none), see [`GilAt::OwnFlags`].
+    gil_requested: u64,
 }
 
-// SAFETY: two u32 then twenty u64 fields, `repr(C)`, no padding: every bit pattern is a valid value, which
+// SAFETY: two u32 then twenty-one u64 fields, `repr(C)`, no padding: every bit pattern is a valid value, which
 // is what `Pod` asks of types copied to and from BPF maps.
 unsafe impl Pod for ThreadInfo {}
 
@@ -172,7 +178,7 @@ impl ThreadInfo {
             root_cframe: layout.root_cframe,
             gil_locked: match gil {
                 GilAt::NotAsked => 0,
-                GilAt::OwnFlag(at) | GilAt::Holder { locked: at, .. } => at,
+                GilAt::OwnFlags { holds: at, .. } | GilAt::Holder { locked: at, .. } => at,
             },
             gil_holder: match gil {
                 GilAt::Holder { holder, .. } => holder,
@@ -185,6 +191,10 @@ impl ThreadInfo {
             task_name: layout.tasks.map_or(0, |t| t.name),
             task_coro: layout.tasks.map_or(0, |t| t.coro),
             task_awaited_by: layout.tasks.map_or(0, |t| t.awaited_by),
+            gil_requested: match gil {
+                GilAt::OwnFlags { requested, .. } => requested,
+                _ => 0,
+            },
         }
     }
 }
@@ -365,6 +375,12 @@ impl<'a> CapturedRecord<'a> {
         self.flags & FLAG_HOLDS_GIL != 0
     }
 
+    /// The thread left its CPU to wait for the GIL (only a switch-out record says so; always
+    /// false unless it was watched with [`GilAt`] other than `NotAsked`).
+    pub fn waits_gil(&self) -> bool {
+        self.flags & FLAG_WAITS_GIL != 0
+    }
+
     /// The chain is deeper than [`MAX_FRAMES`]: the oldest frames are missing.
     pub fn truncated(&self) -> bool {
         self.flags & FLAG_TRUNCATED != 0
@@ -430,7 +446,8 @@ mod tests {
             "CONST(FLAG_POINTER_UNREADABLE); CONST(FLAG_FRAME_UNREADABLE);",
             "CONST(FLAG_TRUNCATED); CONST(FLAG_UNKNOWN_THREAD); CONST(FLAG_SWITCHED_OUT);",
             "CONST(FLAG_UNCHANGED); CONST(FLAG_ENTERING);",
-            "CONST(FLAG_HOLDS_GIL); CONST(TASK_NAME_BYTES);",
+            "CONST(FLAG_HOLDS_GIL); CONST(FLAG_WAITS_GIL); CONST(TASK_NAME_BYTES);",
+            "CONST(GIL_WAIT_SPAN); AT(thread_info, gil_requested);",
             "AT(task_copy, name); AT(task_copy, coro); AT(task_copy, awaited_by);",
             "AT(task_copy, name_head); SIZE(task_copy);",
             "AT(thread_info, task_name); AT(thread_info, task_coro);",
@@ -500,6 +517,12 @@ mod tests {
             ("FLAG_UNCHANGED", u64::from(FLAG_UNCHANGED)),
             ("FLAG_ENTERING", u64::from(FLAG_ENTERING)),
             ("FLAG_HOLDS_GIL", u64::from(FLAG_HOLDS_GIL)),
+            ("FLAG_WAITS_GIL", u64::from(FLAG_WAITS_GIL)),
+            ("GIL_WAIT_SPAN", crate::cpython::layout::GIL_WAIT_SPAN),
+            (
+                "thread_info.gil_requested",
+                std::mem::offset_of!(ThreadInfo, gil_requested) as u64,
+            ),
             ("record.pid", PID_AT as u64),
             ("record.tid", TID_AT as u64),
             ("record.time", TIME_AT as u64),

@@ -99,6 +99,7 @@ mod tests {
         let busy = ThreadStatus {
             on_cpu: true,
             holds_gil: true,
+            waits_gil: false,
         };
         let p = ProcessProfile {
             pid: 7,

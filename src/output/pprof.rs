@@ -9,8 +9,9 @@
 //! - one `Function` per (function, file) and one `Location` per (function, line), each with
 //!   one `Line`; no mappings (Python frames have no binary addresses);
 //! - one `Sample` per (process, status, stack), leaf first, with the labels `process` (name),
-//!   `pid` (number) and `thread_status`: `holds_gil` or `no_gil`, prefixed with `on_cpu+`
-//!   when the thread was seen on CPU (which pyfleet looks at only in `cpu` mode), then the
+//!   `pid` (number) and `thread_status`: `holds_gil`, `waits_gil` (off its CPU, waiting to
+//!   take the GIL) or `no_gil`, prefixed with `on_cpu+` when the thread was seen on CPU
+//!   (which pyfleet looks at only in `cpu` mode), then the
 //!   process's labels (`service`, `namespace`, `pod`, `pod_uid`, `container_id`, those it has),
 //!   and with `--async` `task`: the task whose frames are innermost (the frame naming it).
 //!
@@ -155,6 +156,7 @@ pub fn thread_status(s: ThreadStatus) -> &'static str {
         (true, true) => "on_cpu+holds_gil",
         (true, false) => "on_cpu+no_gil",
         (false, true) => "holds_gil",
+        (false, false) if s.waits_gil => "waits_gil",
         (false, false) => "no_gil",
     }
 }
@@ -403,6 +405,7 @@ mod tests {
         let gil = ThreadStatus {
             on_cpu: true,
             holds_gil: true,
+            waits_gil: false,
         };
         let leaf = FrameInfo::new("leaf\u{0}\n", "/ü.py", Some(3));
         let main = FrameInfo::new("main", "/a.py", None);

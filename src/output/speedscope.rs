@@ -127,6 +127,7 @@ mod tests {
         let gil = ThreadStatus {
             on_cpu: false,
             holds_gil: true,
+            waits_gil: false,
         };
         let leaf = FrameInfo::new("leaf\"</script>\n", "/a.py", Some(3));
         let main = FrameInfo::new("main", "/a.py", None);

@@ -12,6 +12,7 @@ pub mod cpu_share;
 pub mod namespace;
 pub mod runstate;
 pub mod switches;
+pub mod syscall;
 
 use std::fs::{File, Metadata, OpenOptions};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};

@@ -21,18 +21,22 @@ use pyfleet_policies::{Mode, RatePolicy, RestartPolicy};
 pub const CPU_GIL: ThreadStatus = ThreadStatus {
     on_cpu: true,
     holds_gil: true,
+    waits_gil: false,
 };
 pub const CPU: ThreadStatus = ThreadStatus {
     on_cpu: true,
     holds_gil: false,
+    waits_gil: false,
 };
 pub const GIL: ThreadStatus = ThreadStatus {
     on_cpu: false,
     holds_gil: true,
+    waits_gil: false,
 };
 pub const IDLE: ThreadStatus = ThreadStatus {
     on_cpu: false,
     holds_gil: false,
+    waits_gil: false,
 };
 
 /// What happens once a fake process has given `limit` successful samples.

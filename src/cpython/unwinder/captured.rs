@@ -193,6 +193,7 @@ impl<M: RemoteMemory> Unwinder<M> {
             chunk: 0,
             marker: None,
             holds_gil: None,
+            waits_gil: None,
             gil: GilAt::NotAsked,
         };
         let w = Work {
@@ -200,6 +201,7 @@ impl<M: RemoteMemory> Unwinder<M> {
             raw: 0..self.spare.raws.len(),
             tail: None,
             holds_gil: last.is_some_and(|s| s.holds_gil),
+            gil_held_elsewhere: false,
         };
         let stack = self.intern_stack(&w);
         Ok(ThreadSample {
@@ -208,6 +210,8 @@ impl<M: RemoteMemory> Unwinder<M> {
             native_thread_id: tid as u64,
             namespace_thread_id: last.and_then(|s| s.namespace_thread_id),
             holds_gil: w.holds_gil,
+            // On its CPU: not waiting.
+            waits_gil: false,
             // Captured at an interrupt of the thread's CPU: it was running.
             on_cpu: Some(true),
             stack,

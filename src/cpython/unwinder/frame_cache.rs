@@ -67,6 +67,8 @@ pub(super) struct ThreadCache {
     pub(super) tid: i32,
     /// Where the kernel capture finds whether it holds the GIL.
     pub(super) gil: GilAt,
+    /// It waited for the GIL when last read (kept with its stack while it does not run).
+    pub(super) waits_gil: bool,
     pub(super) read_at: u64,
     pub(super) kept: u32,
     /// Reading this thread costs more than checking whether it ran (see [`RunWatch::watch`]).

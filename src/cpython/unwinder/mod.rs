@@ -107,6 +107,12 @@ pub struct UnwinderOptions {
     pub read_only: bool,
     /// Fill `on_cpu` from /proc (one extra file read per thread that ran).
     pub cpu_status: bool,
+    /// Tell which threads wait to take the GIL: 3.15+ from the thread state's own flag (read
+    /// anyway); before, for a thread that ran since it was read, holds no GIL while another
+    /// thread holds one and is not known to be on a CPU, from the futex it sleeps on (one read
+    /// of its `/proc/PID/task/TID/syscall`): one inside its GIL's struct is a wait for it. A
+    /// kept thread keeps what its last read said.
+    pub gil_waits: bool,
     /// Keep the last stack of a thread that the kernel says has not run since it was read,
     /// and the whole last sample when no thread of the process ran (see
     /// [`runstate`](crate::process::runstate)); a full read at least every
@@ -134,6 +140,7 @@ impl Default for UnwinderOptions {
             frame_cache: true,
             read_only: false,
             cpu_status: false,
+            gil_waits: false,
             skip_idle: true,
             blocking: false,
             target_stopped: false,
@@ -195,6 +202,8 @@ pub struct ThreadSample {
     /// The target's own value, when the target lives in another pid namespace.
     pub namespace_thread_id: Option<u64>,
     pub holds_gil: bool,
+    /// It waited to take the GIL (see [`UnwinderOptions::gil_waits`]; `false` when not asked).
+    pub waits_gil: bool,
     /// `None` unless [`UnwinderOptions::cpu_status`].
     pub on_cpu: Option<bool>,
     /// Innermost frame first; see [`Unwinder::stacks`]. Empty stacks are sampled too.
@@ -576,14 +585,22 @@ impl<M: RemoteMemory> Unwinder<M> {
                     self.stats.frames_from_cache += tc.chain.len() as u64;
                     // It has not run since the last check.
                     let on_cpu = self.opts.cpu_status.then_some(false);
-                    self.push_sample(&w.ts, w.holds_gil, on_cpu, stack);
+                    let waits_gil = match w.ts.waits_gil {
+                        Some(flag) => flag && !w.holds_gil,
+                        None => tc.waits_gil,
+                    };
+                    self.push_sample(w, on_cpu, waits_gil, stack);
                     continue;
                 }
             }
             let stack = self.intern_stack(w);
             self.plan_next_read(w)?;
             let on_cpu = self.opts.cpu_status.then(|| self.on_cpu(w.ts.host_tid));
-            self.push_sample(&w.ts, w.holds_gil, on_cpu, stack);
+            let waits_gil = self.waits_gil(w, on_cpu);
+            if let Some(tc) = self.threads.get_mut(&w.ts.addr) {
+                tc.waits_gil = waits_gil;
+            }
+            self.push_sample(w, on_cpu, waits_gil, stack);
         }
         let epoch = self.epoch;
         self.threads.retain(|_, t| t.seen == epoch);
@@ -616,13 +633,36 @@ impl<M: RemoteMemory> Unwinder<M> {
         self.cpu_share.counts(tid, runnable, run_ns)
     }
 
-    fn push_sample(&mut self, ts: &Tstate, holds_gil: bool, on_cpu: Option<bool>, stack: StackId) {
+    /// Whether a thread that was read waits to take the GIL ([`UnwinderOptions::gil_waits`]).
+    fn waits_gil(&self, w: &Work, on_cpu: Option<bool>) -> bool {
+        if w.holds_gil {
+            return false;
+        }
+        if let Some(flag) = w.ts.waits_gil {
+            return flag;
+        }
+        let GilAt::Holder { locked, .. } = w.ts.gil else {
+            return false;
+        };
+        if !self.opts.gil_waits || !w.gil_held_elsewhere || on_cpu == Some(true) {
+            return false;
+        }
+        if w.ts.host_tid == 0 {
+            return false;
+        }
+        crate::process::syscall::futex_word(self.pid, w.ts.host_tid)
+            .is_some_and(|word| word.wrapping_sub(locked) < crate::cpython::layout::GIL_WAIT_SPAN)
+    }
+
+    fn push_sample(&mut self, w: &Work, on_cpu: Option<bool>, waits_gil: bool, stack: StackId) {
+        let ts = &w.ts;
         self.out.push(ThreadSample {
             interpreter_id: ts.interp_id,
             thread_id: ts.thread_id,
             native_thread_id: ts.native(),
             namespace_thread_id: self.tids.namespaced().then_some(ts.native_thread_id),
-            holds_gil,
+            holds_gil: w.holds_gil,
+            waits_gil,
             on_cpu,
             stack,
         });

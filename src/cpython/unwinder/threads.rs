@@ -47,6 +47,8 @@ pub(super) struct Tstate {
     pub(super) chunk: u64,
     pub(super) marker: Option<(u64, u64)>,
     pub(super) holds_gil: Option<bool>,
+    /// 3.15+: the thread's own flag, set while it waits to take the GIL.
+    pub(super) waits_gil: Option<bool>,
     /// Where the kernel capture finds whether it holds the GIL.
     pub(super) gil: GilAt,
 }
@@ -100,6 +102,9 @@ pub(super) struct Work {
     /// Cached chain index from which the rest of the stack is reused.
     pub(super) tail: Option<usize>,
     pub(super) holds_gil: bool,
+    /// Another thread held a GIL at the read (3.11-3.14: the GIL structs read say so): this
+    /// one may be waiting for it.
+    pub(super) gil_held_elsewhere: bool,
 }
 
 impl<M: RemoteMemory> Unwinder<M> {
@@ -216,12 +221,14 @@ impl<M: RemoteMemory> Unwinder<M> {
         for ts in tstates.drain(..) {
             let start = self.spare.raws.len();
             let holds_gil = ts.holds_gil.unwrap_or_else(|| holders.contains(&ts.addr));
+            let gil_held_elsewhere = holders.iter().any(|&h| h != ts.addr);
             if ts.keep {
                 self.threads.entry(ts.addr).or_default().seen = self.epoch;
                 work.push(Work {
                     raw: start..start,
                     tail: None,
                     holds_gil,
+                    gil_held_elsewhere,
                     ts,
                 });
                 continue;
@@ -252,6 +259,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                 raw: start..self.spare.raws.len(),
                 tail,
                 holds_gil,
+                gil_held_elsewhere,
                 ts,
             });
         }
@@ -413,8 +421,15 @@ impl<M: RemoteMemory> Unwinder<M> {
                 Some(off) => Some(t.i32(off)? != 0),
                 None => None,
             },
+            waits_gil: match l.tstate.gil_requested {
+                Some(off) => Some(t.i32(off)? != 0),
+                None => None,
+            },
             gil: match l.tstate.holds_gil {
-                Some(off) => GilAt::OwnFlag(ta.wrapping_add(off)),
+                Some(off) => GilAt::OwnFlags {
+                    holds: ta.wrapping_add(off),
+                    requested: l.tstate.gil_requested.map_or(0, |r| ta.wrapping_add(r)),
+                },
                 None => GilAt::NotAsked,
             },
         };
