@@ -104,6 +104,25 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Compare two profiles (folded files, pprof profiles or snapshot directories): a
+    /// differential flamegraph of what grew (red) and shrank (blue), shares normalised by
+    /// each profile's samples, or the folded deltas; prints the functions whose own share
+    /// changed most.
+    Diff {
+        /// The profile to compare against.
+        #[arg(value_name = "BASE")]
+        base: std::path::PathBuf,
+        /// The profile to compare.
+        #[arg(value_name = "NEW")]
+        new: std::path::PathBuf,
+        /// Where to write: `.svg` (a differential flamegraph) or `.folded` (`stack base new`
+        /// per line, the base's counts scaled to the new total).
+        #[arg(long, short, value_name = "FILE")]
+        output: std::path::PathBuf,
+        /// Permission bits of the file written, in octal (600: the owner only).
+        #[arg(long, value_name = "MODE")]
+        file_mode: Option<String>,
+    },
     /// List the Python processes on this host: pid, parent, version, the name pyfleet gives
     /// it (in file names and metric labels), its role (master, or worker of its parent), command line.
     List {
@@ -143,6 +162,12 @@ pub fn run(cli: Cli) -> Result<()> {
             None => anyhow::bail!("dump needs a process: `pyfleet dump PID`"),
         },
         Command::Doctor { json } => commands::doctor::run(json),
+        Command::Diff {
+            base,
+            new,
+            output,
+            file_mode,
+        } => commands::diff::run(&base, &new, &output, file_mode.as_deref()),
         Command::List {
             matches,
             match_label,

@@ -1,5 +1,5 @@
 //! One module per command: `run` (the fleet daemon), `record`, `dump`, `list`, `doctor`,
-//! `bench`. `fleet_runtime` is what `run` and `record` share (the async runtime, stopping
+//! `bench`, `diff`. `fleet_runtime` is what `run` and `record` share (the async runtime, stopping
 //! the fleet and writing its last output, the warnings about privilege); `launched` is the
 //! program either of them starts (`-- COMMAND`). `cli.rs` parses the command line and calls
 //! them; no command imports another.
@@ -25,6 +25,7 @@ pub(crate) fn write_stdout(args: std::fmt::Arguments<'_>) {
 }
 
 pub mod bench;
+pub mod diff;
 pub mod doctor;
 pub mod dump;
 pub mod fleet_runtime;

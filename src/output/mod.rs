@@ -3,10 +3,12 @@
 //! [`format`] names the profile formats and renders a snapshot in any of them; the daemon's
 //! [`snapshot_dir`] and `record`'s [`record_file`] write them.
 
+pub mod differential;
 pub mod dump;
 pub mod folded;
 pub mod format;
 pub mod pprof;
+pub mod profile_input;
 pub mod record_file;
 pub mod render_context;
 pub mod snapshot_dir;

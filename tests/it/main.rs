@@ -13,6 +13,7 @@ mod common;
 mod blocking;
 mod capture;
 mod deploy;
+mod diff;
 mod doctor;
 mod dump_errors;
 mod dump_exact;

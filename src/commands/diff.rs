@@ -1,0 +1,92 @@
+//! `pyfleet diff BASE NEW -o OUT`: what grew and what shrank between two profiles (folded
+//! files, pprof profiles or snapshot directories, in any mix), as a differential flamegraph
+//! SVG or folded deltas (by OUT's extension), with a summary of the functions whose own share
+//! changed most on standard output. See `output::differential` for what is compared.
+
+use anyhow::{bail, Context, Result};
+use pyfleet::output::{differential, for_terminal, profile_input, write_atomically};
+use pyfleet_policies::FileMode;
+use std::path::Path;
+
+/// Functions listed in the summary.
+const SUMMARY_ROWS: usize = 10;
+
+/// What `-o` writes, by its extension.
+enum Output {
+    Svg,
+    Folded,
+}
+
+pub fn run(base: &Path, new: &Path, out: &Path, file_mode: Option<&str>) -> Result<()> {
+    let kind = match out.extension().and_then(|e| e.to_str()) {
+        Some("svg") => Output::Svg,
+        Some("folded" | "txt") => Output::Folded,
+        _ => bail!(
+            "-o {}: say what to write by the extension: .svg (a differential flamegraph) or \
+             .folded (the deltas, `stack base new` per line)",
+            out.display()
+        ),
+    };
+    let mode = match file_mode {
+        Some(m) => m
+            .parse::<FileMode>()
+            .map_err(|e| anyhow::anyhow!("--file-mode: {e}"))?,
+        None => FileMode::default(),
+    };
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        pyfleet::output::existing_directory(dir).map_err(|e| anyhow::anyhow!("-o: {e}"))?;
+    }
+    let base_profile = profile_input::read(base).map_err(anyhow::Error::msg)?;
+    let new_profile = profile_input::read(new).map_err(anyhow::Error::msg)?;
+    for (p, path) in [(&base_profile, base), (&new_profile, new)] {
+        if p.total == 0 {
+            bail!("{}: no samples to compare", path.display());
+        }
+    }
+    let deltas =
+        differential::folded_deltas(&base_profile, &new_profile).map_err(anyhow::Error::msg)?;
+    let bytes = match kind {
+        Output::Folded => deltas.into_bytes(),
+        Output::Svg => differential::svg(
+            "pyfleet diff",
+            &format!(
+                "{} ({} samples) to {} ({} samples); red grew, blue shrank, in points of each \
+                 profile's samples; widths are the new profile's",
+                base.display(),
+                base_profile.total,
+                new.display(),
+                new_profile.total
+            ),
+            &deltas,
+        )
+        .map_err(anyhow::Error::msg)?,
+    };
+    write_atomically(out, &bytes, mode, None)
+        .with_context(|| format!("writing {}", out.display()))?;
+
+    let changes = differential::by_function(&base_profile, &new_profile);
+    outln!(
+        "pyfleet diff: {} samples in {}, {} in {}; wrote {}",
+        base_profile.total,
+        for_terminal(&base.display().to_string()),
+        new_profile.total,
+        for_terminal(&new.display().to_string()),
+        for_terminal(&out.display().to_string())
+    );
+    outln!(
+        "{:>8} {:>8} {:>8}  function (own share: innermost frame)",
+        "base",
+        "new",
+        "change"
+    );
+    for c in changes.iter().take(SUMMARY_ROWS) {
+        outln!(
+            "{:>7.1}% {:>7.1}% {:>+8.1}  {}",
+            100.0 * c.base,
+            100.0 * c.new,
+            c.change_points(),
+            for_terminal(&c.function)
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,290 @@
+//! Profiles read back, for `diff`: a folded file, a pprof profile (gzipped or not) or a
+//! snapshot directory (its fleet-wide `all.folded`, else its `profile.pb.gz`), each as folded
+//! stacks of Python frames: root first, `;`-separated, with a count; the process frame
+//! pyfleet roots its folded stacks at is left out (pprof has the process as a label).
+//!
+//! pprof frames are labelled as pyfleet's folded output labels them (`function (file:line)`,
+//! through [`folded::push_frame`]), so a pprof and a folded file of pyfleet compare frame for
+//! frame. The files are the user's, but may come from anywhere: reading is bounded (bytes of
+//! a file and of a decompressed profile, distinct stacks) and a line that is not folded is an
+//! error naming its number, never skipped in silence.
+
+use super::folded;
+use super::format::Format;
+use super::pprof;
+use super::snapshot_dir::fleet_file_name;
+use pyfleet_actors::FrameInfo;
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::Path;
+
+/// Most bytes read of a file, and of a profile once decompressed.
+pub const MAX_INPUT_BYTES: u64 = 1 << 30;
+/// Most distinct stacks of one profile.
+pub const MAX_STACKS: usize = 1_000_000;
+
+/// A profile as folded stacks.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct FoldedProfile {
+    /// Each distinct stack and its count (stacks met twice are added up).
+    pub stacks: BTreeMap<String, u64>,
+    /// The counts' sum.
+    pub total: u64,
+}
+
+impl FoldedProfile {
+    fn add(&mut self, stack: String, count: u64) -> Result<(), String> {
+        if count == 0 || stack.is_empty() {
+            return Ok(());
+        }
+        if self.stacks.len() >= MAX_STACKS && !self.stacks.contains_key(&stack) {
+            return Err(format!("more than {MAX_STACKS} distinct stacks"));
+        }
+        let n = self.stacks.entry(stack).or_insert(0);
+        *n = n.saturating_add(count);
+        self.total = self.total.saturating_add(count);
+        Ok(())
+    }
+
+    /// The folded text: a line per stack, `stack count`.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        for (stack, n) in &self.stacks {
+            out.push_str(stack);
+            out.push(' ');
+            out.push_str(&n.to_string());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// Reads the profile at `path`: a snapshot directory, or a file in pprof's format (told by
+/// its bytes: gzip, or a protobuf that decodes as a profile with samples) or folded.
+pub fn read(path: &Path) -> Result<FoldedProfile, String> {
+    let shown = path.display();
+    let meta = std::fs::metadata(path).map_err(|e| format!("{shown}: {e}"))?;
+    if meta.is_dir() {
+        let all = path.join(fleet_file_name(Format::Folded));
+        if all.is_file() {
+            return read(&all);
+        }
+        let pprof = path.join(fleet_file_name(Format::Pprof));
+        if pprof.is_file() {
+            return read(&pprof);
+        }
+        return Err(format!(
+            "{shown}: not a snapshot directory (it holds neither {} nor {})",
+            fleet_file_name(Format::Folded),
+            fleet_file_name(Format::Pprof)
+        ));
+    }
+    let bytes = read_bounded(
+        std::fs::File::open(path).map_err(|e| format!("{shown}: {e}"))?,
+        &shown,
+    )?;
+    if bytes.starts_with(&[0x1f, 0x8b]) {
+        let raw = read_bounded(flate2::read::GzDecoder::new(bytes.as_slice()), &shown)?;
+        return from_pprof(&raw).map_err(|e| format!("{shown}: {e}"));
+    }
+    match std::str::from_utf8(&bytes) {
+        Ok(text) => from_folded(text)
+            .map(without_process_frames)
+            .map_err(|e| format!("{shown}: {e}")),
+        // Not text: a pprof profile that is not gzipped, or nothing known.
+        Err(_) => from_pprof(&bytes)
+            .map_err(|e| format!("{shown}: neither folded stacks nor a pprof profile ({e})")),
+    }
+}
+
+/// pyfleet roots a stack at its process's frame (`<name>-<pid>`, or with the role: a
+/// record's and a snapshot's folded stacks, see `folded::process_root`): without that frame,
+/// profiles compare across processes that came and went (a worker restarted, a deploy). A
+/// root frame is taken for one when it is not a Python frame's label (`function (file...)`)
+/// and ends in `-` and digits, and frames follow it.
+fn without_process_frames(p: FoldedProfile) -> FoldedProfile {
+    let is_process = |frame: &str| {
+        !frame.contains(" (")
+            && frame.rsplit_once('-').is_some_and(|(name, pid)| {
+                !name.is_empty() && !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit())
+            })
+    };
+    let mut out = FoldedProfile::default();
+    for (stack, n) in p.stacks {
+        let stack = match stack.split_once(';') {
+            Some((root, rest)) if is_process(root) => rest.to_string(),
+            _ => stack,
+        };
+        // At most as many stacks as read: within the bound.
+        let _ = out.add(stack, n);
+    }
+    out
+}
+
+fn read_bounded(from: impl Read, shown: &impl std::fmt::Display) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    from.take(MAX_INPUT_BYTES + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| format!("{shown}: {e}"))?;
+    if out.len() as u64 > MAX_INPUT_BYTES {
+        return Err(format!(
+            "{shown}: larger than {} MiB",
+            MAX_INPUT_BYTES >> 20
+        ));
+    }
+    Ok(out)
+}
+
+/// Folded stacks: each line `frames count`, the count after the last space; blank lines and
+/// lines starting with `#` are left out.
+pub fn from_folded(text: &str) -> Result<FoldedProfile, String> {
+    let mut p = FoldedProfile::default();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim_end();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let parsed = line
+            .rsplit_once(' ')
+            .and_then(|(stack, n)| Some((stack.trim_end(), n.parse::<u64>().ok()?)));
+        let Some((stack, count)) = parsed else {
+            return Err(format!(
+                "line {}: not folded stacks (`frame;frame;... count`)",
+                i + 1
+            ));
+        };
+        p.add(stack.to_string(), count)?;
+    }
+    Ok(p)
+}
+
+/// A pprof profile's samples by their first value (pyfleet's `samples`/`count`), frames
+/// labelled as pyfleet's folded output labels them.
+pub fn from_pprof(raw: &[u8]) -> Result<FoldedProfile, String> {
+    let profile = pprof::decode(raw)?;
+    let string = |i: i64| -> &str {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| profile.string_table.get(i))
+            .map_or("", String::as_str)
+    };
+    let functions: std::collections::HashMap<u64, &pprof::Function> =
+        profile.function.iter().map(|f| (f.id, f)).collect();
+    // A location's frames, innermost (inlined) first as pprof lists them.
+    let mut labels: std::collections::HashMap<u64, Vec<String>> = Default::default();
+    for loc in &profile.location {
+        let mut frames = Vec::new();
+        for line in &loc.line {
+            let Some(f) = functions.get(&line.function_id) else {
+                continue;
+            };
+            let mut label = String::new();
+            folded::push_frame(
+                &mut label,
+                &FrameInfo::new(
+                    string(f.name),
+                    string(f.filename),
+                    i32::try_from(line.line).ok().filter(|&l| l > 0),
+                ),
+            );
+            frames.push(label);
+        }
+        labels.insert(loc.id, frames);
+    }
+    let mut p = FoldedProfile::default();
+    let mut stack = String::new();
+    for s in &profile.sample {
+        let count = s.value.first().copied().unwrap_or(0);
+        let Ok(count) = u64::try_from(count) else {
+            continue;
+        };
+        stack.clear();
+        // Leaf first in pprof: root first here.
+        for id in s.location_id.iter().rev() {
+            for label in labels.get(id).into_iter().flatten().rev() {
+                if !stack.is_empty() {
+                    stack.push(';');
+                }
+                stack.push_str(label);
+            }
+        }
+        p.add(stack.clone(), count)?;
+    }
+    if profile.sample.is_empty() && profile.string_table.is_empty() {
+        return Err("not a pprof profile (no samples, no strings)".into());
+    }
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn folded_lines_add_up_and_a_bad_line_is_named() {
+        let p = from_folded("# comment\na (x.py:1);b (x.py:2) 3\n\na (x.py:1) 2\na (x.py:1) 1\n")
+            .unwrap();
+        assert_eq!(p.total, 6);
+        assert_eq!(p.stacks["a (x.py:1)"], 3);
+        assert_eq!(p.stacks["a (x.py:1);b (x.py:2)"], 3);
+        // A frame with spaces in it keeps them: the count is after the last space.
+        let p = from_folded("main (my file.py:3) 4\n").unwrap();
+        assert_eq!(p.stacks["main (my file.py:3)"], 4);
+        let e = from_folded("a 1\nno count here\n").unwrap_err();
+        assert!(e.starts_with("line 2:"), "{e}");
+        assert!(from_folded("a -3\n").is_err());
+    }
+
+    #[test]
+    fn pprof_is_read_as_the_folded_output_labels_its_frames() {
+        use pyfleet_actors::ThreadStatus;
+        let status = ThreadStatus::default();
+        // Innermost frame first, as sources give them.
+        let snap = crate::output::views::one_process(vec![
+            (
+                status,
+                vec![
+                    FrameInfo::new("leaf", "app.py", Some(3)),
+                    FrameInfo::new("main", "app.py", Some(1)),
+                ]
+                .into(),
+                5,
+            ),
+            (
+                status,
+                vec![FrameInfo::new("main", "app.py", Some(1))].into(),
+                2,
+            ),
+        ]);
+        let ctx = crate::output::render_context::RenderContext::default();
+        let gz = pprof::render(&snap, &ctx).unwrap();
+        let raw = read_bounded(flate2::read::GzDecoder::new(gz.as_slice()), &"test").unwrap();
+        let p = from_pprof(&raw).unwrap();
+        assert_eq!(p.total, 7);
+        assert_eq!(p.stacks["main (app.py:1);leaf (app.py:3)"], 5);
+        assert_eq!(p.stacks["main (app.py:1)"], 2);
+        assert!(from_pprof(b"\xff\xff\xff").is_err());
+    }
+
+    #[test]
+    fn a_snapshot_directorys_stacks_lose_their_process_frame() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("all.folded"),
+            "web-41;main (a.py:1);f (a.py:2) 3\nweb-worker-42;main (a.py:1);f (a.py:2) 4\n\
+             web-42 1\nmain;foo 2\nmain-2;foo 5\nmain (x-1);foo 6\n",
+        )
+        .unwrap();
+        let p = read(dir.path()).unwrap();
+        assert_eq!(p.total, 21);
+        assert_eq!(p.stacks["main (a.py:1);f (a.py:2)"], 7);
+        // A lone frame, a root without a pid, a Python frame: kept.
+        assert_eq!(p.stacks["web-42"], 1);
+        assert_eq!(p.stacks["main;foo"], 2);
+        assert_eq!(p.stacks["foo"], 5);
+        assert_eq!(p.stacks["main (x-1);foo"], 6);
+        let empty = tempfile::tempdir().unwrap();
+        let e = read(empty.path()).unwrap_err();
+        assert!(e.contains("not a snapshot directory"), "{e}");
+    }
+}
