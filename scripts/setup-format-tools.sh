@@ -5,6 +5,7 @@
 #   - go tool pprof (Debian's golang-go): reads the pprof output back;
 #   - speedscope's published file-format schema, from the npm package speedscope (npm pack,
 #     nothing installed), cached in ${PYFLEET_FORMAT_TOOLS:-~/.cache/pyfleet/format-tools}/speedscope;
+#   - tmux (Debian): the terminal `pyfleet top` is driven in (tests/it/top.rs);
 #   - jsonschema from PyPI, in a venv cached under
 #     ${PYFLEET_VENVS:-~/.cache/pyfleet/venvs}/format-tools (made with pyenv's newest 3.11).
 # Idempotent: about a second when everything is there. Needs root for apt-get.
@@ -25,10 +26,12 @@ missing=()
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v go >/dev/null 2>&1 || missing+=(golang-go)
 [ -d /usr/share/fonts/truetype/dejavu ] || missing+=(fonts-dejavu-core)
+command -v tmux >/dev/null 2>&1 || missing+=(tmux)
 
 [ ${#missing[@]} -eq 0 ] || scripts/apt-install.sh "${missing[@]}"
 command -v chromium >/dev/null 2>&1 || die "chromium is still missing after the install"
 go tool pprof -h >/dev/null 2>&1 || die "go tool pprof does not run"
+command -v tmux >/dev/null 2>&1 || die "tmux is still missing after the install"
 
 # --- speedscope's file-format schema -----------------------------------------------------------
 SCHEMA_DIR=$TOOLS/speedscope

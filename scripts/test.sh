@@ -6,7 +6,7 @@
 #     for the real-code exactness test (same cache);
 #   - prometheus/promtool (Debian), kubernetes-validate (PyPI venv) for the deploy/ test;
 #   - chromium, go tool pprof (Debian), speedscope's schema (npm), jsonschema (PyPI venv) for
-#     the output formats' test;
+#     the output formats' test; tmux (Debian) for `top`'s;
 #   - clang (Debian) to check that bpf/capture.bpf.o is what bpf/capture.bpf.c builds (pyfleet
 #     itself builds without clang: the release build below runs with clang hidden);
 #   - Rust dependencies (cargo fetches them);
@@ -38,7 +38,7 @@ scripts/setup-libs.sh
 step "deploy tools (prometheus, promtool, systemd-analyze, kubernetes-validate)"
 scripts/setup-deploy-tools.sh
 
-step "format tools (chromium, go tool pprof, speedscope schema, jsonschema)"
+step "format tools (chromium, go tool pprof, speedscope schema, jsonschema, tmux)"
 scripts/setup-format-tools.sh
 
 step "cargo fmt"

@@ -1,6 +1,6 @@
 //! The command line: clap's definitions, and which command runs (`commands/` holds them).
 
-use crate::commands::{self, record::RecordOptions};
+use crate::commands::{self, record::RecordOptions, top::TopOptions};
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use pyfleet::config::RunOptions;
@@ -104,6 +104,10 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A live view of where processes spend their samples, like `py-spy top`: functions by
+    /// own and total share, per process or for the fleet, with GIL and CPU shares (`q`
+    /// quits). From a fleet of its own (--pid, --match) or a running daemon (--connect).
+    Top(Box<TopOptions>),
     /// Compare two profiles (folded files, pprof profiles or snapshot directories): a
     /// differential flamegraph of what grew (red) and shrank (blue), shares normalised by
     /// each profile's samples, or the folded deltas; prints the functions whose own share
@@ -162,6 +166,7 @@ pub fn run(cli: Cli) -> Result<()> {
             None => anyhow::bail!("dump needs a process: `pyfleet dump PID`"),
         },
         Command::Doctor { json } => commands::doctor::run(json),
+        Command::Top(opts) => commands::top::run(*opts),
         Command::Diff {
             base,
             new,

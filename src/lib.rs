@@ -20,3 +20,4 @@ pub mod stacks;
 pub mod task_stacks;
 pub mod thread_frames;
 pub mod tls;
+pub mod top;

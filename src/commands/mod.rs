@@ -1,5 +1,5 @@
 //! One module per command: `run` (the fleet daemon), `record`, `dump`, `list`, `doctor`,
-//! `bench`, `diff`. `fleet_runtime` is what `run` and `record` share (the async runtime, stopping
+//! `bench`, `diff`, `top`. `fleet_runtime` is what `run` and `record` share (the async runtime, stopping
 //! the fleet and writing its last output, the warnings about privilege); `launched` is the
 //! program either of them starts (`-- COMMAND`). `cli.rs` parses the command line and calls
 //! them; no command imports another.
@@ -33,3 +33,4 @@ pub mod launched;
 pub mod list;
 pub mod record;
 pub mod run;
+pub mod top;

@@ -35,6 +35,7 @@ mod steady_state;
 mod task_stacks;
 mod thread_status;
 mod thread_views;
+mod top;
 mod who_is_who;
 mod whole_stacks;
 
