@@ -12,7 +12,7 @@
 
 use super::profile_input::FoldedProfile;
 use inferno::differential;
-use inferno::flamegraph::{self, Options, TextTruncateDirection};
+use inferno::flamegraph;
 use std::collections::HashMap;
 
 /// The folded deltas of `base` to `new`: `stack base new` per line, the base's counts
@@ -35,11 +35,7 @@ pub fn folded_deltas(base: &FoldedProfile, new: &FoldedProfile) -> Result<String
 
 /// The differential flamegraph of `deltas` (from [`folded_deltas`]).
 pub fn svg(title: &str, subtitle: &str, deltas: &str) -> Result<Vec<u8>, String> {
-    let mut opts = Options::default();
-    opts.title = title.to_string();
-    opts.subtitle = Some(subtitle.to_string());
-    opts.count_name = "samples".to_string();
-    opts.text_truncate_direction = TextTruncateDirection::Right;
+    let mut opts = super::svg::options(title, subtitle);
     let mut out = Vec::new();
     flamegraph::from_lines(&mut opts, deltas.lines(), &mut out)
         .map_err(|e| format!("rendering the differential flamegraph failed: {e}"))?;

@@ -12,13 +12,7 @@ use inferno::flamegraph::{self, Options, TextTruncateDirection};
 /// `title` and `subtitle`. An empty profile gives a small valid SVG that says so, rather than
 /// an error.
 pub fn render(title: &str, subtitle: &str, lines: &[(String, u64)]) -> Result<Vec<u8>, String> {
-    let mut opts = Options::default();
-    opts.title = title.to_string();
-    opts.subtitle = Some(subtitle.to_string());
-    opts.count_name = "samples".to_string();
-    // Labels read `function (file:line)`: a label too long for its frame keeps the function's
-    // name and loses the end of the path (inferno's default cuts the left, the name).
-    opts.text_truncate_direction = TextTruncateDirection::Right;
+    let mut opts = options(title, subtitle);
     let mut out = Vec::new();
     if lines.iter().all(|(_, n)| *n == 0) {
         let t = xml_escape(&format!("{title}: {subtitle}"));
@@ -41,6 +35,18 @@ pub fn render(title: &str, subtitle: &str, lines: &[(String, u64)]) -> Result<Ve
     flamegraph::from_lines(&mut opts, text.iter().map(String::as_str), &mut out)
         .map_err(|e| format!("rendering the flamegraph failed: {e}"))?;
     Ok(out)
+}
+
+/// The flamegraph's options: `title` and `subtitle` above it, counts named samples.
+pub fn options(title: &str, subtitle: &str) -> Options<'static> {
+    let mut opts = Options::default();
+    opts.title = title.to_string();
+    opts.subtitle = Some(subtitle.to_string());
+    opts.count_name = "samples".to_string();
+    // Labels read `function (file:line)`: a label too long for its frame keeps the function's
+    // name and loses the end of the path (inferno's default cuts the left, the name).
+    opts.text_truncate_direction = TextTruncateDirection::Right;
+    opts
 }
 
 fn xml_escape(s: &str) -> String {

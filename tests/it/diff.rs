@@ -70,15 +70,7 @@ fn svg_growth(svg: &str, function: &str) -> f64 {
 fn diff_of_two_records_shows_the_function_that_grew() {
     // Alone: shares of a CPU-bound target against its own timing.
     let _machine = alone();
-    let interp = any_interpreter();
-    let mut t = Proc::python(
-        &interp.label,
-        &interp.path,
-        "shifting.py",
-        &["ready", "share", "times"],
-    );
-    std::fs::write(t.dir().join("share"), "0.25\n").unwrap();
-    t.wait_for_file("ready", Duration::from_secs(30));
+    let mut t = shifting("0.25");
     let dir = tempdir("pyfleet-diff-");
     let base = dir.path().join("base.folded");
     // The second as pprof: either kind is read, and their frames compare.

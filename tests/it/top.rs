@@ -42,6 +42,34 @@ impl Drop for Tmux {
     }
 }
 
+/// `pyfleet top ARGS` started in a 120x30 tmux pane of a server of the test's own (session
+/// `top`); its exit status goes to `exit_file` when it ends.
+fn top_in_tmux(exe: std::path::PathBuf, args: &str, exit_file: &Path) -> Tmux {
+    static SERVERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = SERVERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmux = Tmux {
+        exe,
+        socket: format!("pyfleet-top-{}-{n}", std::process::id()),
+    };
+    let command = format!(
+        "'{}' top {args}; echo $? > '{}'; sleep 600",
+        pyfleet_exe().display(),
+        exit_file.display()
+    );
+    tmux.run(&[
+        "new-session",
+        "-d",
+        "-s",
+        "top",
+        "-x",
+        "120",
+        "-y",
+        "30",
+        &command,
+    ]);
+    tmux
+}
+
 /// The first row of top's table: (%Own, label).
 fn first_row(pane: &str) -> Option<(f64, String)> {
     let mut lines = pane
@@ -86,41 +114,13 @@ fn top_in_a_terminal_shows_what_record_shows_and_quits_clean() {
     let Some(exe) = tool("tmux", SETUP_FORMAT_TOOLS) else {
         return;
     };
-    let interp = any_interpreter();
-    let mut t = Proc::python(
-        &interp.label,
-        &interp.path,
-        "shifting.py",
-        &["ready", "share", "times"],
-    );
-    std::fs::write(t.dir().join("share"), "0.7\n").unwrap();
-    t.wait_for_file("ready", Duration::from_secs(30));
+    let mut t = shifting("0.7");
     std::thread::sleep(Duration::from_millis(300));
     let dir = tempdir("pyfleet-top-");
     let exit_file = dir.path().join("exit");
-    let tmux = Tmux {
-        exe,
-        socket: format!("pyfleet-top-{}", std::process::id()),
-    };
-    let command = format!(
-        "'{}' top --pid {}; echo $? > '{}'; sleep 600",
-        pyfleet_exe().display(),
-        t.pid(),
-        exit_file.display()
-    );
     let recorded = dir.path().join("same-seconds.folded");
     let started = Instant::now();
-    tmux.run(&[
-        "new-session",
-        "-d",
-        "-s",
-        "top",
-        "-x",
-        "120",
-        "-y",
-        "30",
-        &command,
-    ]);
+    let tmux = top_in_tmux(exe, &format!("--pid {}", t.pid()), &exit_file);
     let record = Running::start(
         pyfleet_command(&[
             "record",
@@ -221,4 +221,52 @@ fn top_without_a_terminal_or_with_a_bad_address_is_one_line() {
             out.describe()
         );
     }
+}
+
+/// `top --connect` shows what a running daemon samples: the busy target's hottest function
+/// first, pulled a second at a time from the daemon's listener.
+#[test]
+fn top_connected_to_a_daemon_shows_its_samples() {
+    // Alone: a busy target and a daemon sampling it.
+    let _machine = alone();
+    let Some(exe) = tool("tmux", SETUP_FORMAT_TOOLS) else {
+        return;
+    };
+    let mut t = shifting("0.8");
+    let dir = tempdir("pyfleet-top-connect-");
+    let port = free_port();
+    let daemon = Running::start(
+        pyfleet_command(&[
+            "run",
+            "--pid",
+            &t.pid().to_string(),
+            "--out",
+            dir.path().join("snapshots").to_str().unwrap(),
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+        ]),
+        Duration::from_secs(120),
+    );
+    let exit_file = dir.path().join("exit");
+    let tmux = top_in_tmux(exe, &format!("--connect 127.0.0.1:{port}"), &exit_file);
+    let shown = (0..100).find_map(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        let pane = tmux.pane();
+        first_row(&pane)
+            .filter(|(own, label)| label.starts_with("alpha (") && *own > 50.0)
+            .map(|_| pane)
+    });
+    let pane = tmux.pane();
+    tmux.run(&["send-keys", "-t", "top", "q"]);
+    let code = wait_for(|| std::fs::read_to_string(&exit_file).ok());
+    send_signal(daemon.pid(), libc::SIGTERM);
+    let out = daemon.finish();
+    t.kill();
+    assert!(
+        shown.is_some(),
+        "the daemon's hottest function within 10 s:\n{pane}\n{}",
+        out.describe()
+    );
+    assert!(pane.contains("the daemon at 127.0.0.1:"), "{pane}");
+    assert_eq!(code.as_deref().map(str::trim), Some("0"), "{}", tmux.pane());
 }

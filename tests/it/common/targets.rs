@@ -193,6 +193,22 @@ impl Drop for Proc {
     }
 }
 
+/// tests/targets/shifting.py on any interpreter, once running: a thread spinning in `alpha`
+/// for `share` of its time (a number from 0 to 1, changed by writing the target's `share`
+/// file) and in `beta` for the rest; its own seconds in each in its `times` file.
+pub fn shifting(share: &str) -> Proc {
+    let interp = any_interpreter();
+    let mut t = Proc::python(
+        &interp.label,
+        &interp.path,
+        "shifting.py",
+        &["ready", "share", "times"],
+    );
+    std::fs::write(t.dir().join("share"), format!("{share}\n")).expect("the share file");
+    t.wait_for_file("ready", READY_TIMEOUT);
+    t
+}
+
 /// tests/targets/sleeper.py on any interpreter, its command line carrying `token`, once ready:
 /// a Python process that stays idle.
 pub fn idle_sleeper(token: &str) -> Proc {
