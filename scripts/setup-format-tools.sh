@@ -6,6 +6,9 @@
 #   - speedscope's published file-format schema, from the npm package speedscope (npm pack,
 #     nothing installed), cached in ${PYFLEET_FORMAT_TOOLS:-~/.cache/pyfleet/format-tools}/speedscope;
 #   - tmux (Debian): the terminal `pyfleet top` is driven in (tests/it/top.rs);
+#   - puppeteer-core from npm (no browser of its own), cached in
+#     ${PYFLEET_FORMAT_TOOLS:-~/.cache/pyfleet/format-tools}/puppeteer: it drives chromium
+#     through the DevTools protocol for the fleet page's test (tests/web/fleet_page.cjs);
 #   - jsonschema from PyPI, in a venv cached under
 #     ${PYFLEET_VENVS:-~/.cache/pyfleet/venvs}/format-tools (made with pyenv's newest 3.11).
 # Idempotent: about a second when everything is there. Needs root for apt-get.
@@ -16,6 +19,7 @@ TOOLS=${PYFLEET_FORMAT_TOOLS:-$HOME/.cache/pyfleet/format-tools}
 VENVS=${PYFLEET_VENVS:-$HOME/.cache/pyfleet/venvs}
 VENV=$VENVS/format-tools
 SPEEDSCOPE_VERSION=${PYFLEET_SPEEDSCOPE_VERSION:-1.25.0}
+PUPPETEER_VERSION=${PYFLEET_PUPPETEER_VERSION:-25.16.0}
 JSONSCHEMA_SPEC=${PYFLEET_JSONSCHEMA:-jsonschema>=4.17,<5}
 
 say() { echo "setup-format-tools: $*" >&2; }
@@ -51,6 +55,21 @@ else
     mv "$tmp/package/dist/release/file-format-schema.json" "$SCHEMA_DIR/file-format-schema.json"
     echo "$SPEEDSCOPE_VERSION" > "$SCHEMA_DIR/VERSION"
     say "speedscope $SPEEDSCOPE_VERSION schema in $SCHEMA_DIR"
+fi
+
+# --- puppeteer-core ---------------------------------------------------------------------------
+PUPPETEER_DIR=$TOOLS/puppeteer
+if [ -f "$PUPPETEER_DIR/node_modules/puppeteer-core/package.json" ] \
+    && [ "$(cat "$PUPPETEER_DIR/VERSION" 2>/dev/null)" = "$PUPPETEER_VERSION" ]; then
+    say "puppeteer-core $PUPPETEER_VERSION ready"
+else
+    command -v npm >/dev/null 2>&1 || die "npm is needed to fetch puppeteer-core"
+    mkdir -p "$PUPPETEER_DIR"
+    (cd "$PUPPETEER_DIR" && npm install --silent --no-audit --no-fund \
+        "puppeteer-core@$PUPPETEER_VERSION" >/dev/null 2>"$PUPPETEER_DIR/npm.err") \
+        || die "npm install puppeteer-core@$PUPPETEER_VERSION failed: $(tail -n 3 "$PUPPETEER_DIR/npm.err")"
+    echo "$PUPPETEER_VERSION" > "$PUPPETEER_DIR/VERSION"
+    say "puppeteer-core $PUPPETEER_VERSION in $PUPPETEER_DIR"
 fi
 
 # --- jsonschema -------------------------------------------------------------------------------

@@ -137,6 +137,7 @@ impl Fleet {
     pub fn profiler(&self) -> Profiler {
         Profiler {
             aggregator: self.aggregator.clone(),
+            supervisor: self.supervisor.clone(),
         }
     }
 
@@ -190,10 +191,12 @@ impl Fleet {
 
 /// Takes profiles of the running fleet on request: what its samplers count in the next
 /// seconds, without starting any sampler of its own (a "tap" on the aggregator, see its
-/// module documentation). Several requests at once each get their own window.
+/// module documentation). Several requests at once each get their own window. Also says
+/// which processes the fleet samples ([`Profiler::status`]).
 #[derive(Clone)]
 pub struct Profiler {
     aggregator: ActorRef<AggregatorMsg>,
+    supervisor: ActorRef<SupervisorMsg>,
 }
 
 /// Why a [`Profiler`] gave no profile.
@@ -225,6 +228,14 @@ impl Drop for OpenTap {
 }
 
 impl Profiler {
+    /// The supervisor's view of the fleet now.
+    pub async fn status(&self) -> Result<FleetStatus, PullError> {
+        match self.supervisor.call(SupervisorMsg::Status, None).await {
+            Ok(CallResult::Success(status)) => Ok(status),
+            _ => Err(PullError::Stopped),
+        }
+    }
+
     /// What the fleet's samplers count during `duration` from now, of the processes `filter`
     /// admits (to the batch interval: samplers hand over their counts once a second).
     pub async fn profile(

@@ -21,6 +21,9 @@ pub struct FleetStatus {
 pub struct ProcessStatus {
     pub pid: i32,
     pub name: String,
+    /// Its role and labels as of the scan that listed it.
+    pub role: pyfleet_policies::Role,
+    pub labels: crate::Labels,
     pub state: ProcessState,
     /// Failures still in the restart policy's window.
     pub failures_in_window: usize,

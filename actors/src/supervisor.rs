@@ -731,6 +731,8 @@ impl<D: Discovery, F: SourceFactory> SupervisorState<D, F> {
             .map(|e| ProcessStatus {
                 pid: e.info.pid,
                 name: e.info.name.clone(),
+                role: e.info.role,
+                labels: e.info.labels.clone(),
                 state: match &e.state {
                     EntryState::Pending => ProcessState::Starting,
                     EntryState::Running { .. } => ProcessState::Sampling,

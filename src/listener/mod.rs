@@ -10,6 +10,7 @@
 //! client of the site can take them.
 
 pub mod access;
+pub mod fleet_page;
 pub mod routes;
 pub mod slots;
 

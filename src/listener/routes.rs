@@ -5,7 +5,9 @@
 //! sampled meanwhile (as Go's `net/http/pprof` does, for `go tool pprof` and Parca's scraper; no
 //! sampler of its own: see `pyfleet_actors::Profiler`), a bad parameter a 400 and one line; at
 //! most `pyfleet_actors::MAX_TAPS` profiles at once (503 beyond). `GET /healthz`: 200 while the
-//! daemon answers; `GET /readyz`: 200 once the fleet runs, 503 before. A request the listener's
+//! daemon answers; `GET /readyz`: 200 once the fleet runs, 503 before. `GET /`, `/api/fleet`
+//! and `/flamegraph.svg`: the fleet page (`fleet_page`), under the profiles' credential rules.
+//! A request the listener's
 //! [`Access`] refuses gets 401 and one line; anything else a 404 (405 for another method).
 
 use super::access::{Access, Page};
@@ -139,6 +141,8 @@ pub async fn respond(
     let page = match path {
         "/metrics" => Page::Metrics,
         p if p.starts_with("/debug/pprof/") => Page::Stacks,
+        // The fleet page names processes and shows their stacks.
+        "/" | "/api/fleet" | "/flamegraph.svg" => Page::Stacks,
         _ => Page::Open,
     };
     let site = match pages {
@@ -180,12 +184,30 @@ pub async fn respond(
                 Err(why) => text(StatusCode::BAD_REQUEST, format!("{why}\n")),
             }
         }
-        (_, "/healthz" | "/readyz", _) | (_, "/metrics" | "/debug/pprof/profile", Some(_)) => {
-            text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".to_string())
+        (&Method::GET, "/", Some(_)) => with_type(
+            StatusCode::OK,
+            super::fleet_page::PAGE.as_bytes().to_vec(),
+            "text/html; charset=utf-8",
+        ),
+        (&Method::GET, "/api/fleet", Some((exporter, pull, _))) => fleet(exporter, pull).await,
+        (&Method::GET, "/flamegraph.svg", Some((_, pull, _))) => {
+            match super::fleet_page::flame_request(req.uri().query().unwrap_or("")) {
+                Ok((seconds, pid)) => {
+                    granted.store(seconds, Ordering::Relaxed);
+                    flamegraph(pull, seconds, pid).await
+                }
+                Err(why) => text(StatusCode::BAD_REQUEST, format!("{why}\n")),
+            }
         }
+        (_, "/healthz" | "/readyz", _)
+        | (
+            _,
+            "/metrics" | "/debug/pprof/profile" | "/" | "/api/fleet" | "/flamegraph.svg",
+            Some(_),
+        ) => text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".to_string()),
         (_, _, Some(_)) => text(
             StatusCode::NOT_FOUND,
-            "not found: try /metrics or /debug/pprof/profile?seconds=30\n".to_string(),
+            "not found: try /, /metrics or /debug/pprof/profile?seconds=30\n".to_string(),
         ),
         (_, _, None) => text(
             StatusCode::NOT_FOUND,
@@ -281,6 +303,51 @@ async fn profile(pull: &Pull, seconds: u64, filter: PullFilter) -> Response<Full
         }
         Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
     }
+}
+
+/// `/api/fleet`: the supervisor's processes with the exporter's counters, as JSON.
+async fn fleet(exporter: &Exporter, pull: &Pull) -> Response<Full<Bytes>> {
+    let Some(profiler) = pull.profiler.get() else {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the fleet is starting\n".into(),
+        );
+    };
+    let status = match profiler.status().await {
+        Ok(s) => s,
+        Err(e) => return text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
+    };
+    let view = super::fleet_page::fleet_view(&status, &exporter.render(), pull.mode.as_str());
+    match serde_json::to_vec(&view) {
+        Ok(body) => with_type(StatusCode::OK, body, "application/json"),
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
+    }
+}
+
+/// `/flamegraph.svg`: the next `seconds` of the fleet or of `pid`, as a flamegraph.
+async fn flamegraph(pull: &Pull, seconds: u64, pid: Option<i32>) -> Response<Full<Bytes>> {
+    let Some(profiler) = pull.profiler.get() else {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the fleet is starting\n".into(),
+        );
+    };
+    match super::fleet_page::flamegraph(profiler, seconds, pid, pull.mode.as_str()).await {
+        Ok(svg) => with_type(StatusCode::OK, svg, "image/svg+xml"),
+        Err(e @ pyfleet_actors::PullError::NotProfiled(_)) => {
+            text(StatusCode::NOT_FOUND, format!("{e}\n"))
+        }
+        Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
+    }
+}
+
+fn with_type(status: StatusCode, body: Vec<u8>, kind: &'static str) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(kind));
+    response
 }
 
 fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {

@@ -40,10 +40,7 @@ fn format_tool(name: &str) -> Option<PathBuf> {
 /// PYFLEET_ALLOW_MISSING=1.
 #[track_caller]
 fn speedscope_validator() -> Option<Validator> {
-    let tools = match std::env::var_os("PYFLEET_FORMAT_TOOLS") {
-        Some(d) if !d.is_empty() => PathBuf::from(d),
-        _ => home().join(".cache/pyfleet/format-tools"),
-    };
+    let tools = format_tools_dir();
     let schema = provided(
         "speedscope's schema",
         tools.join("speedscope/file-format-schema.json"),

@@ -195,7 +195,14 @@ fn profiles_off_loopback_need_a_credential() {
             Some(format!("Authorization: Basic {TOKEN}")),
         ),
     ] {
-        for path in [profile, "/metrics"] {
+        // The fleet page and what it fetches name processes and show stacks: the same rule.
+        for path in [
+            profile,
+            "/metrics",
+            "/",
+            "/api/fleet",
+            "/flamegraph.svg?seconds=1",
+        ] {
             let args: Vec<&str> = header.iter().flat_map(|h| ["-H", h.as_str()]).collect();
             let (code, body) = status(&args, path);
             assert!(
@@ -211,6 +218,11 @@ fn profiles_off_loopback_need_a_credential() {
     assert!(
         code == "200" && body.contains("pyfleet_samples_total"),
         "/metrics with the token: {code}"
+    );
+    let (code, body) = status(&["-H", &right], "/api/fleet");
+    assert!(
+        code == "200" && body.contains("\"processes\""),
+        "/api/fleet with the token: {code} {body}"
     );
 
     // The right token: a profile `go tool pprof` reads (fetched by curl: pprof sends no

@@ -20,6 +20,7 @@ mod dump_exact;
 mod dump_tasks;
 mod file_modes;
 mod fleet;
+mod fleet_page;
 mod formats;
 mod hostile_memory;
 mod hostile_processes;

@@ -13,6 +13,14 @@ pub const SETUP_LIBS: &str = "scripts/setup-libs.sh";
 pub const SETUP_DEPLOY_TOOLS: &str = "scripts/setup-deploy-tools.sh";
 pub const SETUP_FORMAT_TOOLS: &str = "scripts/setup-format-tools.sh";
 
+/// Where scripts/setup-format-tools.sh keeps what it fetches (`PYFLEET_FORMAT_TOOLS`).
+pub fn format_tools_dir() -> PathBuf {
+    match std::env::var_os("PYFLEET_FORMAT_TOOLS") {
+        Some(d) if !d.is_empty() => PathBuf::from(d),
+        _ => home().join(".cache/pyfleet/format-tools"),
+    }
+}
+
 /// Something a test needs from outside the repository that is not there.
 #[derive(Debug)]
 pub struct Missing {

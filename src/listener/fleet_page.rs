@@ -1,0 +1,281 @@
+//! The fleet page: `GET /` (one HTML document with its style and script, no remote resource:
+//! it works offline), `GET /api/fleet` (what the page's table shows, as JSON) and
+//! `GET /flamegraph.svg?seconds=N[&pid=P]` (the flamegraph of what the fleet, or one process,
+//! samples in the next N seconds, 1 to [`MAX_FLAME_SECONDS`]).
+//!
+//! `/api/fleet` lists the processes the supervisor tracks (pid, name, role, labels, state)
+//! with their counters as the exporter holds them (samples, failed samples, cache hits and
+//! misses, thread samples by state; the page turns them into rates and shares between two
+//! polls), so that the page and `/metrics` never disagree. Bounded work per request: one
+//! rendering of the exporter, one status call, or one tap of at most [`MAX_FLAME_SECONDS`].
+//! Target strings (names, labels, frames) reach the page as JSON strings the script sets as
+//! text, or inside the SVG, which inferno escapes: never as markup.
+
+use pyfleet_actors::{FleetStatus, ProcessState, Profiler, PullFilter};
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+/// Longest flamegraph window a request may ask for.
+pub const MAX_FLAME_SECONDS: u64 = 60;
+
+/// The page itself.
+pub const PAGE: &str = include_str!("fleet_page.html");
+
+/// One process's row.
+#[derive(Debug, Default, Serialize, PartialEq)]
+pub struct ProcessRow {
+    pub pid: i32,
+    pub name: String,
+    pub role: String,
+    pub labels: BTreeMap<String, String>,
+    pub state: &'static str,
+    /// Counters since its sampler started (the exporter's).
+    pub samples: u64,
+    pub errors: u64,
+    pub frame_cache_hits: u64,
+    pub frame_cache_misses: u64,
+    pub code_cache_hits: u64,
+    pub code_cache_misses: u64,
+    /// `pyfleet_thread_samples_total` by state.
+    pub thread_states: BTreeMap<String, u64>,
+}
+
+/// `/api/fleet`'s answer.
+#[derive(Debug, Serialize)]
+pub struct FleetView {
+    pub mode: &'static str,
+    pub rate_hz: f64,
+    /// How stacks are taken (`pyfleet_capture_info`'s `stacks`: kernel, reads, paused).
+    pub stacks: String,
+    pub processes: Vec<ProcessRow>,
+}
+
+fn state_name(s: ProcessState) -> &'static str {
+    match s {
+        ProcessState::Starting => "starting",
+        ProcessState::Sampling => "sampling",
+        ProcessState::RestartPending => "restarting",
+        ProcessState::GivenUp => "given up",
+        ProcessState::Exited => "exited",
+    }
+}
+
+/// The per-process counters of the exporter's rendering `metrics`, by pid: for each series
+/// with a `pid` label, (metric name, its `state` label or "") and the value.
+pub fn counters_by_pid(metrics: &str) -> HashMap<i32, HashMap<(String, String), u64>> {
+    let mut out: HashMap<i32, HashMap<(String, String), u64>> = HashMap::new();
+    for line in metrics.lines() {
+        let Some((name, rest)) = line.split_once('{') else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let Some(pid) = label(labels, "pid").and_then(|p| p.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(value) = value.trim().parse::<f64>() else {
+            continue;
+        };
+        let state = label(labels, "state").unwrap_or_default();
+        *out.entry(pid)
+            .or_default()
+            .entry((name.to_string(), state.to_string()))
+            .or_default() += value.max(0.0) as u64;
+    }
+    out
+}
+
+/// The value of label `key` in a series' labels (`a="x",b="y"`), for values without quotes
+/// or backslashes (pids and states).
+fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
+    let mut rest = labels;
+    while let Some(at) = rest.find(&format!("{key}=\"")) {
+        let boundary = at == 0 || rest.as_bytes()[at - 1] == b',';
+        let value = &rest[at + key.len() + 2..];
+        if boundary {
+            return value.split('"').next();
+        }
+        rest = value;
+    }
+    None
+}
+
+/// `/api/fleet` from the supervisor's status and the exporter's rendering.
+pub fn fleet_view(status: &FleetStatus, metrics: &str, mode: &'static str) -> FleetView {
+    use pyfleet_actors::metric_names as m;
+    let counters = counters_by_pid(metrics);
+    let empty = HashMap::new();
+    let processes = status
+        .processes
+        .iter()
+        .map(|p| {
+            let c = counters.get(&p.pid).unwrap_or(&empty);
+            let get = |name: &str| {
+                c.get(&(name.to_string(), String::new()))
+                    .copied()
+                    .unwrap_or(0)
+            };
+            let errors = c
+                .iter()
+                .filter(|((n, _), _)| n == m::SAMPLE_ERRORS)
+                .map(|(_, v)| v)
+                .sum();
+            let thread_states = c
+                .iter()
+                .filter(|((n, s), _)| n == m::THREAD_SAMPLES && !s.is_empty())
+                .map(|((_, s), v)| (s.clone(), *v))
+                .collect();
+            ProcessRow {
+                pid: p.pid,
+                name: p.name.clone(),
+                role: p.role.as_str().to_string(),
+                labels: p
+                    .labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                state: state_name(p.state),
+                samples: get(m::SAMPLES),
+                errors,
+                frame_cache_hits: get(m::FRAME_CACHE_HITS) + get(m::FRAME_CACHE_PARTIAL_HITS),
+                frame_cache_misses: get(m::FRAME_CACHE_MISSES),
+                code_cache_hits: get(m::CODE_CACHE_HITS),
+                code_cache_misses: get(m::CODE_CACHE_MISSES),
+                thread_states,
+            }
+        })
+        .collect();
+    let stacks = metrics
+        .lines()
+        .filter(|l| l.starts_with("pyfleet_capture_info{"))
+        .find_map(|l| label(l.split_once('{')?.1, "stacks"))
+        .unwrap_or_default()
+        .to_string();
+    FleetView {
+        mode,
+        rate_hz: status.rate_hz,
+        stacks,
+        processes,
+    }
+}
+
+/// The seconds and pid of a flamegraph request's query (`seconds` 1 to
+/// [`MAX_FLAME_SECONDS`], default 5).
+pub fn flame_request(query: &str) -> Result<(u64, Option<i32>), String> {
+    let mut seconds = 5;
+    let mut pid = None;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match key {
+            "seconds" => {
+                seconds = value
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|s| (1..=MAX_FLAME_SECONDS).contains(s))
+                    .ok_or_else(|| {
+                        format!("seconds must be a whole number from 1 to {MAX_FLAME_SECONDS}")
+                    })?;
+            }
+            "pid" => {
+                pid = Some(
+                    value
+                        .parse::<i32>()
+                        .ok()
+                        .filter(|p| *p > 0)
+                        .ok_or("pid must be a process id")?,
+                );
+            }
+            _ => {}
+        }
+    }
+    Ok((seconds, pid))
+}
+
+/// The flamegraph of the next `seconds` of the fleet, or of process `pid`.
+pub async fn flamegraph(
+    profiler: &Profiler,
+    seconds: u64,
+    pid: Option<i32>,
+    mode: &'static str,
+) -> Result<Vec<u8>, pyfleet_actors::PullError> {
+    let filter = PullFilter {
+        pid,
+        ..PullFilter::default()
+    };
+    let snap = profiler
+        .profile(Duration::from_secs(seconds), filter)
+        .await?;
+    let lines = match pid {
+        None => crate::output::folded::fleet_lines(&snap),
+        Some(pid) => snap
+            .processes
+            .iter()
+            .filter(|p| p.pid == pid)
+            .flat_map(|p| crate::output::folded::process_lines(p, None))
+            .collect(),
+    };
+    let title = match pid.and_then(|pid| snap.processes.iter().find(|p| p.pid == pid)) {
+        Some(p) => format!("{} (pid {})", p.name, p.pid),
+        None => "the fleet".to_string(),
+    };
+    let samples: u64 = lines.iter().map(|(_, n)| n).sum();
+    let subtitle = format!("{seconds} s, {mode} mode, {samples} samples");
+    // A rendering failure is inferno's on pyfleet's own lines: an empty page says so.
+    Ok(crate::output::svg::render(&title, &subtitle, &lines)
+        .unwrap_or_else(|e| crate::output::svg::render(&e, "", &[]).unwrap_or_default()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pyfleet_actors::ProcessStatus;
+
+    #[test]
+    fn the_table_takes_each_processs_counters_from_the_exporter() {
+        let metrics = "\
+# TYPE pyfleet_samples_total counter
+pyfleet_samples_total{process=\"web\",role=\"worker\",pid=\"42\",service=\"api\"} 120
+pyfleet_sample_errors_total{process=\"web\",role=\"worker\",pid=\"42\",kind=\"read\"} 2
+pyfleet_sample_errors_total{process=\"web\",role=\"worker\",pid=\"42\",kind=\"cycle\"} 1
+pyfleet_frame_cache_hits_total{process=\"web\",role=\"worker\",pid=\"42\"} 90
+pyfleet_frame_cache_partial_hits_total{process=\"web\",role=\"worker\",pid=\"42\"} 5
+pyfleet_thread_samples_total{process=\"x\\\"pid=\\\"7\",role=\"worker\",pid=\"42\",state=\"holds_gil\"} 60
+pyfleet_thread_samples_total{process=\"web\",role=\"worker\",pid=\"42\",state=\"waits_gil\"} 40
+pyfleet_samples_total{process=\"job\",role=\"single\",pid=\"7\"} 3
+pyfleet_processes 2
+pyfleet_capture_info{stacks=\"kernel\",why=\"\"} 1
+";
+        let status = FleetStatus {
+            rate_hz: 100.0,
+            processes: vec![ProcessStatus {
+                pid: 42,
+                name: "web".into(),
+                role: pyfleet_policies::Role::Worker,
+                labels: Default::default(),
+                state: ProcessState::Sampling,
+                failures_in_window: 0,
+            }],
+            exits: 0,
+            restarts: 0,
+        };
+        let view = fleet_view(&status, metrics, "cpu");
+        assert_eq!(view.stacks, "kernel");
+        assert_eq!(view.processes.len(), 1);
+        let p = &view.processes[0];
+        assert_eq!((p.samples, p.errors, p.frame_cache_hits), (120, 3, 95));
+        assert_eq!(p.thread_states["holds_gil"], 60);
+        assert_eq!(p.thread_states["waits_gil"], 40);
+        assert_eq!((p.role.as_str(), p.state), ("worker", "sampling"));
+    }
+
+    #[test]
+    fn flamegraph_queries_are_bounded() {
+        assert_eq!(flame_request("").unwrap(), (5, None));
+        assert_eq!(flame_request("seconds=3&pid=9").unwrap(), (3, Some(9)));
+        for bad in ["seconds=0", "seconds=61", "pid=x", "pid=-3"] {
+            assert!(flame_request(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! The daemon's fleet page (issue #37) in a real headless Chromium, driven through the
+//! DevTools protocol (puppeteer-core, tests/web/fleet_page.cjs): with a real gunicorn fleet
+//! under load profiled, the table lists every worker, and clicking one shows its flamegraph
+//! with the WSGI handler. The screenshots stay in `$CARGO_TARGET_TMPDIR/fleet-page/`.
+
+use crate::common::*;
+use std::process::Command;
+use std::time::Duration;
+
+#[test]
+fn the_fleet_page_lists_the_workers_and_shows_a_workers_flamegraph() {
+    // Alone: HTTP load on a gunicorn fleet, a daemon and a browser.
+    let _machine = alone();
+    let (Some(chromium), Some(node), Some(venv)) = (
+        tool("chromium", SETUP_FORMAT_TOOLS),
+        tool("node", SETUP_FORMAT_TOOLS),
+        gunicorn_venv("gunicorn-3.15"),
+    ) else {
+        return;
+    };
+    let Some(package) = provided(
+        "puppeteer-core",
+        format_tools_dir().join("puppeteer/node_modules/puppeteer-core/package.json"),
+        SETUP_FORMAT_TOOLS,
+    ) else {
+        return;
+    };
+    // node_modules, for NODE_PATH.
+    let modules = package
+        .parent()
+        .and_then(|p| p.parent())
+        .unwrap()
+        .to_path_buf();
+    let (port, page_port) = (free_port(), free_port());
+    let g = gunicorn("gunicorn 3.15", &venv, port, 2);
+    let workers: Vec<i32> = children(g.pid()).into_iter().collect();
+    assert_eq!(workers.len(), 2, "{workers:?}");
+    let _load = Proc::spawn(
+        "load",
+        &any_interpreter().path,
+        &[
+            target_script("load.py").display().to_string(),
+            "127.0.0.1".into(),
+            port.to_string(),
+            "30".into(),
+        ],
+    );
+    let out = tempdir("pyfleet-page-");
+    let daemon = Running::start(
+        pyfleet_command(&[
+            "run",
+            "--pid",
+            &g.pid().to_string(),
+            "--subprocesses",
+            "--out",
+            out.path().join("snapshots").to_str().unwrap(),
+            "--metrics-addr",
+            &format!("127.0.0.1:{page_port}"),
+        ]),
+        Duration::from_secs(120),
+    );
+    let shots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("fleet-page");
+    let _ = std::fs::remove_dir_all(&shots);
+    std::fs::create_dir_all(&shots).unwrap();
+    let pids: Vec<String> = workers.iter().map(i32::to_string).collect();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/web/fleet_page.cjs");
+    let mut cmd = Command::new(node);
+    cmd.arg(script)
+        .arg(&chromium)
+        .arg(format!("http://127.0.0.1:{page_port}/"))
+        .arg(&shots)
+        .arg(pids.join(","))
+        .arg("fib_work")
+        .env("NODE_PATH", &modules);
+    let browsed = run_with_timeout(cmd, Duration::from_secs(90));
+    send_signal(daemon.pid(), libc::SIGTERM);
+    let ran = daemon.finish();
+    assert!(
+        browsed.success(),
+        "{}\n{}",
+        browsed.describe(),
+        ran.describe()
+    );
+    let seen: serde_json::Value = serde_json::from_str(browsed.stdout.trim()).unwrap();
+    let rows = seen["rows"].as_array().unwrap();
+    for pid in &pids {
+        assert!(
+            rows.iter()
+                .any(|r| r[0] == pid.as_str() && r[2] == "worker"),
+            "worker {pid} not listed as one: {rows:?}"
+        );
+    }
+    assert_eq!(seen["injected"], 0, "{seen}");
+    assert!(seen["flamegraph_has_function"] == true, "{seen}");
+    assert!(seen["title"].as_str().unwrap().contains(&pids[0]), "{seen}");
+    for shot in ["table.png", "flamegraph.png"] {
+        let bytes = std::fs::metadata(shots.join(shot))
+            .map(|m| m.len())
+            .unwrap_or(0);
+        assert!(bytes > 1000, "{shot}: {bytes} bytes");
+    }
+}

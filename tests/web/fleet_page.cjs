@@ -1,0 +1,68 @@
+// Drives pyfleet's fleet page in Debian's Chromium through the DevTools protocol
+// (puppeteer-core, from npm; scripts/setup-format-tools.sh installs it), for
+// tests/it/fleet_page.rs. Prints one JSON object with what it saw; screenshots go to OUT_DIR.
+//
+//   node fleet_page.cjs CHROMIUM URL OUT_DIR PIDS FUNCTION
+//     PIDS: comma-separated pids the table must list (the first is clicked);
+//     FUNCTION: a function the clicked process's flamegraph must show.
+"use strict";
+const puppeteer = require("puppeteer-core");
+
+async function main() {
+  const [chromium, url, outDir, pidList, fn] = process.argv.slice(2);
+  const pids = pidList.split(",");
+  const browser = await puppeteer.launch({
+    executablePath: chromium,
+    headless: true,
+    args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+  });
+  const seen = { rows: [], injected: -1, flamegraph_has_function: false, title: "" };
+  try {
+    const page = await browser.newPage();
+    await page.setViewport({ width: 1300, height: 900 });
+    await page.goto(url, { waitUntil: "domcontentloaded" });
+    // Every pid listed, with a rate (the second poll).
+    await page.waitForFunction(
+      (want) => {
+        const rows = [...document.querySelectorAll("#processes tr")];
+        const have = rows.map((r) => r.dataset.pid);
+        return want.every((p) => have.includes(p)) && rows.some((r) => r.children[5].textContent !== "0.0");
+      },
+      { timeout: 30000 },
+      pids
+    );
+    await page.screenshot({ path: `${outDir}/table.png` });
+    seen.rows = await page.$$eval("#processes tr", (rows) =>
+      rows.map((r) => [...r.children].map((c) => c.textContent))
+    );
+    // Nothing but text in the table: a name that is markup stays text.
+    seen.injected = await page.$$eval(
+      "#processes *",
+      (els) => els.filter((e) => !["TR", "TD"].includes(e.tagName)).length
+    );
+    await page.click(`#processes tr[data-pid="${pids[0]}"]`);
+    await page.waitForFunction(
+      (pid) => document.getElementById("flamegraph").src.includes(`pid=${pid}`),
+      { timeout: 5000 },
+      pids[0]
+    );
+    seen.title = await page.$eval("#pane-title", (e) => e.textContent);
+    // The flamegraph of the clicked process, once its window is sampled.
+    const frame = await (await page.waitForSelector("#flamegraph")).contentFrame();
+    await frame.waitForFunction(
+      (f) => document.documentElement && document.documentElement.textContent.includes(f),
+      { timeout: 30000 },
+      fn
+    );
+    seen.flamegraph_has_function = true;
+    await page.screenshot({ path: `${outDir}/flamegraph.png` });
+  } finally {
+    await browser.close();
+  }
+  process.stdout.write(JSON.stringify(seen) + "\n");
+}
+
+main().catch((e) => {
+  process.stderr.write(String(e && e.stack ? e.stack : e) + "\n");
+  process.exit(1);
+});
