@@ -1,7 +1,8 @@
 //! The daemon's fleet page (issue #37) in a real headless Chromium, driven through the
 //! DevTools protocol (puppeteer-core, tests/web/fleet_page.cjs): with a real gunicorn fleet
 //! under load profiled, the table lists every worker, and clicking one shows its flamegraph
-//! with the WSGI handler. The screenshots stay in `$CARGO_TARGET_TMPDIR/fleet-page/`.
+//! with the WSGI handler; a function named with markup shows as text. The screenshots stay in
+//! `$CARGO_TARGET_TMPDIR/fleet-page/`.
 
 use crate::common::*;
 use std::process::Command;
@@ -45,6 +46,9 @@ fn the_fleet_page_lists_the_workers_and_shows_a_workers_flamegraph() {
             "30".into(),
         ],
     );
+    let interp = any_interpreter();
+    let mut hostile = Proc::python(&interp.label, &interp.path, "hostile_names.py", &["ready"]);
+    hostile.wait_for_file("ready", Duration::from_secs(30));
     let out = tempdir("pyfleet-page-");
     let daemon = Running::start(
         pyfleet_command(&[
@@ -52,6 +56,8 @@ fn the_fleet_page_lists_the_workers_and_shows_a_workers_flamegraph() {
             "--pid",
             &g.pid().to_string(),
             "--subprocesses",
+            "--pid",
+            &hostile.pid().to_string(),
             "--out",
             out.path().join("snapshots").to_str().unwrap(),
             "--metrics-addr",
@@ -71,6 +77,8 @@ fn the_fleet_page_lists_the_workers_and_shows_a_workers_flamegraph() {
         .arg(&shots)
         .arg(pids.join(","))
         .arg("fib_work")
+        .arg(hostile.pid().to_string())
+        .arg("<img src=x onerror=")
         .env("NODE_PATH", &modules);
     let browsed = run_with_timeout(cmd, Duration::from_secs(90));
     send_signal(daemon.pid(), libc::SIGTERM);
@@ -93,7 +101,10 @@ fn the_fleet_page_lists_the_workers_and_shows_a_workers_flamegraph() {
     assert_eq!(seen["injected"], 0, "{seen}");
     assert!(seen["flamegraph_has_function"] == true, "{seen}");
     assert!(seen["title"].as_str().unwrap().contains(&pids[0]), "{seen}");
-    for shot in ["table.png", "flamegraph.png"] {
+    assert!(seen["hostile_shown_as_text"] == true, "{seen}");
+    assert_eq!(seen["hostile_elements"], 0, "{seen}");
+    assert_eq!(seen["page_title"], "pyfleet", "{seen}");
+    for shot in ["table.png", "flamegraph.png", "hostile.png"] {
         let bytes = std::fs::metadata(shots.join(shot))
             .map(|m| m.len())
             .unwrap_or(0);

@@ -2,21 +2,25 @@
 // (puppeteer-core, from npm; scripts/setup-format-tools.sh installs it), for
 // tests/it/fleet_page.rs. Prints one JSON object with what it saw; screenshots go to OUT_DIR.
 //
-//   node fleet_page.cjs CHROMIUM URL OUT_DIR PIDS FUNCTION
+//   node fleet_page.cjs CHROMIUM URL OUT_DIR PIDS FUNCTION HOSTILE_PID HOSTILE_TEXT
 //     PIDS: comma-separated pids the table must list (the first is clicked);
-//     FUNCTION: a function the clicked process's flamegraph must show.
+//     FUNCTION: a function the clicked process's flamegraph must show;
+//     HOSTILE_PID: a process whose flamegraph must show HOSTILE_TEXT (markup) as text.
 "use strict";
 const puppeteer = require("puppeteer-core");
 
 async function main() {
-  const [chromium, url, outDir, pidList, fn] = process.argv.slice(2);
+  const [chromium, url, outDir, pidList, fn, hostilePid, hostileText] = process.argv.slice(2);
   const pids = pidList.split(",");
   const browser = await puppeteer.launch({
     executablePath: chromium,
     headless: true,
     args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
   });
-  const seen = { rows: [], injected: -1, flamegraph_has_function: false, title: "" };
+  const seen = {
+    rows: [], injected: -1, flamegraph_has_function: false, title: "",
+    hostile_shown_as_text: false, hostile_elements: -1, page_title: "",
+  };
   try {
     const page = await browser.newPage();
     await page.setViewport({ width: 1300, height: 900 });
@@ -56,6 +60,24 @@ async function main() {
     );
     seen.flamegraph_has_function = true;
     await page.screenshot({ path: `${outDir}/flamegraph.png` });
+    // A process whose function is named with markup: its flamegraph shows the text, and no
+    // element the markup would make exists, nor did its script run.
+    await page.click(`#processes tr[data-pid="${hostilePid}"]`);
+    await page.waitForFunction(
+      (pid) => document.getElementById("flamegraph").src.includes(`pid=${pid}`),
+      { timeout: 5000 },
+      hostilePid
+    );
+    const hostile = await (await page.waitForSelector("#flamegraph")).contentFrame();
+    await hostile.waitForFunction(
+      (t) => document.documentElement && document.documentElement.textContent.includes(t),
+      { timeout: 30000 },
+      hostileText
+    );
+    seen.hostile_shown_as_text = true;
+    seen.hostile_elements = await hostile.$$eval("img", (els) => els.length);
+    seen.page_title = await page.title();
+    await page.screenshot({ path: `${outDir}/hostile.png` });
   } finally {
     await browser.close();
   }
