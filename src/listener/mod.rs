@@ -13,6 +13,7 @@ pub mod access;
 pub mod fleet_page;
 pub mod routes;
 pub mod slots;
+pub mod snapshot_files;
 
 pub use routes::{Exporter, Pages, Pull, MAX_PROFILE_SECONDS};
 pub use slots::Limits;

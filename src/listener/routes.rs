@@ -33,6 +33,8 @@ pub struct Pull {
     pub mode: Mode,
     /// The daemon's base rate (pprof's period; the budget may lower the rate).
     pub rate_hz: f64,
+    /// Where the daemon writes its snapshots (`--out`), for the page's past windows.
+    pub snapshots: Option<std::path::PathBuf>,
 }
 
 /// The exporter's handle, and when it last rendered (for a scrape or to tidy up).
@@ -142,7 +144,8 @@ pub async fn respond(
         "/metrics" => Page::Metrics,
         p if p.starts_with("/debug/pprof/") => Page::Stacks,
         // The fleet page names processes and shows their stacks.
-        "/" | "/api/fleet" | "/flamegraph.svg" => Page::Stacks,
+        "/" | "/api/fleet" | "/flamegraph.svg" | "/api/snapshots" | "/diff.svg" => Page::Stacks,
+        p if p.starts_with("/snapshots/") => Page::Stacks,
         _ => Page::Open,
     };
     let site = match pages {
@@ -199,10 +202,65 @@ pub async fn respond(
                 Err(why) => text(StatusCode::BAD_REQUEST, format!("{why}\n")),
             }
         }
+        (&Method::GET, "/api/snapshots", Some((_, pull, _))) => {
+            let out = pull.snapshots.clone();
+            let listed = tokio::task::spawn_blocking(move || {
+                out.map(|o| super::snapshot_files::list(&o))
+                    .unwrap_or_default()
+            })
+            .await
+            .unwrap_or_default();
+            match serde_json::to_vec(&listed) {
+                Ok(body) => with_type(StatusCode::OK, body, "application/json"),
+                Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
+            }
+        }
+        (&Method::GET, "/diff.svg", Some((_, pull, _))) => {
+            let query = req.uri().query().unwrap_or("").to_string();
+            let out = pull.snapshots.clone();
+            let answer = tokio::task::spawn_blocking(move || {
+                let (base, new) = diff_request(&query)?;
+                let out = out.ok_or("this daemon writes no snapshots")?;
+                super::snapshot_files::diff(&out, &base, &new)
+            })
+            .await
+            .unwrap_or_else(|e| Err(e.to_string()));
+            match answer {
+                Ok(svg) => with_type(StatusCode::OK, svg, "image/svg+xml"),
+                Err(why) => text(StatusCode::BAD_REQUEST, format!("{why}\n")),
+            }
+        }
+        (&Method::GET, p, Some((_, pull, _))) if p.starts_with("/snapshots/") => {
+            let wanted = p["/snapshots/".len()..]
+                .split_once('/')
+                .and_then(|(n, f)| (!f.contains('/')).then(|| (n.to_string(), f.to_string())));
+            let out = pull.snapshots.clone();
+            let served = tokio::task::spawn_blocking(move || match (out, wanted) {
+                (Some(out), Some((name, file))) => super::snapshot_files::file(&out, &name, &file),
+                _ => Err(super::snapshot_files::NotServed::NotFound),
+            })
+            .await
+            .unwrap_or(Err(super::snapshot_files::NotServed::NotFound));
+            match served {
+                Ok((body, kind)) => with_type(StatusCode::OK, body, kind),
+                Err(super::snapshot_files::NotServed::TooLarge) => {
+                    text(StatusCode::PAYLOAD_TOO_LARGE, "too large to serve\n".into())
+                }
+                Err(super::snapshot_files::NotServed::NotFound) => {
+                    text(StatusCode::NOT_FOUND, "no such snapshot file\n".into())
+                }
+            }
+        }
         (_, "/healthz" | "/readyz", _)
         | (
             _,
-            "/metrics" | "/debug/pprof/profile" | "/" | "/api/fleet" | "/flamegraph.svg",
+            "/metrics"
+            | "/debug/pprof/profile"
+            | "/"
+            | "/api/fleet"
+            | "/flamegraph.svg"
+            | "/api/snapshots"
+            | "/diff.svg",
             Some(_),
         ) => text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".to_string()),
         (_, _, Some(_)) => text(
@@ -302,6 +360,22 @@ async fn profile(pull: &Pull, seconds: u64, filter: PullFilter) -> Response<Full
             response
         }
         Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
+    }
+}
+
+/// The two snapshot names of a `/diff.svg` query (`base`, `new`).
+fn diff_request(query: &str) -> Result<(String, String), String> {
+    let (mut base, mut new) = (None, None);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("base", v)) => base = Some(v.to_string()),
+            Some(("new", v)) => new = Some(v.to_string()),
+            _ => {}
+        }
+    }
+    match (base, new) {
+        (Some(b), Some(n)) => Ok((b, n)),
+        _ => Err("diff.svg wants base=SNAPSHOT&new=SNAPSHOT (see /api/snapshots)".into()),
     }
 }
 

@@ -363,7 +363,8 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     (y, m, d)
 }
 
-fn is_snapshot_name(name: &str) -> bool {
+/// A snapshot directory's name: `utc_name`, and `-N` when two windows ended in one second.
+pub fn is_snapshot_name(name: &str) -> bool {
     let b = name.as_bytes();
     let digits =
         |r: std::ops::Range<usize>| b.get(r).is_some_and(|s| s.iter().all(u8::is_ascii_digit));

@@ -36,16 +36,6 @@ fn the_fleet_page_lists_the_workers_and_shows_a_workers_flamegraph() {
     let g = gunicorn("gunicorn 3.15", &venv, port, 2);
     let workers: Vec<i32> = children(g.pid()).into_iter().collect();
     assert_eq!(workers.len(), 2, "{workers:?}");
-    let _load = Proc::spawn(
-        "load",
-        &any_interpreter().path,
-        &[
-            target_script("load.py").display().to_string(),
-            "127.0.0.1".into(),
-            port.to_string(),
-            "30".into(),
-        ],
-    );
     let interp = any_interpreter();
     let mut hostile = Proc::python(&interp.label, &interp.path, "hostile_names.py", &["ready"]);
     hostile.wait_for_file("ready", Duration::from_secs(30));
@@ -58,6 +48,10 @@ fn the_fleet_page_lists_the_workers_and_shows_a_workers_flamegraph() {
             "--subprocesses",
             "--pid",
             &hostile.pid().to_string(),
+            "--mode",
+            "wall",
+            "--snapshot-interval",
+            "3s",
             "--out",
             out.path().join("snapshots").to_str().unwrap(),
             "--metrics-addr",
@@ -65,6 +59,54 @@ fn the_fleet_page_lists_the_workers_and_shows_a_workers_flamegraph() {
         ]),
         Duration::from_secs(120),
     );
+    // Two phases of load: requests that sleep in `sleep_page`, then requests that compute in
+    // `render_page`: snapshots of each, to compare.
+    let load = |seconds: &str, path: &str| {
+        Proc::spawn(
+            "load",
+            &interp.path,
+            &[
+                target_script("load.py").display().to_string(),
+                "127.0.0.1".into(),
+                port.to_string(),
+                seconds.into(),
+                "4".into(),
+                path.into(),
+            ],
+        )
+    };
+    let mut sleeping = load("8", "/sleep");
+    wait_until(
+        Duration::from_secs(30),
+        "the first phase's load to end",
+        || sleeping.exited().is_some(),
+        || "still loading".into(),
+    );
+    let _computing = load("40", "/");
+    std::thread::sleep(Duration::from_secs(8));
+    let snapshots = out.path().join("snapshots");
+    let holding = |name: &str, f: &str| {
+        std::fs::read_to_string(snapshots.join(name).join("all.folded"))
+            .is_ok_and(|t| t.contains(f))
+    };
+    let mut names: Vec<String> = std::fs::read_dir(&snapshots)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    names.sort();
+    let base = names
+        .iter()
+        .find(|n| holding(n, "sleep_page (") && !holding(n, "render_page ("))
+        .cloned()
+        .unwrap_or_else(|| panic!("no window of the first phase alone: {names:?}"));
+    let new = names
+        .iter()
+        .rev()
+        .find(|n| holding(n, "render_page (") && !holding(n, "sleep_page ("))
+        .cloned()
+        .unwrap_or_else(|| panic!("no window of the second phase alone: {names:?}"));
     let shots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("fleet-page");
     let _ = std::fs::remove_dir_all(&shots);
     std::fs::create_dir_all(&shots).unwrap();
@@ -79,6 +121,8 @@ fn the_fleet_page_lists_the_workers_and_shows_a_workers_flamegraph() {
         .arg("fib_work")
         .arg(hostile.pid().to_string())
         .arg("<img src=x onerror=")
+        .arg(&base)
+        .arg(&new)
         .env("NODE_PATH", &modules);
     let browsed = run_with_timeout(cmd, Duration::from_secs(90));
     send_signal(daemon.pid(), libc::SIGTERM);
@@ -104,7 +148,32 @@ fn the_fleet_page_lists_the_workers_and_shows_a_workers_flamegraph() {
     assert!(seen["hostile_shown_as_text"] == true, "{seen}");
     assert_eq!(seen["hostile_elements"], 0, "{seen}");
     assert_eq!(seen["page_title"], "pyfleet", "{seen}");
-    for shot in ["table.png", "flamegraph.png", "hostile.png"] {
+    // The differential view: the handler that computes grew, the one that sleeps shrank.
+    let titles: Vec<&str> = seen["diff_titles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t.as_str())
+        .collect();
+    // A frame's change is its own samples' (inferno's): the computing handler's work, all of
+    // it in `fib_work` frames, grew by its share of the new window.
+    let grown: f64 = titles
+        .iter()
+        .filter(|t| t.starts_with("fib_work ("))
+        .filter_map(|t| {
+            t.rsplit_once("; ")?
+                .1
+                .trim_end_matches(')')
+                .trim_end_matches('%')
+                .parse::<f64>()
+                .ok()
+        })
+        .sum();
+    assert!(
+        grown > 10.0,
+        "the computing handler should have grown ({grown:+.1} points): {titles:?}"
+    );
+    for shot in ["table.png", "flamegraph.png", "hostile.png", "diff.png"] {
         let bytes = std::fs::metadata(shots.join(shot))
             .map(|m| m.len())
             .unwrap_or(0);

@@ -202,6 +202,9 @@ fn profiles_off_loopback_need_a_credential() {
             "/",
             "/api/fleet",
             "/flamegraph.svg?seconds=1",
+            "/api/snapshots",
+            "/diff.svg?base=a&new=b",
+            "/snapshots/2026-11-28T10-00-00Z/all.folded",
         ] {
             let args: Vec<&str> = header.iter().flat_map(|h| ["-H", h.as_str()]).collect();
             let (code, body) = status(&args, path);

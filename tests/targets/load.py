@@ -1,7 +1,7 @@
-"""HTTP load for the fleet test: N threads GET http://HOST:PORT/ in a loop until SECONDS have
-passed (bounded: it always stops). Prints the number of responses when done.
+"""HTTP load for the fleet test: N threads GET http://HOST:PORT/PATH (default /load) in a loop
+until SECONDS have passed (bounded: it always stops). Prints the number of responses when done.
 
-    load.py HOST PORT SECONDS [THREADS]
+    load.py HOST PORT SECONDS [THREADS [PATH]]
 """
 import sys
 import threading
@@ -10,13 +10,14 @@ import urllib.request
 
 host, port, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 threads = int(sys.argv[4]) if len(sys.argv) > 4 else 4
+path = sys.argv[5] if len(sys.argv) > 5 else "/load"
 deadline = time.monotonic() + seconds
 done = [0]
 lock = threading.Lock()
 
 
 def worker():
-    url = f"http://{host}:{port}/load"
+    url = f"http://{host}:{port}{path}"
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(url, timeout=2) as r:

@@ -2,15 +2,17 @@
 // (puppeteer-core, from npm; scripts/setup-format-tools.sh installs it), for
 // tests/it/fleet_page.rs. Prints one JSON object with what it saw; screenshots go to OUT_DIR.
 //
-//   node fleet_page.cjs CHROMIUM URL OUT_DIR PIDS FUNCTION HOSTILE_PID HOSTILE_TEXT
+//   node fleet_page.cjs CHROMIUM URL OUT_DIR PIDS FUNCTION HOSTILE_PID HOSTILE_TEXT BASE NEW
 //     PIDS: comma-separated pids the table must list (the first is clicked);
 //     FUNCTION: a function the clicked process's flamegraph must show;
-//     HOSTILE_PID: a process whose flamegraph must show HOSTILE_TEXT (markup) as text.
+//     HOSTILE_PID: a process whose flamegraph must show HOSTILE_TEXT (markup) as text;
+//     BASE, NEW: two snapshots to compare on the page (their frames' titles are returned).
 "use strict";
 const puppeteer = require("puppeteer-core");
 
 async function main() {
-  const [chromium, url, outDir, pidList, fn, hostilePid, hostileText] = process.argv.slice(2);
+  const [chromium, url, outDir, pidList, fn, hostilePid, hostileText, base, next] =
+    process.argv.slice(2);
   const pids = pidList.split(",");
   const browser = await puppeteer.launch({
     executablePath: chromium,
@@ -19,7 +21,7 @@ async function main() {
   });
   const seen = {
     rows: [], injected: -1, flamegraph_has_function: false, title: "",
-    hostile_shown_as_text: false, hostile_elements: -1, page_title: "",
+    hostile_shown_as_text: false, hostile_elements: -1, page_title: "", diff_titles: [],
   };
   try {
     const page = await browser.newPage();
@@ -78,6 +80,30 @@ async function main() {
     seen.hostile_elements = await hostile.$$eval("img", (els) => els.length);
     seen.page_title = await page.title();
     await page.screenshot({ path: `${outDir}/hostile.png` });
+    // Two past windows compared: every frame's title says how it changed.
+    await page.waitForFunction(
+      (b, n) => {
+        const names = [...document.querySelectorAll("#base option")].map((o) => o.value);
+        return names.includes(b) && names.includes(n);
+      },
+      { timeout: 30000 },
+      base,
+      next
+    );
+    await page.select("#base", base);
+    await page.select("#new", next);
+    await page.click("#compare");
+    await page.waitForFunction(
+      () => document.getElementById("flamegraph").src.includes("/diff.svg"),
+      { timeout: 5000 }
+    );
+    const diff = await (await page.waitForSelector("#flamegraph")).contentFrame();
+    await diff.waitForFunction(
+      () => document.querySelectorAll("title").length > 2,
+      { timeout: 30000 }
+    );
+    seen.diff_titles = await diff.$$eval("title", (ts) => ts.map((t) => t.textContent));
+    await page.screenshot({ path: `${outDir}/diff.png` });
   } finally {
     await browser.close();
   }
