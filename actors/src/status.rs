@@ -24,6 +24,8 @@ pub struct ProcessStatus {
     /// Its role and labels as of the scan that listed it.
     pub role: pyfleet_policies::Role,
     pub labels: crate::Labels,
+    /// The interpreter's version as detected (`3.13.1`).
+    pub python_version: String,
     pub state: ProcessState,
     /// Failures still in the restart policy's window.
     pub failures_in_window: usize,

@@ -733,6 +733,7 @@ impl<D: Discovery, F: SourceFactory> SupervisorState<D, F> {
                 name: e.info.name.clone(),
                 role: e.info.role,
                 labels: e.info.labels.clone(),
+                python_version: e.info.python_version.clone(),
                 state: match &e.state {
                     EntryState::Pending => ProcessState::Starting,
                     EntryState::Running { .. } => ProcessState::Sampling,

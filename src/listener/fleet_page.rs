@@ -1,9 +1,10 @@
 //! The fleet page: `GET /` (one HTML document with its style and script, no remote resource:
 //! it works offline), `GET /api/fleet` (what the page's table shows, as JSON) and
-//! `GET /flamegraph.svg?seconds=N[&pid=P]` (the flamegraph of what the fleet, or one process,
-//! samples in the next N seconds, 1 to [`MAX_FLAME_SECONDS`]).
+//! `GET /flamegraph.svg?seconds=N[&pid=P|&service=S]` (the flamegraph of what the fleet, one
+//! process or one service samples in the next N seconds, 1 to [`MAX_FLAME_SECONDS`]).
 //!
-//! `/api/fleet` lists the processes the supervisor tracks (pid, name, role, labels, state)
+//! `/api/fleet` lists the processes the supervisor tracks (pid, name, role, labels, Python
+//! version, state)
 //! with their counters as the exporter holds them (samples, failed samples, cache hits and
 //! misses, thread samples by state; the page turns them into rates and shares between two
 //! polls), so that the page and `/metrics` never disagree. Bounded work per request: one
@@ -29,6 +30,7 @@ pub struct ProcessRow {
     pub name: String,
     pub role: String,
     pub labels: BTreeMap<String, String>,
+    pub python_version: String,
     pub state: &'static str,
     /// Counters since its sampler started (the exporter's).
     pub samples: u64,
@@ -131,6 +133,7 @@ pub fn fleet_view(status: &FleetStatus, metrics: &str, mode: &'static str) -> Fl
                 pid: p.pid,
                 name: p.name.clone(),
                 role: p.role.as_str().to_string(),
+                python_version: p.python_version.clone(),
                 labels: p
                     .labels
                     .iter()
@@ -161,11 +164,20 @@ pub fn fleet_view(status: &FleetStatus, metrics: &str, mode: &'static str) -> Fl
     }
 }
 
-/// The seconds and pid of a flamegraph request's query (`seconds` 1 to
-/// [`MAX_FLAME_SECONDS`], default 5).
-pub fn flame_request(query: &str) -> Result<(u64, Option<i32>), String> {
+/// Which window a flamegraph request asks for: its seconds (1 to [`MAX_FLAME_SECONDS`],
+/// default 5) and whose: a pid, a service, or (neither) the fleet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlameRequest {
+    pub seconds: u64,
+    pub pid: Option<i32>,
+    pub service: Option<String>,
+}
+
+/// A flamegraph request's query (`seconds`, `pid`, `service`; others ignored).
+pub fn flame_request(query: &str) -> Result<FlameRequest, String> {
     let mut seconds = 5;
     let mut pid = None;
+    let mut service = None;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         match key {
@@ -187,22 +199,37 @@ pub fn flame_request(query: &str) -> Result<(u64, Option<i32>), String> {
                         .ok_or("pid must be a process id")?,
                 );
             }
+            "service" => {
+                let s = crate::discovery::labels::sanitise(value.as_bytes());
+                if s.is_empty() || s != value {
+                    return Err("service must be a service label as the table shows it".into());
+                }
+                service = Some(s);
+            }
             _ => {}
         }
     }
-    Ok((seconds, pid))
+    Ok(FlameRequest {
+        seconds,
+        pid,
+        service,
+    })
 }
 
-/// The flamegraph of the next `seconds` of the fleet, or of process `pid`.
+/// The flamegraph of the next seconds of the fleet, a service or a process.
 pub async fn flamegraph(
     profiler: &Profiler,
-    seconds: u64,
-    pid: Option<i32>,
+    r: FlameRequest,
     mode: &'static str,
 ) -> Result<Vec<u8>, pyfleet_actors::PullError> {
+    let FlameRequest {
+        seconds,
+        pid,
+        service,
+    } = r;
     let filter = PullFilter {
         pid,
-        ..PullFilter::default()
+        service: service.clone(),
     };
     let snap = profiler
         .profile(Duration::from_secs(seconds), filter)
@@ -216,9 +243,13 @@ pub async fn flamegraph(
             .flat_map(|p| crate::output::folded::process_lines(p, None))
             .collect(),
     };
-    let title = match pid.and_then(|pid| snap.processes.iter().find(|p| p.pid == pid)) {
-        Some(p) => format!("{} (pid {})", p.name, p.pid),
-        None => "the fleet".to_string(),
+    let title = match (
+        pid.and_then(|pid| snap.processes.iter().find(|p| p.pid == pid)),
+        service,
+    ) {
+        (Some(p), _) => format!("{} (pid {})", p.name, p.pid),
+        (None, Some(s)) => format!("service {s}"),
+        (None, None) => "the fleet".to_string(),
     };
     let samples: u64 = lines.iter().map(|(_, n)| n).sum();
     let subtitle = format!("{seconds} s, {mode} mode, {samples} samples");
@@ -254,6 +285,7 @@ pyfleet_capture_info{stacks=\"kernel\",why=\"\"} 1
                 name: "web".into(),
                 role: pyfleet_policies::Role::Worker,
                 labels: Default::default(),
+                python_version: "3.13.1".into(),
                 state: ProcessState::Sampling,
                 failures_in_window: 0,
             }],
@@ -272,9 +304,20 @@ pyfleet_capture_info{stacks=\"kernel\",why=\"\"} 1
 
     #[test]
     fn flamegraph_queries_are_bounded() {
-        assert_eq!(flame_request("").unwrap(), (5, None));
-        assert_eq!(flame_request("seconds=3&pid=9").unwrap(), (3, Some(9)));
-        for bad in ["seconds=0", "seconds=61", "pid=x", "pid=-3"] {
+        let r = flame_request("").unwrap();
+        assert_eq!((r.seconds, r.pid, r.service), (5, None, None));
+        let r = flame_request("seconds=3&pid=9").unwrap();
+        assert_eq!((r.seconds, r.pid), (3, Some(9)));
+        let r = flame_request("service=api").unwrap();
+        assert_eq!(r.service.as_deref(), Some("api"));
+        for bad in [
+            "seconds=0",
+            "seconds=61",
+            "pid=x",
+            "pid=-3",
+            "service=",
+            "service=a%3Cb",
+        ] {
             assert!(flame_request(bad).is_err(), "{bad}");
         }
     }

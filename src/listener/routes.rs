@@ -195,9 +195,9 @@ pub async fn respond(
         (&Method::GET, "/api/fleet", Some((exporter, pull, _))) => fleet(exporter, pull).await,
         (&Method::GET, "/flamegraph.svg", Some((_, pull, _))) => {
             match super::fleet_page::flame_request(req.uri().query().unwrap_or("")) {
-                Ok((seconds, pid)) => {
-                    granted.store(seconds, Ordering::Relaxed);
-                    flamegraph(pull, seconds, pid).await
+                Ok(r) => {
+                    granted.store(r.seconds, Ordering::Relaxed);
+                    flamegraph(pull, r).await
                 }
                 Err(why) => text(StatusCode::BAD_REQUEST, format!("{why}\n")),
             }
@@ -398,15 +398,15 @@ async fn fleet(exporter: &Exporter, pull: &Pull) -> Response<Full<Bytes>> {
     }
 }
 
-/// `/flamegraph.svg`: the next `seconds` of the fleet or of `pid`, as a flamegraph.
-async fn flamegraph(pull: &Pull, seconds: u64, pid: Option<i32>) -> Response<Full<Bytes>> {
+/// `/flamegraph.svg`: the next seconds of the fleet, a service or a process, as a flamegraph.
+async fn flamegraph(pull: &Pull, r: super::fleet_page::FlameRequest) -> Response<Full<Bytes>> {
     let Some(profiler) = pull.profiler.get() else {
         return text(
             StatusCode::SERVICE_UNAVAILABLE,
             "the fleet is starting\n".into(),
         );
     };
-    match super::fleet_page::flamegraph(profiler, seconds, pid, pull.mode.as_str()).await {
+    match super::fleet_page::flamegraph(profiler, r, pull.mode.as_str()).await {
         Ok(svg) => with_type(StatusCode::OK, svg, "image/svg+xml"),
         Err(e @ pyfleet_actors::PullError::NotProfiled(_)) => {
             text(StatusCode::NOT_FOUND, format!("{e}\n"))

@@ -50,6 +50,10 @@ fn the_fleet_page_lists_the_workers_and_shows_a_workers_flamegraph() {
             &hostile.pid().to_string(),
             "--mode",
             "wall",
+            // The budget of a core: a debug build under this load would lower the rate
+            // (to 7 Hz in one run), and windows would hold a few samples.
+            "--max-cpu",
+            "100",
             "--snapshot-interval",
             "3s",
             "--out",
@@ -82,7 +86,7 @@ fn the_fleet_page_lists_the_workers_and_shows_a_workers_flamegraph() {
         || sleeping.exited().is_some(),
         || "still loading".into(),
     );
-    let _computing = load("40", "/");
+    let _computing = load("180", "/");
     std::thread::sleep(Duration::from_secs(8));
     let snapshots = out.path().join("snapshots");
     let holding = |name: &str, f: &str| {
@@ -107,6 +111,7 @@ fn the_fleet_page_lists_the_workers_and_shows_a_workers_flamegraph() {
         .find(|n| holding(n, "render_page (") && !holding(n, "sleep_page ("))
         .cloned()
         .unwrap_or_else(|| panic!("no window of the second phase alone: {names:?}"));
+    // Each row: pid, process, Python, role, service, state, samples/s, ...
     let shots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("fleet-page");
     let _ = std::fs::remove_dir_all(&shots);
     std::fs::create_dir_all(&shots).unwrap();
@@ -124,7 +129,7 @@ fn the_fleet_page_lists_the_workers_and_shows_a_workers_flamegraph() {
         .arg(&base)
         .arg(&new)
         .env("NODE_PATH", &modules);
-    let browsed = run_with_timeout(cmd, Duration::from_secs(90));
+    let browsed = run_with_timeout(cmd, Duration::from_secs(240));
     send_signal(daemon.pid(), libc::SIGTERM);
     let ran = daemon.finish();
     assert!(
@@ -137,14 +142,16 @@ fn the_fleet_page_lists_the_workers_and_shows_a_workers_flamegraph() {
     let rows = seen["rows"].as_array().unwrap();
     for pid in &pids {
         assert!(
-            rows.iter()
-                .any(|r| r[0] == pid.as_str() && r[2] == "worker"),
+            rows.iter().any(|r| r[0] == pid.as_str()
+                && r[2].as_str().is_some_and(|v| v.starts_with("3.15"))
+                && r[3] == "worker"),
             "worker {pid} not listed as one: {rows:?}"
         );
     }
     assert_eq!(seen["injected"], 0, "{seen}");
     assert!(seen["flamegraph_has_function"] == true, "{seen}");
     assert!(seen["title"].as_str().unwrap().contains(&pids[0]), "{seen}");
+    assert_eq!(seen["service_view"], "service gunicorn", "{seen}");
     assert!(seen["hostile_shown_as_text"] == true, "{seen}");
     assert_eq!(seen["hostile_elements"], 0, "{seen}");
     assert_eq!(seen["page_title"], "pyfleet", "{seen}");
@@ -173,7 +180,13 @@ fn the_fleet_page_lists_the_workers_and_shows_a_workers_flamegraph() {
         grown > 10.0,
         "the computing handler should have grown ({grown:+.1} points): {titles:?}"
     );
-    for shot in ["table.png", "flamegraph.png", "hostile.png", "diff.png"] {
+    for shot in [
+        "table.png",
+        "flamegraph.png",
+        "service.png",
+        "hostile.png",
+        "diff.png",
+    ] {
         let bytes = std::fs::metadata(shots.join(shot))
             .map(|m| m.len())
             .unwrap_or(0);

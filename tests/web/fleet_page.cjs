@@ -10,6 +10,31 @@
 "use strict";
 const puppeteer = require("puppeteer-core");
 
+// Waits until the flamegraph pane holds the flamegraph titled `title` (its start) and it shows
+// `text`; a window (5 s) that happens not to hold it is taken again ("take again"), up to
+// four windows. Returns the pane's frame.
+async function shows(page, title, text) {
+  for (let attempt = 0; ; attempt++) {
+    const frame = await (await page.waitForSelector("#flamegraph")).contentFrame();
+    try {
+      await frame.waitForFunction(
+        (head, t) => {
+          const h = document.getElementById("title");
+          return h !== null && h.textContent.startsWith(head)
+            && document.documentElement.textContent.includes(t);
+        },
+        { timeout: 12000 },
+        title,
+        text
+      );
+      return frame;
+    } catch (e) {
+      if (attempt >= 3) throw e;
+      await page.click("#refresh");
+    }
+  }
+}
+
 async function main() {
   const [chromium, url, outDir, pidList, fn, hostilePid, hostileText, base, next] =
     process.argv.slice(2);
@@ -22,6 +47,7 @@ async function main() {
   const seen = {
     rows: [], injected: -1, flamegraph_has_function: false, title: "",
     hostile_shown_as_text: false, hostile_elements: -1, page_title: "", diff_titles: [],
+    service_view: "",
   };
   try {
     const page = await browser.newPage();
@@ -32,7 +58,7 @@ async function main() {
       (want) => {
         const rows = [...document.querySelectorAll("#processes tr")];
         const have = rows.map((r) => r.dataset.pid);
-        return want.every((p) => have.includes(p)) && rows.some((r) => r.children[5].textContent !== "0.0");
+        return want.every((p) => have.includes(p)) && rows.some((r) => r.children[6].textContent !== "0.0");
       },
       { timeout: 30000 },
       pids
@@ -54,14 +80,18 @@ async function main() {
     );
     seen.title = await page.$eval("#pane-title", (e) => e.textContent);
     // The flamegraph of the clicked process, once its window is sampled.
-    const frame = await (await page.waitForSelector("#flamegraph")).contentFrame();
-    await frame.waitForFunction(
-      (f) => document.documentElement && document.documentElement.textContent.includes(f),
-      { timeout: 30000 },
-      fn
-    );
+    await shows(page, `gunicorn (pid ${pids[0]})`, fn);
     seen.flamegraph_has_function = true;
     await page.screenshot({ path: `${outDir}/flamegraph.png` });
+    // The clicked process's service: every process of it together.
+    await page.click(`#processes tr[data-pid="${pids[0]}"] td.service`);
+    await page.waitForFunction(
+      () => document.getElementById("flamegraph").src.includes("service="),
+      { timeout: 5000 }
+    );
+    const byService = await shows(page, "service ", fn);
+    seen.service_view = await byService.$eval("#title", (t) => t.textContent).catch(() => "");
+    await page.screenshot({ path: `${outDir}/service.png` });
     // A process whose function is named with markup: its flamegraph shows the text, and no
     // element the markup would make exists, nor did its script run.
     await page.click(`#processes tr[data-pid="${hostilePid}"]`);
@@ -70,12 +100,7 @@ async function main() {
       { timeout: 5000 },
       hostilePid
     );
-    const hostile = await (await page.waitForSelector("#flamegraph")).contentFrame();
-    await hostile.waitForFunction(
-      (t) => document.documentElement && document.documentElement.textContent.includes(t),
-      { timeout: 30000 },
-      hostileText
-    );
+    const hostile = await shows(page, `hostile_names (pid ${hostilePid})`, hostileText);
     seen.hostile_shown_as_text = true;
     seen.hostile_elements = await hostile.$$eval("img", (els) => els.length);
     seen.page_title = await page.title();
