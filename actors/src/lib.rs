@@ -34,7 +34,7 @@
 //! | `self_cpu` | pyfleet's own CPU time | — |
 //! | `timing` | tick deadlines, jitter, periodic messages | — |
 //! | `error` | [`FleetError`] | — |
-//! | `status` | [`FleetStatus`], [`ProcessStatus`], [`ProcessState`] | — |
+//! | `status` | [`FleetStatus`], [`ProcessStatus`], [`ProcessState`] | source |
 //! | `config` | [`FleetConfig`], [`PushSchedule`], defaults and checks | error, snapshot, timing |
 //! | `aggregator` | the windows' counts (snapshot, push, taps); batches in, snapshots out | snapshot, source |
 //! | `slot` | one process on a sampling thread, and how it ends (`SlotEnd`) | aggregator, metric_names, panics, snapshot, source |

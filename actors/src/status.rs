@@ -23,7 +23,7 @@ pub struct ProcessStatus {
     pub name: String,
     /// Its role and labels as of the scan that listed it.
     pub role: pyfleet_policies::Role,
-    pub labels: crate::Labels,
+    pub labels: crate::source::Labels,
     /// The interpreter's version as detected (`3.13.1`).
     pub python_version: String,
     pub state: ProcessState,
