@@ -47,6 +47,25 @@ pub struct UnwinderFactory {
     pub tasks: Option<TaskScope>,
 }
 
+impl UnwinderFactory {
+    /// The factory of what `sampling` asks for, through `capture` when it started.
+    pub fn new(
+        sampling: &crate::sampling_options::Sampling,
+        capture: Option<Arc<SharedCapture>>,
+    ) -> UnwinderFactory {
+        UnwinderFactory {
+            read_only: sampling.read_only,
+            blocking: sampling.blocking,
+            capture,
+            reads_if_deeper: sampling.capture == crate::capture::Capture::Auto,
+            off_cpu: OffCpu::for_mode(sampling.mode, sampling.rate.base_hz()),
+            threads: sampling.threads,
+            leave_out_idle: sampling.leave_out_idle,
+            tasks: sampling.tasks,
+        }
+    }
+}
+
 impl SourceFactory for UnwinderFactory {
     type Source = UnwinderSource;
 

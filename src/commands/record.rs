@@ -16,7 +16,6 @@
 //! unless sampling would need more.
 
 use anyhow::{anyhow, bail, Context, Result};
-use pyfleet::capture::OffCpu;
 use pyfleet::config::Seconds;
 use pyfleet::cpython;
 use pyfleet::discovery::HostDiscovery;
@@ -293,16 +292,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
                 .with_subprocesses(plan.sampling.subprocesses)
                 .excluding_roles(&plan.sampling.exclude_roles),
             Counted {
-                inner: UnwinderFactory {
-                    read_only: plan.sampling.read_only,
-                    blocking: plan.sampling.blocking,
-                    capture: capture.clone(),
-                    reads_if_deeper: plan.sampling.capture == pyfleet::capture::Capture::Auto,
-                    off_cpu: OffCpu::for_mode(plan.sampling.mode, plan.sampling.rate.base_hz()),
-                    threads: plan.sampling.threads,
-                    leave_out_idle: plan.sampling.leave_out_idle,
-                    tasks: plan.sampling.tasks,
-                },
+                inner: UnwinderFactory::new(&plan.sampling, capture.clone()),
                 counters: counters.clone(),
             },
             writer.clone(),

@@ -6,7 +6,6 @@
 use anyhow::{anyhow, Context, Result};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use metrics_util::MetricKindMask;
-use pyfleet::capture::OffCpu;
 use pyfleet::config::RunOptions;
 use pyfleet::discovery::HostDiscovery;
 use pyfleet::output::snapshot_dir::SnapshotDir;
@@ -268,16 +267,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
                 .with_subprocesses(settings.sampling.subprocesses)
                 .excluding_roles(&settings.sampling.exclude_roles)
                 .warning_of_refusals(),
-            UnwinderFactory {
-                read_only: settings.sampling.read_only,
-                blocking: settings.sampling.blocking,
-                capture,
-                reads_if_deeper: settings.sampling.capture == pyfleet::capture::Capture::Auto,
-                off_cpu: OffCpu::for_mode(settings.sampling.mode, settings.sampling.rate.base_hz()),
-                threads: settings.sampling.threads,
-                leave_out_idle: settings.sampling.leave_out_idle,
-                tasks: settings.sampling.tasks,
-            },
+            UnwinderFactory::new(&settings.sampling, capture),
             writer,
         )
         .await

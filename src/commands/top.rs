@@ -9,7 +9,6 @@
 //! listener). The screen runs on the main thread; the fleet or the pulls on the runtime's.
 
 use anyhow::{anyhow, bail, Context, Result};
-use pyfleet::capture::OffCpu;
 use pyfleet::cpython;
 use pyfleet::discovery::HostDiscovery;
 use pyfleet::sampling_options::{Sampling, SamplingOptions};
@@ -251,16 +250,7 @@ fn start_fleet(
         .map_err(|e| anyhow!(e))?;
     super::fleet_runtime::warn_without_ptrace("shown");
     pyfleet::process::runstate::raise_open_file_limit();
-    let factory = UnwinderFactory {
-        read_only: sampling.read_only,
-        blocking: sampling.blocking,
-        capture: capture.clone(),
-        reads_if_deeper: sampling.capture == pyfleet::capture::Capture::Auto,
-        off_cpu: OffCpu::for_mode(sampling.mode, rate),
-        threads: false,
-        leave_out_idle: sampling.leave_out_idle,
-        tasks: None,
-    };
+    let factory = UnwinderFactory::new(&sampling, capture);
     let fleet = runtime
         .block_on(Fleet::start(
             config,
