@@ -22,10 +22,10 @@
 use super::render_context::RenderContext;
 use flate2::write::GzEncoder;
 use prost::Message;
-use pyfleet_actors::{Snapshot, ThreadStatus};
-use std::collections::HashMap;
+use pyfleet_actors::{FrameInfo, Labels, ProcessProfile, Snapshot, ThreadStatus};
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
-use std::time::UNIX_EPOCH;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// `perftools.profiles.Profile` (the fields pyfleet writes).
 #[derive(Clone, PartialEq, Message)]
@@ -360,6 +360,73 @@ pub fn decode(bytes: &[u8]) -> Result<Profile, String> {
     Profile::decode(raw.as_slice()).map_err(|e| format!("not a pprof profile: {e}"))
 }
 
+/// A profile read back as a snapshot (what `pyfleet top --connect` pulls, `diff`'s pprof
+/// inputs): each sample under the process its `pid` and `process` labels name (pid 0 without
+/// one), its status from `thread_status`, its first value as its count, its frames from its
+/// locations' lines, innermost first. `took`: the window's length, ending now.
+pub fn snapshot(p: &Profile, took: Duration) -> Snapshot {
+    let string = |i: i64| -> &str {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| p.string_table.get(i))
+            .map_or("", String::as_str)
+    };
+    let functions: HashMap<u64, &Function> = p.function.iter().map(|f| (f.id, f)).collect();
+    let locations: HashMap<u64, &Location> = p.location.iter().map(|l| (l.id, l)).collect();
+    let mut processes: BTreeMap<i32, ProcessProfile> = BTreeMap::new();
+    for s in &p.sample {
+        let Some(count) = s.value.first().and_then(|&v| u64::try_from(v).ok()) else {
+            continue;
+        };
+        let (mut pid, mut name, mut status) = (0i32, "", ThreadStatus::default());
+        for l in &s.label {
+            match string(l.key) {
+                "pid" => pid = i32::try_from(l.num).unwrap_or(0),
+                "process" => name = string(l.str),
+                "thread_status" => {
+                    let v = string(l.str);
+                    status.on_cpu = v.starts_with("on_cpu+");
+                    status.holds_gil = v.ends_with("holds_gil");
+                    status.waits_gil = v.ends_with("waits_gil");
+                }
+                _ => {}
+            }
+        }
+        // Leaf first, in pprof and in a snapshot alike; a location's lines innermost first.
+        let frames: Vec<FrameInfo> = s
+            .location_id
+            .iter()
+            .filter_map(|id| locations.get(id))
+            .flat_map(|loc| loc.line.iter())
+            .filter_map(|line| {
+                let f = functions.get(&line.function_id)?;
+                Some(FrameInfo::new(
+                    string(f.name),
+                    string(f.filename),
+                    i32::try_from(line.line).ok().filter(|&l| l > 0),
+                ))
+            })
+            .collect();
+        processes
+            .entry(pid)
+            .or_insert_with(|| ProcessProfile {
+                pid,
+                name: name.to_string(),
+                role: pyfleet_policies::Role::Single,
+                labels: Labels::default(),
+                samples: Vec::new(),
+            })
+            .samples
+            .push((status, frames.into(), count));
+    }
+    let now = SystemTime::now();
+    Snapshot {
+        started_at: now.checked_sub(took).unwrap_or(now),
+        taken_at: now,
+        processes: processes.into_values().collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -498,5 +565,37 @@ mod tests {
         assert_eq!(counts.sample_type.len(), 1);
         assert!(counts.sample.iter().all(|x| x.value.len() == 1));
         assert_eq!(counts.period_type, None);
+    }
+
+    #[test]
+    fn a_daemons_profile_comes_back_as_its_processes_samples() {
+        let status = ThreadStatus {
+            on_cpu: true,
+            holds_gil: false,
+            waits_gil: false,
+        };
+        let snap = crate::output::views::one_process(vec![(
+            status,
+            vec![
+                FrameInfo::new("leaf", "/app.py", Some(3)),
+                FrameInfo::new("main", "/app.py", Some(1)),
+            ]
+            .into(),
+            4,
+        )]);
+        let ctx = RenderContext::default();
+        let bytes = render(&snap, &ctx).unwrap();
+        let back = snapshot(&decode(&bytes).unwrap(), std::time::Duration::from_secs(1));
+        assert_eq!(back.processes.len(), 1);
+        let p = &back.processes[0];
+        assert_eq!(
+            (p.pid, p.name.as_str()),
+            (snap.processes[0].pid, snap.processes[0].name.as_str())
+        );
+        assert_eq!(p.samples.len(), 1);
+        let (s, frames, n) = &p.samples[0];
+        assert_eq!((*s, *n), (status, 4));
+        assert_eq!(&*frames[0].function, "leaf");
+        assert_eq!(frames[1].line, Some(1));
     }
 }

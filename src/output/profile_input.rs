@@ -13,7 +13,6 @@ use super::folded;
 use super::format::Format;
 use super::pprof;
 use super::snapshot_dir::fleet_file_name;
-use pyfleet_actors::FrameInfo;
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::Path;
@@ -162,56 +161,14 @@ pub fn from_folded(text: &str) -> Result<FoldedProfile, String> {
 /// labelled as pyfleet's folded output labels them.
 pub fn from_pprof(raw: &[u8]) -> Result<FoldedProfile, String> {
     let profile = pprof::decode(raw)?;
-    let string = |i: i64| -> &str {
-        usize::try_from(i)
-            .ok()
-            .and_then(|i| profile.string_table.get(i))
-            .map_or("", String::as_str)
-    };
-    let functions: std::collections::HashMap<u64, &pprof::Function> =
-        profile.function.iter().map(|f| (f.id, f)).collect();
-    // A location's frames, innermost (inlined) first as pprof lists them.
-    let mut labels: std::collections::HashMap<u64, Vec<String>> = Default::default();
-    for loc in &profile.location {
-        let mut frames = Vec::new();
-        for line in &loc.line {
-            let Some(f) = functions.get(&line.function_id) else {
-                continue;
-            };
-            let mut label = String::new();
-            folded::push_frame(
-                &mut label,
-                &FrameInfo::new(
-                    string(f.name),
-                    string(f.filename),
-                    i32::try_from(line.line).ok().filter(|&l| l > 0),
-                ),
-            );
-            frames.push(label);
-        }
-        labels.insert(loc.id, frames);
-    }
-    let mut p = FoldedProfile::default();
-    let mut stack = String::new();
-    for s in &profile.sample {
-        let count = s.value.first().copied().unwrap_or(0);
-        let Ok(count) = u64::try_from(count) else {
-            continue;
-        };
-        stack.clear();
-        // Leaf first in pprof: root first here.
-        for id in s.location_id.iter().rev() {
-            for label in labels.get(id).into_iter().flatten().rev() {
-                if !stack.is_empty() {
-                    stack.push(';');
-                }
-                stack.push_str(label);
-            }
-        }
-        p.add(stack.clone(), count)?;
-    }
     if profile.sample.is_empty() && profile.string_table.is_empty() {
         return Err("not a pprof profile (no samples, no strings)".into());
+    }
+    let mut p = FoldedProfile::default();
+    for process in &pprof::snapshot(&profile, std::time::Duration::ZERO).processes {
+        for (stack, count) in folded::process_lines(process, None) {
+            p.add(stack, count)?;
+        }
     }
     Ok(p)
 }
@@ -219,6 +176,7 @@ pub fn from_pprof(raw: &[u8]) -> Result<FoldedProfile, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pyfleet_actors::FrameInfo;
 
     #[test]
     fn folded_lines_add_up_and_a_bad_line_is_named() {

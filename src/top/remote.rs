@@ -1,7 +1,6 @@
 //! `pyfleet top --connect ADDR`: a running daemon's samples, pulled from its listener as pprof
 //! profiles of one second (`/debug/pprof/profile?seconds=1`, with a bearer token when given)
-//! and turned back into snapshots: the process from each sample's `process` and `pid` labels,
-//! its thread status from `thread_status`, frames from its locations.
+//! and turned back into snapshots (`output::pprof::snapshot`).
 //!
 //! Plain HTTP only (the listener's TLS wants a client certificate this does not present).
 //! Bounded: an answer of at most [`MAX_ANSWER`] bytes, within the pull's seconds and
@@ -10,9 +9,8 @@
 use crate::output::pprof;
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper::body::Bytes;
-use pyfleet_actors::{FrameInfo, Labels, ProcessProfile, Snapshot, ThreadStatus};
-use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, SystemTime};
+use pyfleet_actors::Snapshot;
+use std::time::Duration;
 
 /// Longest answer read.
 pub const MAX_ANSWER: usize = 64 << 20;
@@ -61,7 +59,7 @@ impl Remote {
             .await
             .map_err(|_| format!("{}: no answer within {} s", self.authority, wait.as_secs()))??;
         let profile = pprof::decode(&body)?;
-        Ok(snapshot_of(&profile, Duration::from_secs(seconds)))
+        Ok(pprof::snapshot(&profile, Duration::from_secs(seconds)))
     }
 
     async fn get(&self, seconds: u64) -> Result<Vec<u8>, String> {
@@ -108,70 +106,6 @@ impl Remote {
     }
 }
 
-/// A pulled profile as a snapshot: samples by their `pid` label (0 without one).
-pub fn snapshot_of(p: &pprof::Profile, took: Duration) -> Snapshot {
-    let string = |i: i64| -> &str {
-        usize::try_from(i)
-            .ok()
-            .and_then(|i| p.string_table.get(i))
-            .map_or("", String::as_str)
-    };
-    let functions: HashMap<u64, &pprof::Function> = p.function.iter().map(|f| (f.id, f)).collect();
-    let locations: HashMap<u64, &pprof::Location> = p.location.iter().map(|l| (l.id, l)).collect();
-    let mut processes: BTreeMap<i32, ProcessProfile> = BTreeMap::new();
-    for s in &p.sample {
-        let Some(count) = s.value.first().and_then(|&v| u64::try_from(v).ok()) else {
-            continue;
-        };
-        let (mut pid, mut name, mut status) = (0i32, "", ThreadStatus::default());
-        for l in &s.label {
-            match string(l.key) {
-                "pid" => pid = i32::try_from(l.num).unwrap_or(0),
-                "process" => name = string(l.str),
-                "thread_status" => {
-                    let v = string(l.str);
-                    status.on_cpu = v.starts_with("on_cpu+");
-                    status.holds_gil = v.ends_with("holds_gil");
-                    status.waits_gil = v.ends_with("waits_gil");
-                }
-                _ => {}
-            }
-        }
-        // Leaf first, in pprof and in a snapshot alike; a location's lines innermost first.
-        let frames: Vec<FrameInfo> = s
-            .location_id
-            .iter()
-            .filter_map(|id| locations.get(id))
-            .flat_map(|loc| loc.line.iter())
-            .filter_map(|line| {
-                let f = functions.get(&line.function_id)?;
-                Some(FrameInfo::new(
-                    string(f.name),
-                    string(f.filename),
-                    i32::try_from(line.line).ok().filter(|&l| l > 0),
-                ))
-            })
-            .collect();
-        processes
-            .entry(pid)
-            .or_insert_with(|| ProcessProfile {
-                pid,
-                name: name.to_string(),
-                role: pyfleet_policies::Role::Single,
-                labels: Labels::default(),
-                samples: Vec::new(),
-            })
-            .samples
-            .push((status, frames.into(), count));
-    }
-    let now = SystemTime::now();
-    Snapshot {
-        started_at: now.checked_sub(took).unwrap_or(now),
-        taken_at: now,
-        processes: processes.into_values().collect(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,37 +127,5 @@ mod tests {
             .contains("https"));
         assert!(Remote::new("node-3", None).is_err());
         assert!(Remote::new("http://node-3:9464/metrics", None).is_err());
-    }
-
-    #[test]
-    fn a_daemons_profile_comes_back_as_its_processes_samples() {
-        let status = ThreadStatus {
-            on_cpu: true,
-            holds_gil: false,
-            waits_gil: false,
-        };
-        let snap = crate::output::views::one_process(vec![(
-            status,
-            vec![
-                FrameInfo::new("leaf", "/app.py", Some(3)),
-                FrameInfo::new("main", "/app.py", Some(1)),
-            ]
-            .into(),
-            4,
-        )]);
-        let ctx = crate::output::render_context::RenderContext::default();
-        let bytes = pprof::render(&snap, &ctx).unwrap();
-        let back = snapshot_of(&pprof::decode(&bytes).unwrap(), Duration::from_secs(1));
-        assert_eq!(back.processes.len(), 1);
-        let p = &back.processes[0];
-        assert_eq!(
-            (p.pid, p.name.as_str()),
-            (snap.processes[0].pid, snap.processes[0].name.as_str())
-        );
-        assert_eq!(p.samples.len(), 1);
-        let (s, frames, n) = &p.samples[0];
-        assert_eq!((*s, *n), (status, 4));
-        assert_eq!(&*frames[0].function, "leaf");
-        assert_eq!(frames[1].line, Some(1));
     }
 }
