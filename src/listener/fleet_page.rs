@@ -164,73 +164,14 @@ pub fn fleet_view(status: &FleetStatus, metrics: &str, mode: &'static str) -> Fl
     }
 }
 
-/// Which window a flamegraph request asks for: its seconds (1 to [`MAX_FLAME_SECONDS`],
-/// default 5) and whose: a pid, a service, or (neither) the fleet.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FlameRequest {
-    pub seconds: u64,
-    pub pid: Option<i32>,
-    pub service: Option<String>,
-}
-
-/// A flamegraph request's query (`seconds`, `pid`, `service`; others ignored).
-pub fn flame_request(query: &str) -> Result<FlameRequest, String> {
-    let mut seconds = 5;
-    let mut pid = None;
-    let mut service = None;
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        match key {
-            "seconds" => {
-                seconds = value
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|s| (1..=MAX_FLAME_SECONDS).contains(s))
-                    .ok_or_else(|| {
-                        format!("seconds must be a whole number from 1 to {MAX_FLAME_SECONDS}")
-                    })?;
-            }
-            "pid" => {
-                pid = Some(
-                    value
-                        .parse::<i32>()
-                        .ok()
-                        .filter(|p| *p > 0)
-                        .ok_or("pid must be a process id")?,
-                );
-            }
-            "service" => {
-                let s = crate::discovery::labels::sanitise(value.as_bytes());
-                if s.is_empty() || s != value {
-                    return Err("service must be a service label as the table shows it".into());
-                }
-                service = Some(s);
-            }
-            _ => {}
-        }
-    }
-    Ok(FlameRequest {
-        seconds,
-        pid,
-        service,
-    })
-}
-
 /// The flamegraph of the next seconds of the fleet, a service or a process.
 pub async fn flamegraph(
     profiler: &Profiler,
-    r: FlameRequest,
+    seconds: u64,
+    filter: PullFilter,
     mode: &'static str,
 ) -> Result<Vec<u8>, pyfleet_actors::PullError> {
-    let FlameRequest {
-        seconds,
-        pid,
-        service,
-    } = r;
-    let filter = PullFilter {
-        pid,
-        service: service.clone(),
-    };
+    let (pid, service) = (filter.pid, filter.service.clone());
     let snap = profiler
         .profile(Duration::from_secs(seconds), filter)
         .await?;
@@ -300,25 +241,5 @@ pyfleet_capture_info{stacks=\"kernel\",why=\"\"} 1
         assert_eq!(p.thread_states["holds_gil"], 60);
         assert_eq!(p.thread_states["waits_gil"], 40);
         assert_eq!((p.role.as_str(), p.state), ("worker", "sampling"));
-    }
-
-    #[test]
-    fn flamegraph_queries_are_bounded() {
-        let r = flame_request("").unwrap();
-        assert_eq!((r.seconds, r.pid, r.service), (5, None, None));
-        let r = flame_request("seconds=3&pid=9").unwrap();
-        assert_eq!((r.seconds, r.pid), (3, Some(9)));
-        let r = flame_request("service=api").unwrap();
-        assert_eq!(r.service.as_deref(), Some("api"));
-        for bad in [
-            "seconds=0",
-            "seconds=61",
-            "pid=x",
-            "pid=-3",
-            "service=",
-            "service=a%3Cb",
-        ] {
-            assert!(flame_request(bad).is_err(), "{bad}");
-        }
     }
 }

@@ -194,10 +194,11 @@ pub async fn respond(
         ),
         (&Method::GET, "/api/fleet", Some((exporter, pull, _))) => fleet(exporter, pull).await,
         (&Method::GET, "/flamegraph.svg", Some((_, pull, _))) => {
-            match super::fleet_page::flame_request(req.uri().query().unwrap_or("")) {
-                Ok(r) => {
-                    granted.store(r.seconds, Ordering::Relaxed);
-                    flamegraph(pull, r).await
+            let query = req.uri().query().unwrap_or("");
+            match window_request(query, 5, super::fleet_page::MAX_FLAME_SECONDS) {
+                Ok((seconds, filter)) => {
+                    granted.store(seconds, Ordering::Relaxed);
+                    flamegraph(pull, seconds, filter).await
                 }
                 Err(why) => text(StatusCode::BAD_REQUEST, format!("{why}\n")),
             }
@@ -278,7 +279,13 @@ pub async fn respond(
 /// [`MAX_PROFILE_SECONDS`], default 30 as Go's; `pid`; `service`); other parameters are
 /// ignored, as Go's handler does.
 fn profile_request(query: &str) -> Result<(u64, PullFilter), String> {
-    let mut seconds = 30;
+    window_request(query, 30, MAX_PROFILE_SECONDS)
+}
+
+/// The seconds (1 to `max`, else `default`) and the filter (`pid`, `service`) of a request
+/// for a window of samples: a profile's or a flamegraph's.
+fn window_request(query: &str, default: u64, max: u64) -> Result<(u64, PullFilter), String> {
+    let mut seconds = default;
     let mut filter = PullFilter::default();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -293,9 +300,12 @@ fn profile_request(query: &str) -> Result<(u64, PullFilter), String> {
                 seconds = value
                     .parse::<u64>()
                     .ok()
-                    .filter(|s| (1..=MAX_PROFILE_SECONDS).contains(s))
+                    .filter(|s| (1..=max).contains(s))
                     .ok_or_else(|| {
-                        format!("seconds must be a whole number from 1 to {MAX_PROFILE_SECONDS} (got '{}')", shown())
+                        format!(
+                            "seconds must be a whole number from 1 to {max} (got '{}')",
+                            shown()
+                        )
                     })?;
             }
             "pid" => {
@@ -399,14 +409,14 @@ async fn fleet(exporter: &Exporter, pull: &Pull) -> Response<Full<Bytes>> {
 }
 
 /// `/flamegraph.svg`: the next seconds of the fleet, a service or a process, as a flamegraph.
-async fn flamegraph(pull: &Pull, r: super::fleet_page::FlameRequest) -> Response<Full<Bytes>> {
+async fn flamegraph(pull: &Pull, seconds: u64, filter: PullFilter) -> Response<Full<Bytes>> {
     let Some(profiler) = pull.profiler.get() else {
         return text(
             StatusCode::SERVICE_UNAVAILABLE,
             "the fleet is starting\n".into(),
         );
     };
-    match super::fleet_page::flamegraph(profiler, r, pull.mode.as_str()).await {
+    match super::fleet_page::flamegraph(profiler, seconds, filter, pull.mode.as_str()).await {
         Ok(svg) => with_type(StatusCode::OK, svg, "image/svg+xml"),
         Err(e @ pyfleet_actors::PullError::NotProfiled(_)) => {
             text(StatusCode::NOT_FOUND, format!("{e}\n"))
@@ -444,6 +454,8 @@ mod tests {
     #[test]
     fn profile_queries_are_bounded() {
         assert_eq!(profile_request("").unwrap().0, 30);
+        assert_eq!(window_request("", 5, 60).unwrap().0, 5);
+        assert!(window_request("seconds=61", 5, 60).is_err());
         let (seconds, filter) = profile_request("seconds=3&pid=42&service=api&debug=1").unwrap();
         assert_eq!(
             (seconds, filter.pid, filter.service.as_deref()),
@@ -460,6 +472,7 @@ mod tests {
             "service=",
         ] {
             let e = profile_request(bad).unwrap_err();
+            assert!(window_request(bad, 5, 60).is_err(), "{bad}");
             assert!(!e.contains('\n') && e.len() < 200, "{bad}: {e}");
         }
     }
