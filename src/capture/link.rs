@@ -161,7 +161,7 @@ impl CaptureLink {
                                 status: ThreadStatus {
                                     on_cpu: false,
                                     holds_gil: t.holds_gil,
-                                    waits_gil: false,
+                                    waits_gil: t.waits_gil,
                                 },
                                 stack: u64::from(t.stack),
                                 samples: 1,

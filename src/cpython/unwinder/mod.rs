@@ -585,10 +585,8 @@ impl<M: RemoteMemory> Unwinder<M> {
                     self.stats.frames_from_cache += tc.chain.len() as u64;
                     // It has not run since the last check.
                     let on_cpu = self.opts.cpu_status.then_some(false);
-                    let waits_gil = match w.ts.waits_gil {
-                        Some(flag) => flag && !w.holds_gil,
-                        None => tc.waits_gil,
-                    };
+                    let last = tc.waits_gil;
+                    let waits_gil = self.waits_gil(w, on_cpu, Some(last));
                     self.push_sample(w, on_cpu, waits_gil, stack);
                     continue;
                 }
@@ -596,7 +594,7 @@ impl<M: RemoteMemory> Unwinder<M> {
             let stack = self.intern_stack(w);
             self.plan_next_read(w)?;
             let on_cpu = self.opts.cpu_status.then(|| self.on_cpu(w.ts.host_tid));
-            let waits_gil = self.waits_gil(w, on_cpu);
+            let waits_gil = self.waits_gil(w, on_cpu, None);
             if let Some(tc) = self.threads.get_mut(&w.ts.addr) {
                 tc.waits_gil = waits_gil;
             }
@@ -633,12 +631,14 @@ impl<M: RemoteMemory> Unwinder<M> {
         self.cpu_share.counts(tid, runnable, run_ns)
     }
 
-    /// Whether a thread that was read waits to take the GIL ([`UnwinderOptions::gil_waits`]).
-    fn waits_gil(&self, w: &Work, on_cpu: Option<bool>) -> bool {
+    /// Whether a thread waits to take the GIL ([`UnwinderOptions::gil_waits`]): 3.15's flag
+    /// in its state; before, what its last read said when it is kept (`kept`: it has not run
+    /// since), else the futex it sleeps on.
+    fn waits_gil(&self, w: &Work, on_cpu: Option<bool>, kept: Option<bool>) -> bool {
         if w.holds_gil {
             return false;
         }
-        if let Some(flag) = w.ts.waits_gil {
+        if let Some(flag) = w.ts.waits_gil.or(kept) {
             return flag;
         }
         let GilAt::Holder { locked, .. } = w.ts.gil else {
