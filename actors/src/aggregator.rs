@@ -91,11 +91,20 @@ pub struct TapFilter {
 
 impl TapFilter {
     fn admits(&self, batch: &Batch) -> bool {
-        self.pid.is_none_or(|p| p == batch.pid)
+        self.admits_labelled(batch.pid, &batch.labels)
+    }
+
+    /// Whether a process of a snapshot is one the filter counts.
+    pub fn admits_process(&self, p: &crate::snapshot::ProcessProfile) -> bool {
+        self.admits_labelled(p.pid, &p.labels)
+    }
+
+    fn admits_labelled(&self, pid: i32, labels: &crate::source::Labels) -> bool {
+        self.pid.is_none_or(|p| p == pid)
             && self
                 .service
                 .as_deref()
-                .is_none_or(|s| batch.labels.get("service") == Some(s))
+                .is_none_or(|s| labels.get("service") == Some(s))
     }
 }
 

@@ -99,7 +99,7 @@ pub use slot::sample_kind_seconds;
 pub use snapshot::{Frames, ProcessProfile, Snapshot, SnapshotWriter, WindowPusher};
 pub use source::{
     CapturedCounts, Discovery, FrameInfo, Labels, ProcessInfo, SampleError, SampleKind,
-    SampledThread, SourceFactory, SourceStats, StackSource, ThreadStatus,
+    SampledThread, SourceFactory, SourceStats, StackSource, ThreadStatus, LABEL_KEYS,
 };
 pub use status::{FleetStatus, ProcessState, ProcessStatus};
 

@@ -32,8 +32,11 @@ pub struct ProcessInfo {
     pub labels: Labels,
 }
 
-/// Labels of a process, by fixed key (`service`, `namespace`, `pod`, `pod_uid`,
-/// `container_id`), kept in key order; values already sanitised by whoever found them.
+/// The keys a process's [`Labels`] may have.
+pub const LABEL_KEYS: [&str; 5] = ["container_id", "namespace", "pod", "pod_uid", "service"];
+
+/// Labels of a process, by fixed key (one of [`LABEL_KEYS`]), kept in key order; values
+/// already sanitised by whoever found them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Labels(Vec<(&'static str, String)>);
 

@@ -87,6 +87,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
         mode: settings.sampling.mode,
         rate_hz: settings.sampling.rate.base_hz(),
         snapshots: Some(settings.out.clone()),
+        windows: Default::default(),
     };
     let result: Result<Option<i32>> = runtime.block_on(async move {
         if let Some(addr) = settings.metrics_addr {

@@ -1,23 +1,22 @@
 //! The fleet page: `GET /` (one HTML document with its style and script, no remote resource:
-//! it works offline), `GET /api/fleet` (what the page's table shows, as JSON) and
-//! `GET /flamegraph.svg?seconds=N[&pid=P|&service=S]` (the flamegraph of what the fleet, one
-//! process or one service samples in the next N seconds, 1 to [`MAX_FLAME_SECONDS`]).
+//! it works offline) and `GET /api/fleet` (what the page's table shows, as JSON). The page's
+//! flamegraphs and downloads are windows (see `windows`): live ones of 1 to
+//! [`MAX_FLAME_SECONDS`], and past ones from the snapshots (`snapshot_files`).
 //!
 //! `/api/fleet` lists the processes the supervisor tracks (pid, name, role, labels, Python
 //! version, state)
 //! with their counters as the exporter holds them (samples, failed samples, cache hits and
 //! misses, thread samples by state; the page turns them into rates and shares between two
 //! polls), so that the page and `/metrics` never disagree. Bounded work per request: one
-//! rendering of the exporter, one status call, or one tap of at most [`MAX_FLAME_SECONDS`].
+//! rendering of the exporter and one status call.
 //! Target strings (names, labels, frames) reach the page as JSON strings the script sets as
 //! text, or inside the SVG, which inferno escapes: never as markup.
 
-use pyfleet_actors::{FleetStatus, ProcessState, Profiler, PullFilter};
+use pyfleet_actors::{FleetStatus, ProcessState};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
-use std::time::Duration;
 
-/// Longest flamegraph window a request may ask for.
+/// Longest live window the page may ask for.
 pub const MAX_FLAME_SECONDS: u64 = 60;
 
 /// The page itself.
@@ -162,41 +161,6 @@ pub fn fleet_view(status: &FleetStatus, metrics: &str, mode: &'static str) -> Fl
         stacks,
         processes,
     }
-}
-
-/// The flamegraph of the next seconds of the fleet, a service or a process.
-pub async fn flamegraph(
-    profiler: &Profiler,
-    seconds: u64,
-    filter: PullFilter,
-    mode: &'static str,
-) -> Result<Vec<u8>, pyfleet_actors::PullError> {
-    let (pid, service) = (filter.pid, filter.service.clone());
-    let snap = profiler
-        .profile(Duration::from_secs(seconds), filter)
-        .await?;
-    let lines = match pid {
-        None => crate::output::folded::fleet_lines(&snap),
-        Some(pid) => snap
-            .processes
-            .iter()
-            .filter(|p| p.pid == pid)
-            .flat_map(|p| crate::output::folded::process_lines(p, None))
-            .collect(),
-    };
-    let title = match (
-        pid.and_then(|pid| snap.processes.iter().find(|p| p.pid == pid)),
-        service,
-    ) {
-        (Some(p), _) => format!("{} (pid {})", p.name, p.pid),
-        (None, Some(s)) => format!("service {s}"),
-        (None, None) => "the fleet".to_string(),
-    };
-    let samples: u64 = lines.iter().map(|(_, n)| n).sum();
-    let subtitle = format!("{seconds} s, {mode} mode, {samples} samples");
-    // A rendering failure is inferno's on pyfleet's own lines: an empty page says so.
-    Ok(crate::output::svg::render(&title, &subtitle, &lines)
-        .unwrap_or_else(|e| crate::output::svg::render(&e, "", &[]).unwrap_or_default()))
 }
 
 #[cfg(test)]

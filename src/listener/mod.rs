@@ -14,6 +14,7 @@ pub mod fleet_page;
 pub mod routes;
 pub mod slots;
 pub mod snapshot_files;
+pub mod windows;
 
 pub use routes::{Exporter, Pages, Pull, MAX_PROFILE_SECONDS};
 pub use slots::Limits;

@@ -5,12 +5,16 @@
 //! sampled meanwhile (as Go's `net/http/pprof` does, for `go tool pprof` and Parca's scraper; no
 //! sampler of its own: see `pyfleet_actors::Profiler`), a bad parameter a 400 and one line; at
 //! most `pyfleet_actors::MAX_TAPS` profiles at once (503 beyond). `GET /healthz`: 200 while the
-//! daemon answers; `GET /readyz`: 200 once the fleet runs, 503 before. `GET /`, `/api/fleet`
-//! and `/flamegraph.svg`: the fleet page (`fleet_page`), under the profiles' credential rules.
+//! daemon answers; `GET /readyz`: 200 once the fleet runs, 503 before. `GET /`, `/api/fleet`,
+//! `/flamegraph.svg`, `/api/window`, `/windows/...`, `/api/snapshots`, `/snapshots/...` and
+//! `/diff.svg`: the fleet page and its windows (`fleet_page`, `windows`, `snapshot_files`),
+//! under the profiles' credential rules.
 //! A request the listener's
 //! [`Access`] refuses gets 401 and one line; anything else a 404 (405 for another method).
 
 use super::access::{Access, Page};
+use super::windows::{self, KeptWindows, Window};
+use crate::output::format::{Format, RenderContext};
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{HeaderValue, CONTENT_TYPE};
@@ -35,6 +39,20 @@ pub struct Pull {
     pub rate_hz: f64,
     /// Where the daemon writes its snapshots (`--out`), for the page's past windows.
     pub snapshots: Option<std::path::PathBuf>,
+    /// The page's last live windows, for their downloads.
+    pub windows: KeptWindows,
+}
+
+impl Pull {
+    /// How a live window of `seconds` is sampled.
+    fn context(&self, seconds: u64) -> RenderContext {
+        RenderContext {
+            title: String::new(),
+            rate_hz: Some(self.rate_hz),
+            mode: self.mode,
+            duration: Some(Duration::from_secs(seconds)),
+        }
+    }
 }
 
 /// The exporter's handle, and when it last rendered (for a scrape or to tidy up).
@@ -144,8 +162,10 @@ pub async fn respond(
         "/metrics" => Page::Metrics,
         p if p.starts_with("/debug/pprof/") => Page::Stacks,
         // The fleet page names processes and shows their stacks.
-        "/" | "/api/fleet" | "/flamegraph.svg" | "/api/snapshots" | "/diff.svg" => Page::Stacks,
-        p if p.starts_with("/snapshots/") => Page::Stacks,
+        "/" | "/api/fleet" | "/api/window" | "/flamegraph.svg" | "/api/snapshots" | "/diff.svg" => {
+            Page::Stacks
+        }
+        p if p.starts_with("/snapshots/") || p.starts_with("/windows/") => Page::Stacks,
         _ => Page::Open,
     };
     let site = match pages {
@@ -193,14 +213,31 @@ pub async fn respond(
             "text/html; charset=utf-8",
         ),
         (&Method::GET, "/api/fleet", Some((exporter, pull, _))) => fleet(exporter, pull).await,
-        (&Method::GET, "/flamegraph.svg", Some((_, pull, _))) => {
+        (&Method::GET, "/flamegraph.svg" | "/api/window", Some((_, pull, _))) => {
             let query = req.uri().query().unwrap_or("");
             match window_request(query, 5, super::fleet_page::MAX_FLAME_SECONDS) {
                 Ok((seconds, filter)) => {
                     granted.store(seconds, Ordering::Relaxed);
-                    flamegraph(pull, seconds, filter).await
+                    match take_window(pull, seconds, filter).await {
+                        Ok(w) if path == "/flamegraph.svg" => rendered(&w, Format::Svg),
+                        Ok(w) => kept(pull, w),
+                        Err(refused) => refused,
+                    }
                 }
                 Err(why) => text(StatusCode::BAD_REQUEST, format!("{why}\n")),
+            }
+        }
+        (&Method::GET, p, Some((_, pull, _))) if p.starts_with("/windows/") => {
+            let window = p["/windows/".len()..]
+                .split_once('/')
+                .and_then(|(id, file)| Some((id.parse::<u64>().ok()?, windows::format_of(file)?)))
+                .and_then(|(id, format)| Some((pull.windows.get(id)?, format)));
+            match window {
+                Some((w, format)) => rendered(&w, format),
+                None => text(
+                    StatusCode::NOT_FOUND,
+                    "no such window: the page keeps its last few\n".into(),
+                ),
             }
         }
         (&Method::GET, "/api/snapshots", Some((_, pull, _))) => {
@@ -221,14 +258,40 @@ pub async fn respond(
             let out = pull.snapshots.clone();
             let answer = tokio::task::spawn_blocking(move || {
                 let (base, new) = diff_request(&query)?;
+                let (_, filter) = window_request(&query, 1, MAX_PROFILE_SECONDS)?;
                 let out = out.ok_or("this daemon writes no snapshots")?;
-                super::snapshot_files::diff(&out, &base, &new)
+                super::snapshot_files::diff(&out, &base, &new, &filter)
             })
             .await
             .unwrap_or_else(|e| Err(e.to_string()));
             match answer {
                 Ok(svg) => with_type(StatusCode::OK, svg, "image/svg+xml"),
                 Err(why) => text(StatusCode::BAD_REQUEST, format!("{why}\n")),
+            }
+        }
+        (&Method::GET, p, Some((_, pull, _)))
+            if p.starts_with("/snapshots/")
+                && p.rsplit('/').next().and_then(windows::format_of).is_some() =>
+        {
+            let query = req.uri().query().unwrap_or("").to_string();
+            let (name, file) = p["/snapshots/".len()..].split_once('/').unwrap_or_default();
+            let (name, format) = (name.to_string(), windows::format_of(file));
+            let out = pull.snapshots.clone();
+            let answer = tokio::task::spawn_blocking(move || {
+                let (_, filter) = window_request(&query, 1, MAX_PROFILE_SECONDS)?;
+                let format = format.ok_or("no such format")?;
+                let out = out.ok_or("this daemon writes no snapshots")?;
+                let mut window = windows::past(&out, &name, &filter)?;
+                window.ctx.title = format!("{}, {name}", window.ctx.title);
+                window.render(format).map(|b| (b, format))
+            })
+            .await
+            .unwrap_or_else(|e| Err(e.to_string()));
+            match answer {
+                Ok((body, format)) => {
+                    with_type(StatusCode::OK, body, windows::content_type(format))
+                }
+                Err(why) => text(StatusCode::NOT_FOUND, format!("{why}\n")),
             }
         }
         (&Method::GET, p, Some((_, pull, _))) if p.starts_with("/snapshots/") => {
@@ -260,6 +323,7 @@ pub async fn respond(
             | "/"
             | "/api/fleet"
             | "/flamegraph.svg"
+            | "/api/window"
             | "/api/snapshots"
             | "/diff.svg",
             Some(_),
@@ -335,40 +399,61 @@ fn window_request(query: &str, default: u64, max: u64) -> Result<(u64, PullFilte
 
 /// Takes the profile and answers with it, gzipped pprof.
 async fn profile(pull: &Pull, seconds: u64, filter: PullFilter) -> Response<Full<Bytes>> {
+    let window = match take_window(pull, seconds, filter).await {
+        Ok(w) => w,
+        Err(refused) => return refused,
+    };
+    let mut response = rendered(&window, Format::Pprof);
+    if response.status() == StatusCode::OK {
+        response.headers_mut().insert(
+            hyper::header::CONTENT_DISPOSITION,
+            HeaderValue::from_static("attachment; filename=\"profile\""),
+        );
+    }
+    response
+}
+
+/// Samples the next `seconds` of the fleet, a service or a process; a refusal is the answer.
+async fn take_window(
+    pull: &Pull,
+    seconds: u64,
+    filter: PullFilter,
+) -> Result<Window, Response<Full<Bytes>>> {
     let Some(profiler) = pull.profiler.get() else {
-        return text(
+        return Err(text(
             StatusCode::SERVICE_UNAVAILABLE,
             "the fleet is starting\n".into(),
-        );
+        ));
     };
-    let snapshot = match profiler.profile(Duration::from_secs(seconds), filter).await {
-        Ok(s) => s,
+    match profiler
+        .profile(Duration::from_secs(seconds), filter.clone())
+        .await
+    {
+        Ok(snapshot) => Ok(Window::of(snapshot, &filter, pull.context(seconds))),
         Err(e @ pyfleet_actors::PullError::NotProfiled(_)) => {
-            return text(StatusCode::NOT_FOUND, format!("{e}\n"))
+            Err(text(StatusCode::NOT_FOUND, format!("{e}\n")))
         }
         // Too many at once, or the fleet is stopping.
-        Err(e) => return text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
-    };
-    let ctx = crate::output::format::RenderContext {
-        title: format!("pyfleet {seconds} s"),
-        rate_hz: Some(pull.rate_hz),
-        mode: pull.mode,
-        duration: Some(Duration::from_secs(seconds)),
-    };
-    match crate::output::pprof::render(&snapshot, &ctx) {
-        Ok(body) => {
-            let mut response = Response::new(Full::new(Bytes::from(body)));
-            let headers = response.headers_mut();
-            headers.insert(
-                CONTENT_TYPE,
-                HeaderValue::from_static("application/octet-stream"),
-            );
-            headers.insert(
-                hyper::header::CONTENT_DISPOSITION,
-                HeaderValue::from_static("attachment; filename=\"profile\""),
-            );
-            response
-        }
+        Err(e) => Err(text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n"))),
+    }
+}
+
+/// `/api/window`'s answer: the window kept, and its id, title and samples as JSON.
+fn kept(pull: &Pull, window: Window) -> Response<Full<Bytes>> {
+    let (title, samples) = (window.ctx.title.clone(), window.samples());
+    let id = pull.windows.keep(window);
+    let body = serde_json::json!({ "id": id, "title": title, "samples": samples });
+    with_type(
+        StatusCode::OK,
+        body.to_string().into_bytes(),
+        "application/json",
+    )
+}
+
+/// `window` in `format`.
+fn rendered(window: &Window, format: Format) -> Response<Full<Bytes>> {
+    match window.render(format) {
+        Ok(body) => with_type(StatusCode::OK, body, windows::content_type(format)),
         Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
     }
 }
@@ -405,23 +490,6 @@ async fn fleet(exporter: &Exporter, pull: &Pull) -> Response<Full<Bytes>> {
     match serde_json::to_vec(&view) {
         Ok(body) => with_type(StatusCode::OK, body, "application/json"),
         Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
-    }
-}
-
-/// `/flamegraph.svg`: the next seconds of the fleet, a service or a process, as a flamegraph.
-async fn flamegraph(pull: &Pull, seconds: u64, filter: PullFilter) -> Response<Full<Bytes>> {
-    let Some(profiler) = pull.profiler.get() else {
-        return text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the fleet is starting\n".into(),
-        );
-    };
-    match super::fleet_page::flamegraph(profiler, seconds, filter, pull.mode.as_str()).await {
-        Ok(svg) => with_type(StatusCode::OK, svg, "image/svg+xml"),
-        Err(e @ pyfleet_actors::PullError::NotProfiled(_)) => {
-            text(StatusCode::NOT_FOUND, format!("{e}\n"))
-        }
-        Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
     }
 }
 

@@ -8,8 +8,11 @@
 //! most [`MAX_LISTED`] snapshots are listed, newest first. Blocking: callers run these off the
 //! async workers.
 
+use super::windows::past;
 use crate::output::snapshot_dir::is_snapshot_name;
+use crate::output::snapshot_load::plain_file_name;
 use crate::output::{differential, profile_input};
+use pyfleet_actors::PullFilter;
 use serde::Serialize;
 use std::io::Read;
 use std::path::Path;
@@ -24,15 +27,6 @@ pub const MAX_FILE_BYTES: u64 = 256 << 20;
 pub struct SnapshotInfo {
     pub name: String,
     pub files: Vec<String>,
-}
-
-fn plain_file_name(name: &str) -> bool {
-    !name.is_empty()
-        && !name.starts_with('.')
-        && name.len() <= 255
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'))
 }
 
 /// The snapshots in `out`, newest first, each with its plain files, sorted.
@@ -103,21 +97,20 @@ pub fn file(out: &Path, name: &str, file: &str) -> Result<(Vec<u8>, &'static str
     Ok((bytes, kind))
 }
 
-/// The differential flamegraph from snapshot `base` to snapshot `new`.
-pub fn diff(out: &Path, base: &str, new: &str) -> Result<Vec<u8>, String> {
-    for name in [base, new] {
-        if !is_snapshot_name(name) {
-            return Err("base and new must name snapshots (see /api/snapshots)".into());
-        }
-    }
-    let b = profile_input::read(&out.join(base)).map_err(|_| format!("{base}: no profile"))?;
-    let n = profile_input::read(&out.join(new)).map_err(|_| format!("{new}: no profile"))?;
-    let deltas = differential::folded_deltas(&b, &n)?;
+/// The differential flamegraph from snapshot `base` to snapshot `new`, of `filter`'s
+/// processes in each.
+pub fn diff(out: &Path, base: &str, new: &str, filter: &PullFilter) -> Result<Vec<u8>, String> {
+    let (b, n) = (past(out, base, filter)?, past(out, new, filter)?);
+    let (b_folded, n_folded) = (
+        profile_input::from_snapshot(&b.snapshot)?,
+        profile_input::from_snapshot(&n.snapshot)?,
+    );
+    let deltas = differential::folded_deltas(&b_folded, &n_folded)?;
     differential::svg(
-        "pyfleet: what changed",
+        &format!("What changed in {}", b.ctx.title),
         &format!(
             "{base} ({} samples) to {new} ({} samples); red grew, blue shrank",
-            b.total, n.total
+            b_folded.total, n_folded.total
         ),
         &deltas,
     )
@@ -130,24 +123,54 @@ mod tests {
     #[test]
     fn only_a_snapshots_plain_files_are_listed_and_served() {
         let out = tempfile::tempdir().unwrap();
-        let a = "2026-11-28T10-00-00Z";
-        let b = "2026-11-28T10-01-00Z";
-        for (name, alpha) in [(a, 30), (b, 70)] {
-            let d = out.path().join(name);
-            std::fs::create_dir(&d).unwrap();
-            std::fs::write(
-                d.join("all.folded"),
-                format!("web-1;main (a.py:1);alpha (a.py:2) {alpha}\nweb-1;main (a.py:1);beta (a.py:3) {}\n", 100 - alpha),
-            )
-            .unwrap();
+        // Two windows of one process: alpha's share from 30 to 70 samples in 100.
+        let dir = crate::output::snapshot_dir::SnapshotDir::open(
+            out.path(),
+            pyfleet_policies::RetentionPolicy::default(),
+            pyfleet_policies::FileMode::default(),
+        )
+        .unwrap()
+        .with_formats(&[crate::output::format::Format::Folded]);
+        let mut names = Vec::new();
+        for (minute, alpha) in [(0u64, 30u64), (1, 70)] {
+            use pyfleet_actors::{FrameInfo, ProcessProfile, Snapshot, SnapshotWriter};
+            let at =
+                std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000 + 60 * minute);
+            let stack = |leaf: &str, line: i32| -> pyfleet_actors::Frames {
+                vec![
+                    FrameInfo::new(leaf, "a.py", Some(line)),
+                    FrameInfo::new("main", "a.py", Some(1)),
+                ]
+                .into()
+            };
+            let snap = Snapshot {
+                started_at: at,
+                taken_at: at,
+                processes: vec![ProcessProfile {
+                    pid: 1,
+                    name: "web".into(),
+                    role: pyfleet_policies::Role::Single,
+                    labels: Default::default(),
+                    samples: vec![
+                        (Default::default(), stack("alpha", 2), alpha),
+                        (Default::default(), stack("beta", 3), 100 - alpha),
+                    ],
+                }],
+            };
+            let path = dir.write(&snap).unwrap();
+            names.push(path.file_name().unwrap().to_string_lossy().into_owned());
         }
+        let (a, b) = (names[0].as_str(), names[1].as_str());
         std::fs::write(out.path().join(a).join(".hidden"), "x").unwrap();
         std::os::unix::fs::symlink("/etc/passwd", out.path().join(a).join("passwd")).unwrap();
         std::fs::create_dir(out.path().join("not-a-snapshot")).unwrap();
         let listed = list(out.path());
         assert_eq!(listed.len(), 2);
         assert_eq!(listed[0].name, b, "newest first");
-        assert_eq!(listed[1].files, ["all.folded"]);
+        assert_eq!(
+            listed[1].files,
+            ["all.folded", "labels.json", "metadata.json", "web-1.folded"]
+        );
         let (bytes, kind) = file(out.path(), a, "all.folded").unwrap();
         assert!(bytes.starts_with(b"web-1;") && kind.starts_with("text/plain"));
         for (name, f) in [
@@ -164,8 +187,17 @@ mod tests {
                 "{name}/{f}"
             );
         }
-        let svg = String::from_utf8(diff(out.path(), a, b).unwrap()).unwrap();
+        let everyone = PullFilter::default();
+        let svg = String::from_utf8(diff(out.path(), a, b, &everyone).unwrap()).unwrap();
         assert!(svg.contains("+40.00%"), "alpha grew by 40 points");
-        assert!(diff(out.path(), a, "../x").is_err());
+        assert!(diff(out.path(), a, "../x", &everyone).is_err());
+        let nobody = PullFilter {
+            pid: Some(2),
+            ..Default::default()
+        };
+        assert!(
+            diff(out.path(), a, b, &nobody).is_err(),
+            "no samples of pid 2"
+        );
     }
 }

@@ -12,6 +12,7 @@ pub mod profile_input;
 pub mod record_file;
 pub mod render_context;
 pub mod snapshot_dir;
+pub mod snapshot_load;
 pub mod speedscope;
 pub mod svg;
 pub mod views;

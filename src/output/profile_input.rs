@@ -13,6 +13,7 @@ use super::folded;
 use super::format::Format;
 use super::pprof;
 use super::snapshot_dir::fleet_file_name;
+use pyfleet_actors::Snapshot;
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::Path;
@@ -120,7 +121,10 @@ fn without_process_frames(p: FoldedProfile) -> FoldedProfile {
     out
 }
 
-fn read_bounded(from: impl Read, shown: &impl std::fmt::Display) -> Result<Vec<u8>, String> {
+pub(crate) fn read_bounded(
+    from: impl Read,
+    shown: &impl std::fmt::Display,
+) -> Result<Vec<u8>, String> {
     let mut out = Vec::new();
     from.take(MAX_INPUT_BYTES + 1)
         .read_to_end(&mut out)
@@ -164,8 +168,13 @@ pub fn from_pprof(raw: &[u8]) -> Result<FoldedProfile, String> {
     if profile.sample.is_empty() && profile.string_table.is_empty() {
         return Err("not a pprof profile (no samples, no strings)".into());
     }
+    from_snapshot(&pprof::snapshot(&profile, std::time::Duration::ZERO))
+}
+
+/// A snapshot's samples, every process's together (the process frame left out).
+pub fn from_snapshot(snap: &Snapshot) -> Result<FoldedProfile, String> {
     let mut p = FoldedProfile::default();
-    for process in &pprof::snapshot(&profile, std::time::Duration::ZERO).processes {
+    for process in &snap.processes {
         for (stack, count) in folded::process_lines(process, None) {
             p.add(stack, count)?;
         }
@@ -225,7 +234,7 @@ mod tests {
     }
 
     #[test]
-    fn a_snapshot_directorys_stacks_lose_their_process_frame() {
+    fn a_folded_files_and_a_snapshots_stacks_lose_their_process_frame() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(
             dir.path().join("all.folded"),
@@ -233,7 +242,7 @@ mod tests {
              web-42 1\nmain;foo 2\nmain-2;foo 5\nmain (x-1);foo 6\n",
         )
         .unwrap();
-        let p = read(dir.path()).unwrap();
+        let p = read(&dir.path().join("all.folded")).unwrap();
         assert_eq!(p.total, 21);
         assert_eq!(p.stacks["main (a.py:1);f (a.py:2)"], 7);
         // A lone frame, a root without a pid, a Python frame: kept.
@@ -241,6 +250,8 @@ mod tests {
         assert_eq!(p.stacks["main;foo"], 2);
         assert_eq!(p.stacks["foo"], 5);
         assert_eq!(p.stacks["main (x-1);foo"], 6);
+        let p = read(dir.path()).unwrap();
+        assert_eq!(p.total, 21, "a snapshot directory: its all.folded");
         let empty = tempfile::tempdir().unwrap();
         let e = read(empty.path()).unwrap_err();
         assert!(e.contains("not a snapshot directory"), "{e}");

@@ -1,7 +1,8 @@
 //! The daemon's fleet page (issue #37) in a real headless Chromium, driven through the
 //! DevTools protocol (puppeteer-core, tests/web/fleet_page.cjs): with a real gunicorn fleet
 //! under load profiled, the table lists every worker, and clicking one shows its flamegraph
-//! with the WSGI handler; a function named with markup shows as text. The screenshots stay in
+//! with the WSGI handler; a function named with markup shows as text; a live and a past
+//! window download in every format; two past windows of a service compare. The screenshots stay in
 //! `$CARGO_TARGET_TMPDIR/fleet-page/`.
 
 use crate::common::*;
@@ -128,6 +129,7 @@ fn the_fleet_page_lists_the_workers_and_shows_a_workers_flamegraph() {
         .arg("<img src=x onerror=")
         .arg(&base)
         .arg(&new)
+        .arg("render_page")
         .env("NODE_PATH", &modules);
     let browsed = run_with_timeout(cmd, Duration::from_secs(240));
     send_signal(daemon.pid(), libc::SIGTERM);
@@ -155,6 +157,37 @@ fn the_fleet_page_lists_the_workers_and_shows_a_workers_flamegraph() {
     assert!(seen["hostile_shown_as_text"] == true, "{seen}");
     assert_eq!(seen["hostile_elements"], 0, "{seen}");
     assert_eq!(seen["page_title"], "pyfleet", "{seen}");
+    // The worker's live window and the service's past window, each downloaded in every
+    // format: what the format is, with the function shown.
+    for which in ["live_downloads", "past_downloads"] {
+        let d = &seen[which];
+        for format in ["folded", "svg", "speedscope", "pprof"] {
+            assert_eq!(d[format]["status"], 200, "{which} {format}: {d}");
+            assert!(
+                d[format]["size"].as_u64() > Some(100),
+                "{which} {format}: {d}"
+            );
+        }
+        assert!(d["folded"]["has_function"] == true, "{which}: {d}");
+        assert!(
+            d["svg"]["svg"] == true && d["svg"]["has_function"] == true,
+            "{which}: {d}"
+        );
+        assert!(
+            d["speedscope"]["schema"]
+                .as_str()
+                .is_some_and(|s| s.contains("speedscope"))
+                && d["speedscope"]["has_function"] == true,
+            "{which}: {d}"
+        );
+        assert!(d["pprof"]["gzip"] == true, "{which}: {d}");
+    }
+    assert!(
+        seen["past_title"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("service gunicorn, ") && t.ends_with(new.as_str())),
+        "{seen}"
+    );
     // The differential view: the handler that computes grew, the one that sleeps shrank.
     let titles: Vec<&str> = seen["diff_titles"]
         .as_array()
@@ -185,6 +218,7 @@ fn the_fleet_page_lists_the_workers_and_shows_a_workers_flamegraph() {
         "flamegraph.png",
         "service.png",
         "hostile.png",
+        "past.png",
         "diff.png",
     ] {
         let bytes = std::fs::metadata(shots.join(shot))

@@ -2,11 +2,12 @@
 // (puppeteer-core, from npm; scripts/setup-format-tools.sh installs it), for
 // tests/it/fleet_page.rs. Prints one JSON object with what it saw; screenshots go to OUT_DIR.
 //
-//   node fleet_page.cjs CHROMIUM URL OUT_DIR PIDS FUNCTION HOSTILE_PID HOSTILE_TEXT BASE NEW
+//   node fleet_page.cjs CHROMIUM URL OUT_DIR PIDS FUNCTION HOSTILE_PID HOSTILE_TEXT BASE NEW NEW_FN
 //     PIDS: comma-separated pids the table must list (the first is clicked);
 //     FUNCTION: a function the clicked process's flamegraph must show;
 //     HOSTILE_PID: a process whose flamegraph must show HOSTILE_TEXT (markup) as text;
-//     BASE, NEW: two snapshots to compare on the page (their frames' titles are returned).
+//     BASE, NEW: two snapshots to compare on the page, for the first pid's service (their
+//     frames' titles are returned); NEW_FN: a function the service's NEW window holds.
 "use strict";
 const puppeteer = require("puppeteer-core");
 
@@ -35,8 +36,30 @@ async function shows(page, title, text) {
   }
 }
 
+// Every download the page offers for what it shows, fetched as the browser would: for each
+// format, the answer's status and size, and whether it is what the format is (the folded text
+// and the SVG holding `fn`, speedscope's schema, pprof's gzip).
+async function downloads(page, fn) {
+  return page.evaluate(async (fn) => {
+    const out = {};
+    for (const a of document.querySelectorAll("#downloads a")) {
+      const r = await fetch(a.href, { cache: "no-store" });
+      const bytes = new Uint8Array(await r.arrayBuffer());
+      const text = new TextDecoder().decode(bytes);
+      let schema = "";
+      try { schema = JSON.parse(text).$schema || ""; } catch (e) { /* not JSON */ }
+      out[a.textContent] = {
+        status: r.status, size: bytes.length, file: a.download,
+        gzip: bytes[0] === 0x1f && bytes[1] === 0x8b,
+        has_function: text.includes(fn), svg: text.includes("<svg"), schema,
+      };
+    }
+    return out;
+  }, fn);
+}
+
 async function main() {
-  const [chromium, url, outDir, pidList, fn, hostilePid, hostileText, base, next] =
+  const [chromium, url, outDir, pidList, fn, hostilePid, hostileText, base, next, newFn] =
     process.argv.slice(2);
   const pids = pidList.split(",");
   const browser = await puppeteer.launch({
@@ -47,7 +70,7 @@ async function main() {
   const seen = {
     rows: [], injected: -1, flamegraph_has_function: false, title: "",
     hostile_shown_as_text: false, hostile_elements: -1, page_title: "", diff_titles: [],
-    service_view: "",
+    service_view: "", live_downloads: {}, past_downloads: {}, past_title: "",
   };
   try {
     const page = await browser.newPage();
@@ -73,39 +96,29 @@ async function main() {
       (els) => els.filter((e) => !["TR", "TD"].includes(e.tagName)).length
     );
     await page.click(`#processes tr[data-pid="${pids[0]}"]`);
-    await page.waitForFunction(
-      (pid) => document.getElementById("flamegraph").src.includes(`pid=${pid}`),
-      { timeout: 5000 },
-      pids[0]
-    );
     seen.title = await page.$eval("#pane-title", (e) => e.textContent);
-    // The flamegraph of the clicked process, once its window is sampled.
+    // The flamegraph of the clicked process, once its window is sampled, and that window in
+    // every format.
     await shows(page, `gunicorn (pid ${pids[0]})`, fn);
     seen.flamegraph_has_function = true;
+    seen.live_downloads = await downloads(page, fn);
     await page.screenshot({ path: `${outDir}/flamegraph.png` });
     // The clicked process's service: every process of it together.
     await page.click(`#processes tr[data-pid="${pids[0]}"] td.service`);
-    await page.waitForFunction(
-      () => document.getElementById("flamegraph").src.includes("service="),
-      { timeout: 5000 }
-    );
     const byService = await shows(page, "service ", fn);
     seen.service_view = await byService.$eval("#title", (t) => t.textContent).catch(() => "");
     await page.screenshot({ path: `${outDir}/service.png` });
     // A process whose function is named with markup: its flamegraph shows the text, and no
     // element the markup would make exists, nor did its script run.
     await page.click(`#processes tr[data-pid="${hostilePid}"]`);
-    await page.waitForFunction(
-      (pid) => document.getElementById("flamegraph").src.includes(`pid=${pid}`),
-      { timeout: 5000 },
-      hostilePid
-    );
     const hostile = await shows(page, `hostile_names (pid ${hostilePid})`, hostileText);
     seen.hostile_shown_as_text = true;
     seen.hostile_elements = await hostile.$$eval("img", (els) => els.length);
     seen.page_title = await page.title();
     await page.screenshot({ path: `${outDir}/hostile.png` });
-    // Two past windows compared: every frame's title says how it changed.
+    // The service again, for its past windows: the newer one shown and downloaded, then the
+    // two compared (every frame's title says how it changed).
+    await page.click(`#processes tr[data-pid="${pids[0]}"] td.service`);
     await page.waitForFunction(
       (b, n) => {
         const names = [...document.querySelectorAll("#base option")].map((o) => o.value);
@@ -117,14 +130,27 @@ async function main() {
     );
     await page.select("#base", base);
     await page.select("#new", next);
+    await page.click("#show");
+    const shown = await (await page.waitForSelector("#flamegraph")).contentFrame();
+    await shown.waitForFunction(
+      (name) => location.pathname === `/snapshots/${name}/window.svg`
+        && document.documentElement.textContent.length > 0,
+      { timeout: 30000 },
+      next
+    );
+    seen.past_title = await shown.$eval("#title", (t) => t.textContent).catch(() => "");
+    seen.past_downloads = await downloads(page, newFn);
+    await page.screenshot({ path: `${outDir}/past.png` });
     await page.click("#compare");
     await page.waitForFunction(
       () => document.getElementById("flamegraph").src.includes("/diff.svg"),
       { timeout: 5000 }
     );
+    // The pane still holds the hostile process's flamegraph until the comparison arrives:
+    // wait for the comparison's own document, not for any flamegraph's titles.
     const diff = await (await page.waitForSelector("#flamegraph")).contentFrame();
     await diff.waitForFunction(
-      () => document.querySelectorAll("title").length > 2,
+      () => location.pathname === "/diff.svg" && document.querySelectorAll("title").length > 2,
       { timeout: 30000 }
     );
     seen.diff_titles = await diff.$$eval("title", (ts) => ts.map((t) => t.textContent));
