@@ -496,6 +496,7 @@ fn listen_settings(o: &RunOptions) -> Result<(ListenSettings, bool), String> {
         access: crate::listener::access::Access {
             token,
             metrics_need_token,
+            tls: tls.is_some(),
         },
         tls,
         client_certs: files.is_some_and(|f| f.client_ca.is_some()),

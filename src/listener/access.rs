@@ -1,18 +1,21 @@
 //! Who may read what the listener serves.
 //!
 //! Contract. With a token ([`Token::from_file`]), every request for stacks
-//! (`/debug/pprof/*`), and `/metrics` when [`Access::metrics_need_token`] is set, must carry
-//! `Authorization: Bearer <token>`; anything else is answered 401 with one line. The check takes
-//! the same time whatever the request carries: both sides are hashed (SHA-256) and the digests
-//! compared in constant time, so neither the token's bytes nor its length can be found by
-//! timing. Client certificates, when the listener requires them, are checked by the TLS
+//! (`/debug/pprof/*`, the fleet page and its windows), and `/metrics` when
+//! [`Access::metrics_need_token`] is set, must carry `Authorization: Bearer <token>`, or the
+//! [`SESSION_COOKIE`] a browser is given at `/login` for the token; anything else is answered
+//! 401 with one line (the page itself with the login form). The cookie holds a digest of the
+//! token, never the token, and is `HttpOnly`, `SameSite=Strict` (and `Secure` over TLS). The
+//! check takes the same time whatever the request carries: both sides are hashed (SHA-256)
+//! and the digests compared in constant time, so neither the token's bytes nor its length can
+//! be found by timing. Client certificates, when the listener requires them, are checked by the TLS
 //! handshake before any request is read (`crate::tls`). Health and readiness never need a
 //! credential: they say nothing about the targets.
 //!
 //! [`check_exposure`] is the startup rule: a listener that is not loopback-only serves stacks
 //! only behind a token or client certificates, unless the operator said `--insecure-listen`.
 
-use hyper::header::AUTHORIZATION;
+use hyper::header::{AUTHORIZATION, COOKIE};
 use hyper::HeaderMap;
 use ring::digest::{digest, Digest, SHA256};
 use std::net::SocketAddr;
@@ -23,6 +26,8 @@ use subtle::ConstantTimeEq;
 pub const MIN_TOKEN_CHARS: usize = 16;
 /// Most bytes a token file may hold.
 pub const MAX_TOKEN_BYTES: usize = 4096;
+/// The cookie that stands for the token in a browser.
+pub const SESSION_COOKIE: &str = "pyfleet_session";
 
 /// A bearer token, kept only as its digest.
 #[derive(Clone)]
@@ -69,6 +74,28 @@ impl Token {
         Token(digest(&SHA256, bytes))
     }
 
+    /// Whether `given` is the token (for `/login`).
+    pub fn is(&self, given: &[u8]) -> bool {
+        Token::new(given) == *self
+    }
+
+    /// The session cookie's value for this token: a digest of the token's digest, in hex.
+    pub fn session(&self) -> String {
+        let mut input = b"pyfleet session\0".to_vec();
+        input.extend_from_slice(self.0.as_ref());
+        digest(&SHA256, &input)
+            .as_ref()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    /// Whether `headers` carry this token's session cookie.
+    fn admits_session(&self, headers: &HeaderMap) -> bool {
+        let given = session_cookie(headers).unwrap_or(b"");
+        Token::new(given) == Token::new(self.session().as_bytes())
+    }
+
     /// Whether `headers` carry this token as `Authorization: Bearer <token>`.
     fn admits(&self, headers: &HeaderMap) -> bool {
         let given = headers
@@ -79,6 +106,19 @@ impl Token {
         // Hashed whatever was given (nothing too): the same work for every request.
         Token::new(given) == *self
     }
+}
+
+/// The value of the [`SESSION_COOKIE`] among `headers`' cookies, if any.
+fn session_cookie(headers: &HeaderMap) -> Option<&[u8]> {
+    headers
+        .get_all(COOKIE)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b';'))
+        .find_map(|pair| {
+            let pair = pair.trim_ascii();
+            pair.strip_prefix(SESSION_COOKIE.as_bytes())?
+                .strip_prefix(b"=")
+        })
 }
 
 fn strip_prefix_ignore_case<'a>(v: &'a [u8], prefix: &[u8]) -> Option<&'a [u8]> {
@@ -92,6 +132,8 @@ pub struct Access {
     pub token: Option<Token>,
     /// `/metrics` takes the token too (else it is open, as Prometheus scrapes without one).
     pub metrics_need_token: bool,
+    /// The listener speaks TLS: the session cookie is `Secure`.
+    pub tls: bool,
 }
 
 /// Why a request was refused (one line, for the 401's body).
@@ -105,10 +147,22 @@ impl std::fmt::Display for Refused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Refused::NoCredential => {
-                "a credential is needed: send Authorization: Bearer <the token>"
+                "a credential is needed: send Authorization: Bearer <the token> (a browser: /login)"
             }
             Refused::WrongCredential => "the credential is not valid",
         })
+    }
+}
+
+impl Refused {
+    /// The refusal in words for a person at a browser (the login form's).
+    pub fn to_browser(self) -> &'static str {
+        match self {
+            Refused::NoCredential => "This daemon's page needs its token.",
+            Refused::WrongCredential => {
+                "The credential this browser holds is not valid: sign in again."
+            }
+        }
     }
 }
 
@@ -132,13 +186,26 @@ impl Access {
             Page::Open => false,
         };
         match &self.token {
-            Some(token) if needed => match token.admits(headers) {
+            Some(token) if needed => match token.admits(headers) | token.admits_session(headers) {
                 true => Ok(()),
-                false if headers.contains_key(AUTHORIZATION) => Err(Refused::WrongCredential),
+                false
+                    if headers.contains_key(AUTHORIZATION) || session_cookie(headers).is_some() =>
+                {
+                    Err(Refused::WrongCredential)
+                }
                 false => Err(Refused::NoCredential),
             },
             _ => Ok(()),
         }
+    }
+
+    /// The `Set-Cookie` value that gives a browser the session of `token`.
+    pub fn session_cookie(&self, token: &Token) -> String {
+        format!(
+            "{SESSION_COOKIE}={}; Path=/; HttpOnly; SameSite=Strict{}",
+            token.session(),
+            if self.tls { "; Secure" } else { "" }
+        )
     }
 }
 
@@ -178,6 +245,7 @@ mod tests {
         let mut access = Access {
             token: Some(token),
             metrics_need_token: false,
+            tls: false,
         };
         let right = headers(Some("Bearer 0123456789abcdef0123"));
         let lower = headers(Some("bearer 0123456789abcdef0123"));
@@ -203,6 +271,37 @@ mod tests {
         );
         assert_eq!(access.admit(Page::Metrics, &right), Ok(()));
         assert_eq!(access.admit(Page::Open, &none), Ok(()));
+        // A browser's session cookie, among others; a wrong one, or the token itself as one.
+        let token = access.token.clone().unwrap();
+        let cookie = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(COOKIE, HeaderValue::from_str(v).unwrap());
+            h
+        };
+        let session = cookie(&format!("theme=dark; {SESSION_COOKIE}={}", token.session()));
+        assert_eq!(access.admit(Page::Stacks, &session), Ok(()));
+        for wrong in [
+            format!("{SESSION_COOKIE}=0123456789abcdef0123"),
+            format!("{SESSION_COOKIE}={}0", token.session()),
+        ] {
+            assert_eq!(
+                access.admit(Page::Stacks, &cookie(&wrong)),
+                Err(Refused::WrongCredential),
+                "{wrong}"
+            );
+        }
+        assert_eq!(
+            access.admit(Page::Stacks, &cookie("theme=dark")),
+            Err(Refused::NoCredential)
+        );
+        assert!(!token.session().contains("0123456789abcdef0123"));
+        assert!(token.is(b"0123456789abcdef0123") && !token.is(b"0123456789abcdef012"));
+        let set = access.session_cookie(&token);
+        assert!(
+            set.contains("HttpOnly") && set.contains("SameSite=Strict") && !set.contains("Secure")
+        );
+        access.tls = true;
+        assert!(access.session_cookie(&token).ends_with("; Secure"));
         // No token: everything is open (the exposure rule decides whether that may start).
         let open = Access::default();
         assert_eq!(open.admit(Page::Stacks, &none), Ok(()));

@@ -1,5 +1,6 @@
 //! The fleet page: `GET /` (one HTML document with its style and script, no remote resource:
-//! it works offline) and `GET /api/fleet` (what the page's table shows, as JSON). The page's
+//! it works offline), `GET /api/fleet` (what the page's table shows, as JSON) and the form a
+//! browser signs in with when the listener wants a token (`/login`, see `access`). The page's
 //! flamegraphs and downloads are windows (see `windows`): live ones of 1 to
 //! [`MAX_FLAME_SECONDS`], and past ones from the snapshots (`snapshot_files`).
 //!
@@ -21,6 +22,24 @@ pub const MAX_FLAME_SECONDS: u64 = 60;
 
 /// The page itself.
 pub const PAGE: &str = include_str!("fleet_page.html");
+
+/// The form a browser gives the token in (see `access`).
+const LOGIN: &str = include_str!("login.html");
+
+/// The login form with `why` (pyfleet's own words, never a target's) above it.
+pub fn login_page(
+    status: hyper::StatusCode,
+    why: &str,
+) -> hyper::Response<http_body_util::Full<hyper::body::Bytes>> {
+    let body = LOGIN.replace("WHY", &why.replace(['<', '>', '&'], " "));
+    let mut response = hyper::Response::new(http_body_util::Full::new(body.into()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    response
+}
 
 /// One process's row.
 #[derive(Debug, Default, Serialize, PartialEq)]

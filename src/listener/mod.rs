@@ -98,7 +98,7 @@ where
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let (pages, granted) = (pages.clone(), granted.clone());
         async move {
-            let response = routes::respond(&pages, &granted, &req).await;
+            let response = routes::respond(&pages, &granted, req).await;
             Ok::<_, Infallible>(response)
         }
     });

@@ -155,11 +155,13 @@ impl Pages {
 pub async fn respond(
     pages: &Pages,
     granted: &AtomicU64,
-    req: &Request<Incoming>,
+    req: Request<Incoming>,
 ) -> Response<Full<Bytes>> {
     let (method, path) = (req.method(), req.uri().path());
     let page = match path {
         "/metrics" => Page::Metrics,
+        // The form that takes the token: it shows nothing of the targets.
+        "/login" => Page::Open,
         p if p.starts_with("/debug/pprof/") => Page::Stacks,
         // The fleet page names processes and shows their stacks.
         "/" | "/api/fleet" | "/api/window" | "/flamegraph.svg" | "/api/snapshots" | "/diff.svg" => {
@@ -177,8 +179,17 @@ pub async fn respond(
         Pages::Health { .. } => None,
     };
     if let Some((_, _, access)) = site {
+        if path == "/login" {
+            return login(access, req).await;
+        }
         if let Err(refused) = access.admit(page, req.headers()) {
-            let mut response = text(StatusCode::UNAUTHORIZED, format!("{refused}\n"));
+            let mut response = match path {
+                // A browser at the page: the form that takes the token.
+                "/" => {
+                    super::fleet_page::login_page(StatusCode::UNAUTHORIZED, refused.to_browser())
+                }
+                _ => text(StatusCode::UNAUTHORIZED, format!("{refused}\n")),
+            };
             response.headers_mut().insert(
                 hyper::header::WWW_AUTHENTICATE,
                 HeaderValue::from_static("Bearer realm=\"pyfleet\""),
@@ -395,6 +406,59 @@ fn window_request(query: &str, default: u64, max: u64) -> Result<(u64, PullFilte
         }
     }
     Ok((seconds, filter))
+}
+
+/// Most bytes of a `/login` request's body.
+const MAX_LOGIN_BYTES: usize = 8192;
+
+/// `/login`: the form (GET), or the token it sent (POST, `text/plain`: `token=<token>`); the
+/// right token is answered with the session cookie and a way back to the page.
+async fn login(access: &Access, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    use http_body_util::BodyExt;
+    let Some(token) = &access.token else {
+        // Nothing to sign in to.
+        return see_other("/", None);
+    };
+    match *req.method() {
+        Method::GET => super::fleet_page::login_page(StatusCode::OK, ""),
+        Method::POST => {
+            let body = match http_body_util::Limited::new(req.into_body(), MAX_LOGIN_BYTES)
+                .collect()
+                .await
+            {
+                Ok(b) => b.to_bytes(),
+                Err(_) => {
+                    return text(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "a login is one short form\n".into(),
+                    )
+                }
+            };
+            let given = body
+                .strip_prefix(b"token=")
+                .map(|t| t.trim_ascii_end())
+                .unwrap_or(b"");
+            match token.is(given) {
+                true => see_other("/", Some(access.session_cookie(token))),
+                false => super::fleet_page::login_page(
+                    StatusCode::UNAUTHORIZED,
+                    "That is not this daemon's token.",
+                ),
+            }
+        }
+        _ => text(StatusCode::METHOD_NOT_ALLOWED, "GET or POST\n".into()),
+    }
+}
+
+/// A 303 to `to`, setting `cookie` when given.
+fn see_other(to: &'static str, cookie: Option<String>) -> Response<Full<Bytes>> {
+    let mut response = text(StatusCode::SEE_OTHER, format!("see {to}\n"));
+    let headers = response.headers_mut();
+    headers.insert(hyper::header::LOCATION, HeaderValue::from_static(to));
+    if let Some(value) = cookie.and_then(|c| HeaderValue::from_str(&c).ok()) {
+        headers.insert(hyper::header::SET_COOKIE, value);
+    }
+    response
 }
 
 /// Takes the profile and answers with it, gzipped pprof.

@@ -2,7 +2,9 @@
 //! DevTools protocol (puppeteer-core, tests/web/fleet_page.cjs): with a real gunicorn fleet
 //! under load profiled, the table lists every worker, and clicking one shows its flamegraph
 //! with the WSGI handler; a function named with markup shows as text; a live and a past
-//! window download in every format; two past windows of a service compare. The screenshots stay in
+//! window download in every format; two past windows of a service compare. The daemon wants a
+//! token: the browser signs in at `/login` (a wrong token refused) and holds a cookie its
+//! scripts cannot read. The screenshots stay in
 //! `$CARGO_TARGET_TMPDIR/fleet-page/`.
 
 use crate::common::*;
@@ -41,6 +43,10 @@ fn the_fleet_page_lists_the_workers_and_shows_a_workers_flamegraph() {
     let mut hostile = Proc::python(&interp.label, &interp.path, "hostile_names.py", &["ready"]);
     hostile.wait_for_file("ready", Duration::from_secs(30));
     let out = tempdir("pyfleet-page-");
+    // The daemon wants a token: the browser signs in with it at /login.
+    let token = "fleet-page-token-0123456789";
+    let token_file = out.path().join("token");
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
     let daemon = Running::start(
         pyfleet_command(&[
             "run",
@@ -61,6 +67,8 @@ fn the_fleet_page_lists_the_workers_and_shows_a_workers_flamegraph() {
             out.path().join("snapshots").to_str().unwrap(),
             "--metrics-addr",
             &format!("127.0.0.1:{page_port}"),
+            "--listen-token-file",
+            token_file.to_str().unwrap(),
         ]),
         Duration::from_secs(120),
     );
@@ -130,7 +138,18 @@ fn the_fleet_page_lists_the_workers_and_shows_a_workers_flamegraph() {
         .arg(&base)
         .arg(&new)
         .arg("render_page")
+        .arg(token)
         .env("NODE_PATH", &modules);
+    // Without the token or its cookie, nothing of the page's data is served.
+    for path in [
+        "/api/fleet",
+        "/api/snapshots",
+        "/api/window?seconds=1",
+        "/windows/1/window.svg",
+    ] {
+        let answer = http_get(page_port, path).map(|(status, _)| status);
+        assert_eq!(answer, Some(401), "{path}");
+    }
     let browsed = run_with_timeout(cmd, Duration::from_secs(240));
     send_signal(daemon.pid(), libc::SIGTERM);
     let ran = daemon.finish();
@@ -150,6 +169,8 @@ fn the_fleet_page_lists_the_workers_and_shows_a_workers_flamegraph() {
             "worker {pid} not listed as one: {rows:?}"
         );
     }
+    assert!(seen["wrong_token_refused"] == true, "{seen}");
+    assert!(seen["cookie_hidden"] == true, "{seen}");
     assert_eq!(seen["injected"], 0, "{seen}");
     assert!(seen["flamegraph_has_function"] == true, "{seen}");
     assert!(seen["title"].as_str().unwrap().contains(&pids[0]), "{seen}");

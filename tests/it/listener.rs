@@ -194,6 +194,10 @@ fn profiles_off_loopback_need_a_credential() {
             "the token as basic",
             Some(format!("Authorization: Basic {TOKEN}")),
         ),
+        (
+            "the token as the session cookie",
+            Some(format!("Cookie: pyfleet_session={TOKEN}")),
+        ),
     ] {
         // The fleet page and what it fetches name processes and show stacks: the same rule.
         for path in [
@@ -205,15 +209,65 @@ fn profiles_off_loopback_need_a_credential() {
             "/api/snapshots",
             "/diff.svg?base=a&new=b",
             "/snapshots/2026-11-28T10-00-00Z/all.folded",
+            "/snapshots/2026-11-28T10-00-00Z/window.pb.gz",
+            "/api/window?seconds=1",
+            "/windows/1/window.folded",
         ] {
             let args: Vec<&str> = header.iter().flat_map(|h| ["-H", h.as_str()]).collect();
             let (code, body) = status(&args, path);
+            // The page itself: the form a browser signs in with.
+            let refusal = match path {
+                "/" => body.contains("action=\"/login\"") && !body.contains("<table"),
+                _ => one_line(&body),
+            };
             assert!(
-                code == "401" && one_line(&body),
+                code == "401" && refusal,
                 "{path} with {what}: {code} {body:?}"
             );
         }
     }
+    // Signing in at /login: a wrong token is refused, the right one answered with a cookie
+    // that is not the token and opens the page's data.
+    let login = |given: &str| {
+        let headers = dir.path().join("headers");
+        let form = format!("token={given}\r\n");
+        let (code, _) = status(
+            &[
+                "-D",
+                headers.to_str().unwrap(),
+                "-H",
+                "Content-Type: text/plain",
+                "--data-binary",
+                &form,
+            ],
+            "/login",
+        );
+        (code, std::fs::read_to_string(&headers).unwrap_or_default())
+    };
+    let (code, headers) = login(&format!("{TOKEN}0"));
+    assert!(
+        code == "401" && !headers.to_ascii_lowercase().contains("set-cookie"),
+        "{code} {headers}"
+    );
+    let (code, headers) = login(TOKEN);
+    let cookie = headers
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("set-cookie: ")
+                .or(l.strip_prefix("Set-Cookie: "))
+        })
+        .and_then(|c| c.split(';').next())
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        code == "303" && cookie.starts_with("pyfleet_session=") && !cookie.contains(TOKEN),
+        "{code} {headers}"
+    );
+    let (code, body) = status(&["-H", &format!("Cookie: {cookie}")], "/api/fleet");
+    assert!(
+        code == "200" && body.contains("\"processes\""),
+        "/api/fleet with the session cookie: {code} {body}"
+    );
     // Health says nothing of the targets: open.
     assert_eq!(status(&[], "/healthz").0, "200");
     let right = bearer(TOKEN);

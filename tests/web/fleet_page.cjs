@@ -7,7 +7,8 @@
 //     FUNCTION: a function the clicked process's flamegraph must show;
 //     HOSTILE_PID: a process whose flamegraph must show HOSTILE_TEXT (markup) as text;
 //     BASE, NEW: two snapshots to compare on the page, for the first pid's service (their
-//     frames' titles are returned); NEW_FN: a function the service's NEW window holds.
+//     frames' titles are returned); NEW_FN: a function the service's NEW window holds;
+//     TOKEN: the daemon's token, given at its login form (after a wrong one).
 "use strict";
 const puppeteer = require("puppeteer-core");
 
@@ -59,7 +60,7 @@ async function downloads(page, fn) {
 }
 
 async function main() {
-  const [chromium, url, outDir, pidList, fn, hostilePid, hostileText, base, next, newFn] =
+  const [chromium, url, outDir, pidList, fn, hostilePid, hostileText, base, next, newFn, token] =
     process.argv.slice(2);
   const pids = pidList.split(",");
   const browser = await puppeteer.launch({
@@ -71,11 +72,21 @@ async function main() {
     rows: [], injected: -1, flamegraph_has_function: false, title: "",
     hostile_shown_as_text: false, hostile_elements: -1, page_title: "", diff_titles: [],
     service_view: "", live_downloads: {}, past_downloads: {}, past_title: "",
+    wrong_token_refused: false, cookie_hidden: false,
   };
   try {
     const page = await browser.newPage();
     await page.setViewport({ width: 1300, height: 900 });
     await page.goto(url, { waitUntil: "domcontentloaded" });
+    // The daemon wants its token: the page is the form that takes it. A wrong one first.
+    await page.waitForSelector("#token", { timeout: 10000 });
+    await page.type("#token", "not-the-token-0123456789");
+    await Promise.all([page.waitForNavigation(), page.click("#sign-in")]);
+    seen.wrong_token_refused = (await page.$("#token")) !== null
+      && (await page.$eval("#why", (e) => e.textContent)).includes("not this daemon's token");
+    await page.type("#token", token);
+    await Promise.all([page.waitForNavigation(), page.click("#sign-in")]);
+    seen.cookie_hidden = !(await page.evaluate(() => document.cookie)).includes("pyfleet_session");
     // Every pid listed, with a rate (the second poll).
     await page.waitForFunction(
       (want) => {
