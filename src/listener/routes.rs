@@ -251,80 +251,11 @@ pub async fn respond(
                 ),
             }
         }
-        (&Method::GET, "/api/snapshots", Some((_, pull, _))) => {
-            let out = pull.snapshots.clone();
-            let listed = tokio::task::spawn_blocking(move || {
-                out.map(|o| super::snapshot_files::list(&o))
-                    .unwrap_or_default()
-            })
-            .await
-            .unwrap_or_default();
-            match serde_json::to_vec(&listed) {
-                Ok(body) => with_type(StatusCode::OK, body, "application/json"),
-                Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
-            }
-        }
-        (&Method::GET, "/diff.svg", Some((_, pull, _))) => {
-            let query = req.uri().query().unwrap_or("").to_string();
-            let out = pull.snapshots.clone();
-            let answer = tokio::task::spawn_blocking(move || {
-                let (base, new) = diff_request(&query)?;
-                let (_, filter) = window_request(&query, 1, MAX_PROFILE_SECONDS)?;
-                let out = out.ok_or("this daemon writes no snapshots")?;
-                super::snapshot_files::diff(&out, &base, &new, &filter)
-            })
-            .await
-            .unwrap_or_else(|e| Err(e.to_string()));
-            match answer {
-                Ok(svg) => with_type(StatusCode::OK, svg, "image/svg+xml"),
-                Err(why) => text(StatusCode::BAD_REQUEST, format!("{why}\n")),
-            }
-        }
         (&Method::GET, p, Some((_, pull, _)))
-            if p.starts_with("/snapshots/")
-                && p.rsplit('/').next().and_then(windows::format_of).is_some() =>
+            if p == "/api/snapshots" || p == "/diff.svg" || p.starts_with("/snapshots/") =>
         {
-            let query = req.uri().query().unwrap_or("").to_string();
-            let (name, file) = p["/snapshots/".len()..].split_once('/').unwrap_or_default();
-            let (name, format) = (name.to_string(), windows::format_of(file));
-            let out = pull.snapshots.clone();
-            let answer = tokio::task::spawn_blocking(move || {
-                let (_, filter) = window_request(&query, 1, MAX_PROFILE_SECONDS)?;
-                let format = format.ok_or("no such format")?;
-                let out = out.ok_or("this daemon writes no snapshots")?;
-                let mut window = windows::past(&out, &name, &filter)?;
-                window.ctx.title = format!("{}, {name}", window.ctx.title);
-                window.render(format).map(|b| (b, format))
-            })
-            .await
-            .unwrap_or_else(|e| Err(e.to_string()));
-            match answer {
-                Ok((body, format)) => {
-                    with_type(StatusCode::OK, body, windows::content_type(format))
-                }
-                Err(why) => text(StatusCode::NOT_FOUND, format!("{why}\n")),
-            }
-        }
-        (&Method::GET, p, Some((_, pull, _))) if p.starts_with("/snapshots/") => {
-            let wanted = p["/snapshots/".len()..]
-                .split_once('/')
-                .and_then(|(n, f)| (!f.contains('/')).then(|| (n.to_string(), f.to_string())));
-            let out = pull.snapshots.clone();
-            let served = tokio::task::spawn_blocking(move || match (out, wanted) {
-                (Some(out), Some((name, file))) => super::snapshot_files::file(&out, &name, &file),
-                _ => Err(super::snapshot_files::NotServed::NotFound),
-            })
-            .await
-            .unwrap_or(Err(super::snapshot_files::NotServed::NotFound));
-            match served {
-                Ok((body, kind)) => with_type(StatusCode::OK, body, kind),
-                Err(super::snapshot_files::NotServed::TooLarge) => {
-                    text(StatusCode::PAYLOAD_TOO_LARGE, "too large to serve\n".into())
-                }
-                Err(super::snapshot_files::NotServed::NotFound) => {
-                    text(StatusCode::NOT_FOUND, "no such snapshot file\n".into())
-                }
-            }
+            let query = req.uri().query().unwrap_or("");
+            super::snapshot_files::respond(pull.snapshots.clone(), p, query).await
         }
         (_, "/healthz" | "/readyz", _)
         | (
@@ -359,7 +290,11 @@ fn profile_request(query: &str) -> Result<(u64, PullFilter), String> {
 
 /// The seconds (1 to `max`, else `default`) and the filter (`pid`, `service`) of a request
 /// for a window of samples: a profile's or a flamegraph's.
-fn window_request(query: &str, default: u64, max: u64) -> Result<(u64, PullFilter), String> {
+pub(super) fn window_request(
+    query: &str,
+    default: u64,
+    max: u64,
+) -> Result<(u64, PullFilter), String> {
     let mut seconds = default;
     let mut filter = PullFilter::default();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
@@ -522,22 +457,6 @@ fn rendered(window: &Window, format: Format) -> Response<Full<Bytes>> {
     }
 }
 
-/// The two snapshot names of a `/diff.svg` query (`base`, `new`).
-fn diff_request(query: &str) -> Result<(String, String), String> {
-    let (mut base, mut new) = (None, None);
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=') {
-            Some(("base", v)) => base = Some(v.to_string()),
-            Some(("new", v)) => new = Some(v.to_string()),
-            _ => {}
-        }
-    }
-    match (base, new) {
-        (Some(b), Some(n)) => Ok((b, n)),
-        _ => Err("diff.svg wants base=SNAPSHOT&new=SNAPSHOT (see /api/snapshots)".into()),
-    }
-}
-
 /// `/api/fleet`: the supervisor's processes with the exporter's counters, as JSON.
 async fn fleet(exporter: &Exporter, pull: &Pull) -> Response<Full<Bytes>> {
     let Some(profiler) = pull.profiler.get() else {
@@ -557,7 +476,11 @@ async fn fleet(exporter: &Exporter, pull: &Pull) -> Response<Full<Bytes>> {
     }
 }
 
-fn with_type(status: StatusCode, body: Vec<u8>, kind: &'static str) -> Response<Full<Bytes>> {
+pub(super) fn with_type(
+    status: StatusCode,
+    body: Vec<u8>,
+    kind: &'static str,
+) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     response
@@ -566,7 +489,7 @@ fn with_type(status: StatusCode, body: Vec<u8>, kind: &'static str) -> Response<
     response
 }
 
-fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+pub(super) fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     let kind = match status {

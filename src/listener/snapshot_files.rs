@@ -1,6 +1,8 @@
 //! The fleet page's past windows: the daemon's snapshot directories (`--out`) listed
-//! (`/api/snapshots`), their files served (`/snapshots/NAME/FILE`), and two of them compared
-//! (`/diff.svg?base=NAME&new=NAME`, see `output::differential`).
+//! (`/api/snapshots`), their files served (`/snapshots/NAME/FILE`), each rendered again in
+//! any format for the fleet, a process or a service (`/snapshots/NAME/window.EXT`, see
+//! `windows`), and two of them compared (`/diff.svg?base=NAME&new=NAME`, see
+//! `output::differential`).
 //!
 //! Only what the daemon writes is served: a NAME that is a snapshot's (`utc_name`), a FILE
 //! of plain characters (letters, digits, `.`, `-`, `_`; not starting with `.`) that is a
@@ -8,14 +10,18 @@
 //! most [`MAX_LISTED`] snapshots are listed, newest first. Blocking: callers run these off the
 //! async workers.
 
-use super::windows::past;
+use super::routes::{text, window_request, with_type};
+use super::windows::{self, past};
 use crate::output::snapshot_dir::is_snapshot_name;
 use crate::output::snapshot_load::plain_file_name;
 use crate::output::{differential, profile_input};
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::{Response, StatusCode};
 use pyfleet_actors::PullFilter;
 use serde::Serialize;
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Most snapshots listed.
 pub const MAX_LISTED: usize = 500;
@@ -116,6 +122,78 @@ pub fn diff(out: &Path, base: &str, new: &str, filter: &PullFilter) -> Result<Ve
     )
 }
 
+/// The answer to GET `path` (`/api/snapshots`, `/diff.svg`, `/snapshots/...`) with `query`,
+/// of the snapshots in `out` (`None`: the daemon writes none). Reads on a blocking thread.
+pub async fn respond(out: Option<PathBuf>, path: &str, query: &str) -> Response<Full<Bytes>> {
+    let (path, query) = (path.to_string(), query.to_string());
+    let answer = tokio::task::spawn_blocking(move || answer(out.as_deref(), &path, &query))
+        .await
+        .unwrap_or_else(|e| Err((StatusCode::INTERNAL_SERVER_ERROR, e.to_string())));
+    match answer {
+        Ok((body, kind)) => with_type(StatusCode::OK, body, kind),
+        Err((status, why)) => text(status, format!("{why}\n")),
+    }
+}
+
+type Answer = Result<(Vec<u8>, &'static str), (StatusCode, String)>;
+
+fn answer(out: Option<&Path>, path: &str, query: &str) -> Answer {
+    let not_found = |why: String| (StatusCode::NOT_FOUND, why);
+    if path == "/api/snapshots" {
+        let listed = out.map(list).unwrap_or_default();
+        let body = serde_json::to_vec(&listed)
+            .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        return Ok((body, "application/json"));
+    }
+    let out = out.ok_or_else(|| not_found("this daemon writes no snapshots".into()))?;
+    if path == "/diff.svg" {
+        let bad = |why: String| (StatusCode::BAD_REQUEST, why);
+        let (base, new) = diff_request(query).map_err(bad)?;
+        let (_, filter) = window_request(query, 1, 1).map_err(bad)?;
+        let svg = diff(out, &base, &new, &filter).map_err(bad)?;
+        return Ok((svg, "image/svg+xml"));
+    }
+    let (name, file) = path
+        .strip_prefix("/snapshots/")
+        .and_then(|p| p.split_once('/'))
+        .filter(|(_, f)| !f.contains('/'))
+        .ok_or_else(|| not_found("no such snapshot file".into()))?;
+    if let Some(format) = windows::format_of(file) {
+        // A window of the snapshot, in any format.
+        let (_, filter) =
+            window_request(query, 1, 1).map_err(|why| (StatusCode::BAD_REQUEST, why))?;
+        let mut window = past(out, name, &filter).map_err(not_found)?;
+        window.ctx.title = format!("{}, {name}", window.ctx.title);
+        let body = window
+            .render(format)
+            .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e))?;
+        return Ok((body, windows::content_type(format)));
+    }
+    match self::file(out, name, file) {
+        Ok(served) => Ok(served),
+        Err(NotServed::TooLarge) => {
+            Err((StatusCode::PAYLOAD_TOO_LARGE, "too large to serve".into()))
+        }
+        Err(NotServed::NotFound) => Err(not_found("no such snapshot file".into())),
+    }
+}
+
+/// The two snapshot names of a `/diff.svg` query (`base`, `new`).
+fn diff_request(query: &str) -> Result<(String, String), String> {
+    let (mut base, mut new) = (None, None);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("base", v)) => base = Some(v.to_string()),
+            Some(("new", v)) => new = Some(v.to_string()),
+            _ => {}
+        }
+    }
+    match (base, new) {
+        (Some(b), Some(n)) => Ok((b, n)),
+        _ => Err("diff.svg wants base=SNAPSHOT&new=SNAPSHOT (see /api/snapshots)".into()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,5 +277,46 @@ mod tests {
             diff(out.path(), a, b, &nobody).is_err(),
             "no samples of pid 2"
         );
+
+        // The routes: a window of a snapshot in any format, for a process; the files; refusals.
+        let get = |path: &str, query: &str| answer(Some(out.path()), path, query);
+        let (folded, kind) = get(&format!("/snapshots/{a}/window.folded"), "pid=1").unwrap();
+        assert_eq!(kind, "text/plain; charset=utf-8");
+        assert!(String::from_utf8(folded)
+            .unwrap()
+            .contains("alpha (a.py:2) 30"));
+        let (pprof, _) = get(&format!("/snapshots/{a}/window.pb.gz"), "").unwrap();
+        assert!(pprof.starts_with(&[0x1f, 0x8b]), "gzip");
+        let (svg, _) = get("/diff.svg", &format!("base={a}&new={b}&pid=1")).unwrap();
+        assert!(String::from_utf8(svg).unwrap().contains("+40.00%"));
+        assert!(get("/api/snapshots", "").is_ok());
+        for (path, query, status) in [
+            (
+                format!("/snapshots/{a}/window.exe"),
+                "",
+                StatusCode::NOT_FOUND,
+            ),
+            (
+                format!("/snapshots/{a}/window.svg"),
+                "pid=x",
+                StatusCode::BAD_REQUEST,
+            ),
+            (
+                format!("/snapshots/{a}/../b/all.folded"),
+                "",
+                StatusCode::NOT_FOUND,
+            ),
+            (
+                "/snapshots/not-a-snapshot/window.svg".into(),
+                "",
+                StatusCode::NOT_FOUND,
+            ),
+            ("/diff.svg".into(), "base=x", StatusCode::BAD_REQUEST),
+        ] {
+            let refused = get(&path, query).map(|_| ()).unwrap_err();
+            assert_eq!(refused.0, status, "{path}?{query}");
+        }
+        let none = answer(None, &format!("/snapshots/{a}/all.folded"), "");
+        assert_eq!(none.map(|_| ()).unwrap_err().0, StatusCode::NOT_FOUND);
     }
 }
