@@ -81,14 +81,19 @@ fn state_name(s: ProcessState) -> &'static str {
     }
 }
 
-/// The per-process counters of the exporter's rendering `metrics`, by pid: for each series
-/// with a `pid` label, (metric name, its `state` label or "") and the value.
+/// The per-process counters of the exporter's rendering `metrics` that the table shows, by
+/// pid: for each series of one of [`TABLE_COUNTERS`] with a `pid` label, (metric name, its
+/// `state` label or "") and the value. Other series (most of a large fleet's rendering: its
+/// histograms) are passed over by name.
 pub fn counters_by_pid(metrics: &str) -> HashMap<i32, HashMap<(String, String), u64>> {
     let mut out: HashMap<i32, HashMap<(String, String), u64>> = HashMap::new();
     for line in metrics.lines() {
         let Some((name, rest)) = line.split_once('{') else {
             continue;
         };
+        if !TABLE_COUNTERS.contains(&name) {
+            continue;
+        }
         let Some((labels, value)) = rest.rsplit_once("} ") else {
             continue;
         };
@@ -106,6 +111,21 @@ pub fn counters_by_pid(metrics: &str) -> HashMap<i32, HashMap<(String, String), 
     }
     out
 }
+
+/// The counters the table shows.
+const TABLE_COUNTERS: [&str; 8] = {
+    use pyfleet_actors::metric_names as m;
+    [
+        m::SAMPLES,
+        m::SAMPLE_ERRORS,
+        m::FRAME_CACHE_HITS,
+        m::FRAME_CACHE_PARTIAL_HITS,
+        m::FRAME_CACHE_MISSES,
+        m::CODE_CACHE_HITS,
+        m::CODE_CACHE_MISSES,
+        m::THREAD_SAMPLES,
+    ]
+};
 
 /// The value of label `key` in a series' labels (`a="x",b="y"`), for values without quotes
 /// or backslashes (pids and states).

@@ -62,7 +62,15 @@ pub struct Exporter {
     since: Instant,
     /// Milliseconds after `since` of the last rendering.
     rendered_ms: Arc<AtomicU64>,
+    /// The fleet page's last rendering and when it was made, shared by its viewers.
+    for_page: Arc<std::sync::Mutex<Option<Rendering>>>,
 }
+
+/// A rendering of the exporter and when it was made.
+type Rendering = (Instant, Arc<String>);
+
+/// Longest a rendering serves the fleet page's polls (they come every 2 s per viewer).
+const PAGE_RENDERING_AGE: Duration = Duration::from_millis(1500);
 
 impl Exporter {
     pub fn new(handle: PrometheusHandle) -> Exporter {
@@ -70,6 +78,21 @@ impl Exporter {
             handle,
             since: Instant::now(),
             rendered_ms: Arc::new(AtomicU64::new(0)),
+            for_page: Arc::default(),
+        }
+    }
+
+    /// A rendering at most [`PAGE_RENDERING_AGE`] old, for the fleet page: however many
+    /// viewers poll, the exporter renders for them at most once in that time. Blocking.
+    fn for_page(&self) -> Arc<String> {
+        let mut last = self.for_page.lock().unwrap_or_else(|e| e.into_inner());
+        match &*last {
+            Some((at, text)) if at.elapsed() < PAGE_RENDERING_AGE => text.clone(),
+            _ => {
+                let text = Arc::new(self.render());
+                *last = Some((Instant::now(), text.clone()));
+                text
+            }
         }
     }
 
@@ -469,7 +492,18 @@ async fn fleet(exporter: &Exporter, pull: &Pull) -> Response<Full<Bytes>> {
         Ok(s) => s,
         Err(e) => return text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
     };
-    let view = super::fleet_page::fleet_view(&status, &exporter.render(), pull.mode.as_str());
+    // Rendering the exporter takes milliseconds on a large fleet: off the async workers.
+    let (exporter, mode) = (exporter.clone(), pull.mode.as_str());
+    let view = tokio::task::spawn_blocking(move || {
+        super::fleet_page::fleet_view(&status, &exporter.for_page(), mode)
+    })
+    .await;
+    let Ok(view) = view else {
+        return text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the page's view failed\n".into(),
+        );
+    };
     match serde_json::to_vec(&view) {
         Ok(body) => with_type(StatusCode::OK, body, "application/json"),
         Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
