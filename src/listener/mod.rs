@@ -11,6 +11,7 @@
 
 pub mod access;
 pub mod fleet_page;
+pub mod http;
 pub mod routes;
 pub mod slots;
 pub mod snapshot_files;

@@ -13,11 +13,12 @@
 //! [`Access`] refuses gets 401 and one line; anything else a 404 (405 for another method).
 
 use super::access::{Access, Page};
+use super::http::{text, window_request, with_type};
 use super::windows::{self, KeptWindows, Window};
 use crate::output::format::{Format, RenderContext};
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::header::HeaderValue;
 use hyper::{Method, Request, Response, StatusCode};
 use metrics_exporter_prometheus::PrometheusHandle;
 use pyfleet_actors::{Profiler, PullFilter};
@@ -311,61 +312,6 @@ fn profile_request(query: &str) -> Result<(u64, PullFilter), String> {
     window_request(query, 30, MAX_PROFILE_SECONDS)
 }
 
-/// The seconds (1 to `max`, else `default`) and the filter (`pid`, `service`) of a request
-/// for a window of samples: a profile's or a flamegraph's.
-pub(super) fn window_request(
-    query: &str,
-    default: u64,
-    max: u64,
-) -> Result<(u64, PullFilter), String> {
-    let mut seconds = default;
-    let mut filter = PullFilter::default();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let shown = || {
-            crate::output::for_terminal(value)
-                .chars()
-                .take(64)
-                .collect::<String>()
-        };
-        match key {
-            "seconds" => {
-                seconds = value
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|s| (1..=max).contains(s))
-                    .ok_or_else(|| {
-                        format!(
-                            "seconds must be a whole number from 1 to {max} (got '{}')",
-                            shown()
-                        )
-                    })?;
-            }
-            "pid" => {
-                filter.pid = Some(
-                    value
-                        .parse::<i32>()
-                        .ok()
-                        .filter(|p| *p > 0)
-                        .ok_or_else(|| format!("pid must be a process id (got '{}')", shown()))?,
-                );
-            }
-            "service" => {
-                let service = crate::discovery::labels::sanitise(value.as_bytes());
-                if service.is_empty() || service != value {
-                    return Err(format!(
-                        "service must be a service label as `pyfleet list` shows it (got '{}')",
-                        shown()
-                    ));
-                }
-                filter.service = Some(service);
-            }
-            _ => {}
-        }
-    }
-    Ok((seconds, filter))
-}
-
 /// Most bytes of a `/login` request's body.
 const MAX_LOGIN_BYTES: usize = 8192;
 
@@ -508,32 +454,6 @@ async fn fleet(exporter: &Exporter, pull: &Pull) -> Response<Full<Bytes>> {
         Ok(body) => with_type(StatusCode::OK, body, "application/json"),
         Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
     }
-}
-
-pub(super) fn with_type(
-    status: StatusCode,
-    body: Vec<u8>,
-    kind: &'static str,
-) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static(kind));
-    response
-}
-
-pub(super) fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    let kind = match status {
-        StatusCode::OK => "text/plain; version=0.0.4",
-        _ => "text/plain",
-    };
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static(kind));
-    response
 }
 
 #[cfg(test)]

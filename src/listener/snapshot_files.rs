@@ -10,7 +10,7 @@
 //! most [`MAX_LISTED`] snapshots are listed, newest first. Blocking: callers run these off the
 //! async workers.
 
-use super::routes::{text, window_request, with_type};
+use super::http::{text, window_request, with_type};
 use super::windows::{self, past};
 use crate::output::snapshot_dir::is_snapshot_name;
 use crate::output::snapshot_load::plain_file_name;
