@@ -104,7 +104,7 @@ impl Token {
             .and_then(|v| strip_prefix_ignore_case(v, b"bearer "))
             .unwrap_or(b"");
         // Hashed whatever was given (nothing too): the same work for every request.
-        Token::new(given) == *self
+        self.is(given)
     }
 }
 
@@ -186,6 +186,7 @@ impl Access {
             Page::Open => false,
         };
         match &self.token {
+            // Both checked (`|`, not `||`): the same work whichever was given.
             Some(token) if needed => match token.admits(headers) | token.admits_session(headers) {
                 true => Ok(()),
                 false

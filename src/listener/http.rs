@@ -7,47 +7,56 @@ use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Response, StatusCode};
 use pyfleet_actors::PullFilter;
 
+/// A query's `key=value` pairs, each value with how an error shows it (bounded, defanged).
+fn pairs(query: &str) -> impl Iterator<Item = (&str, &str, String)> {
+    query.split('&').filter(|p| !p.is_empty()).map(|pair| {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let shown = crate::output::for_terminal(value)
+            .chars()
+            .take(64)
+            .collect::<String>();
+        (key, value, shown)
+    })
+}
+
 /// The seconds (1 to `max`, else `default`) and the filter (`pid`, `service`) of a request
 /// for a window of samples: a profile's or a flamegraph's.
 pub fn window_request(query: &str, default: u64, max: u64) -> Result<(u64, PullFilter), String> {
     let mut seconds = default;
+    for (key, value, shown) in pairs(query) {
+        if key == "seconds" {
+            seconds = value
+                .parse::<u64>()
+                .ok()
+                .filter(|s| (1..=max).contains(s))
+                .ok_or_else(|| {
+                    format!("seconds must be a whole number from 1 to {max} (got '{shown}')")
+                })?;
+        }
+    }
+    Ok((seconds, filter_request(query)?))
+}
+
+/// The filter (`pid`, `service`) of a request for part of a window already taken (a past
+/// one's); other parameters are ignored.
+pub fn filter_request(query: &str) -> Result<PullFilter, String> {
     let mut filter = PullFilter::default();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let shown = || {
-            crate::output::for_terminal(value)
-                .chars()
-                .take(64)
-                .collect::<String>()
-        };
+    for (key, value, shown) in pairs(query) {
         match key {
-            "seconds" => {
-                seconds = value
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|s| (1..=max).contains(s))
-                    .ok_or_else(|| {
-                        format!(
-                            "seconds must be a whole number from 1 to {max} (got '{}')",
-                            shown()
-                        )
-                    })?;
-            }
             "pid" => {
                 filter.pid = Some(
                     value
                         .parse::<i32>()
                         .ok()
                         .filter(|p| *p > 0)
-                        .ok_or_else(|| format!("pid must be a process id (got '{}')", shown()))?,
+                        .ok_or_else(|| format!("pid must be a process id (got '{shown}')"))?,
                 );
             }
             "service" => {
                 let service = crate::discovery::labels::sanitise(value.as_bytes());
                 if service.is_empty() || service != value {
                     return Err(format!(
-                        "service must be a service label as `pyfleet list` shows it (got '{}')",
-                        shown()
+                        "service must be a service label as `pyfleet list` shows it (got '{shown}')"
                     ));
                 }
                 filter.service = Some(service);
@@ -55,7 +64,7 @@ pub fn window_request(query: &str, default: u64, max: u64) -> Result<(u64, PullF
             _ => {}
         }
     }
-    Ok((seconds, filter))
+    Ok(filter)
 }
 
 pub fn with_type(status: StatusCode, body: Vec<u8>, kind: &'static str) -> Response<Full<Bytes>> {

@@ -10,7 +10,7 @@
 //! most [`MAX_LISTED`] snapshots are listed, newest first. Blocking: callers run these off the
 //! async workers.
 
-use super::http::{text, window_request, with_type};
+use super::http::{filter_request, text, with_type};
 use super::windows::{self, past};
 use crate::output::snapshot_dir::is_snapshot_name;
 use crate::output::snapshot_load::plain_file_name;
@@ -74,19 +74,11 @@ pub enum NotServed {
 
 /// File `file` of snapshot `name` in `out`, and its content type.
 pub fn file(out: &Path, name: &str, file: &str) -> Result<(Vec<u8>, &'static str), NotServed> {
-    use std::os::unix::fs::OpenOptionsExt;
     if !is_snapshot_name(name) || !plain_file_name(file) {
         return Err(NotServed::NotFound);
     }
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(out.join(name).join(file))
+    let (f, meta) = crate::output::open_regular_file(&out.join(name).join(file))
         .map_err(|_| NotServed::NotFound)?;
-    let meta = f.metadata().map_err(|_| NotServed::NotFound)?;
-    if !meta.is_file() {
-        return Err(NotServed::NotFound);
-    }
     if meta.len() > MAX_FILE_BYTES {
         return Err(NotServed::TooLarge);
     }
@@ -149,7 +141,7 @@ fn answer(out: Option<&Path>, path: &str, query: &str) -> Answer {
     if path == "/diff.svg" {
         let bad = |why: String| (StatusCode::BAD_REQUEST, why);
         let (base, new) = diff_request(query).map_err(bad)?;
-        let (_, filter) = window_request(query, 1, 1).map_err(bad)?;
+        let filter = filter_request(query).map_err(bad)?;
         let svg = diff(out, &base, &new, &filter).map_err(bad)?;
         return Ok((svg, "image/svg+xml"));
     }
@@ -160,8 +152,7 @@ fn answer(out: Option<&Path>, path: &str, query: &str) -> Answer {
         .ok_or_else(|| not_found("no such snapshot file".into()))?;
     if let Some(format) = windows::format_of(file) {
         // A window of the snapshot, in any format.
-        let (_, filter) =
-            window_request(query, 1, 1).map_err(|why| (StatusCode::BAD_REQUEST, why))?;
+        let filter = filter_request(query).map_err(|why| (StatusCode::BAD_REQUEST, why))?;
         let mut window = past(out, name, &filter).map_err(not_found)?;
         window.ctx.title = format!("{}, {name}", window.ctx.title);
         let body = window
@@ -281,6 +272,8 @@ mod tests {
         // The routes: a window of a snapshot in any format, for a process; the files; refusals.
         let get = |path: &str, query: &str| answer(Some(out.path()), path, query);
         let (folded, kind) = get(&format!("/snapshots/{a}/window.folded"), "pid=1").unwrap();
+        // A past window's seconds are its own: a `seconds` asked for is not a mistake.
+        assert!(get(&format!("/snapshots/{a}/window.svg"), "seconds=5&pid=1").is_ok());
         assert_eq!(kind, "text/plain; charset=utf-8");
         assert!(String::from_utf8(folded)
             .unwrap()

@@ -102,6 +102,23 @@ pub fn create_beside(
     Err(last.unwrap_or_else(|| std::io::Error::other("no temporary name")))
 }
 
+/// The regular file at `path` opened for reading, never through a symlink (and without
+/// waiting on a FIFO), with its metadata; anything else is an error.
+pub fn open_regular_file(
+    path: &std::path::Path,
+) -> std::io::Result<(std::fs::File, std::fs::Metadata)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    Ok((f, meta))
+}
+
 /// Creates the new file `path` (never an existing one, never through a symlink) with exactly
 /// `mode`'s file bits, whatever the umask: created with them (the umask can only take bits
 /// away), then set.

@@ -23,12 +23,7 @@ use std::time::{Instant, SystemTime};
 /// following a symlink, at most 64 KiB).
 fn existing_profile(path: &Path, format: Format) -> bool {
     use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let Ok(f) = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-    else {
+    let Ok((f, _)) = super::open_regular_file(path) else {
         return false;
     };
     let mut head = Vec::new();

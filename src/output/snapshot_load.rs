@@ -132,12 +132,7 @@ pub fn load(dir: &Path) -> Result<Loaded, String> {
 
 /// The file at `path`, bounded, without following a symlink.
 fn read_file(path: &Path) -> Result<Vec<u8>, String> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let (f, _) = super::open_regular_file(path).map_err(|e| format!("{}: {e}", path.display()))?;
     read_bounded(f, &path.display())
 }
 
