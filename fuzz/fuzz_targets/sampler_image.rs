@@ -9,7 +9,7 @@ use libfuzzer_sys::fuzz_target;
 use pyfleet::cpython::synthetic::{runtime, unwinder, HEAP, HEAP_SIZE};
 
 fuzz_target!(|data: &[u8]| {
-    let (mut img, _) = runtime();
+    let (img, _) = runtime();
     for rec in data.chunks_exact(10) {
         let off = u64::from(u16::from_le_bytes([rec[0], rec[1]])) * 8;
         if off + 8 <= HEAP_SIZE as u64 {

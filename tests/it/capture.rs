@@ -3,7 +3,7 @@
 //! host thread ids, which the capture must watch), the waiting thread never shows (it is not
 //! on a CPU), threads that start after the capture did are learnt within a tick or two, and
 //! what the capture cannot do is refused with one line. Its exactness on real code is
-//! `real_code::real_libraries_captured_by_the_kernel_match_stop_the_world`.
+//! `real_code::real_libraries_read_and_captured_match_stop_the_world`.
 
 use crate::common::*;
 use crate::namespace::contained;

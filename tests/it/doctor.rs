@@ -352,9 +352,19 @@ fn builds_without_clang_have_the_kernel_capture() {
 
     // `cargo install --path .` with no clang (reusing the release build of this tree, as
     // scripts/test.sh builds it with clang hidden): a binary whose doctor finds the capture.
+    // Without the variables cargo set for this test: build scripts that watch one (ring's
+    // watches CARGO_MANIFEST_DIR) would see it changed and rebuild half the tree.
     let root = tempdir("pyfleet-install-");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(&without);
+    for (name, _) in std::env::vars_os() {
+        let set_by_cargo_for_tests = name
+            .to_str()
+            .is_some_and(|n| (n.starts_with("CARGO_") && n != "CARGO_HOME") || n == "OUT_DIR");
+        if set_by_cargo_for_tests {
+            cmd.env_remove(name);
+        }
+    }
     cmd.arg(cargo)
         .args(["install", "--path", ".", "--locked", "--offline", "--root"])
         .arg(root.path())

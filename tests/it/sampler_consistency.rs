@@ -298,20 +298,30 @@ fn brief_wakes_between_samples_are_sampled_where_they_sleep() {
         pyfleet::process::runstate::available(),
         "this kernel cannot tell idle threads (schedstat, nohz_full)"
     );
-    let mut failures = Vec::new();
     let interps = interpreters();
-    for interp in &interps {
-        failures.extend(brief_wakes(interp, "schedstat"));
-    }
+    let mut failures = brief_wakes_at_once(interps.iter(), "schedstat");
     if pyfleet::process::switches::start() {
         // The log sees OS threads, whatever the version: the oldest and the newest suffice.
-        for interp in interps.first().into_iter().chain(interps.last()) {
-            failures.extend(brief_wakes(interp, "context-switch log"));
-        }
+        let ends = interps.first().into_iter().chain(interps.last());
+        failures.extend(brief_wakes_at_once(ends, "context-switch log"));
     } else {
         eprintln!("no context-switch log here (no CAP_PERFMON?): its half is not run");
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// [`brief_wakes`] on each of `interps` at the same time (each target sleeps nearly all the
+/// time and each unwinder wakes 100 times a second: they do not crowd each other); the failures
+/// they found.
+fn brief_wakes_at_once<'a>(interps: impl Iterator<Item = &'a Interp>, how: &str) -> Vec<String> {
+    std::thread::scope(|scope| {
+        let runs: Vec<_> = interps
+            .map(|interp| scope.spawn(move || brief_wakes(interp, how)))
+            .collect();
+        runs.into_iter()
+            .flat_map(|run| run.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
 }
 
 /// One version's half of the test above; the failures it found.
