@@ -2,7 +2,6 @@
 //! GIL and is on CPU in most dumps; a thread waiting on an Event never is.
 
 use crate::common::*;
-use std::process::Command;
 use std::time::Duration;
 
 const DUMPS: usize = 20;
@@ -219,8 +218,7 @@ fn gil_metrics_show_two_threads_contending_and_the_others_idle() {
         let pid = target.pid();
         // The build users run (a debug build's reads of four threads go over the CPU budget,
         // which lowers the rate), with a core's budget: the full rate.
-        let mut cmd = Command::new(measured_exe());
-        cmd.args([
+        let cmd = measured_command(&[
             "run",
             "--pid",
             &pid.to_string(),

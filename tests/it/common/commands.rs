@@ -189,7 +189,16 @@ pub fn record_args(pid: i32, args: &[&str], rate: u32, seconds: u32, out: &Path)
 
 /// `pyfleet ARGS` with a deterministic environment (no RUST_LOG, no RUST_BACKTRACE).
 pub fn pyfleet_command<S: AsRef<OsStr>>(args: &[S]) -> Command {
-    let mut cmd = Command::new(pyfleet_exe());
+    command_of(pyfleet_exe(), args)
+}
+
+/// [`pyfleet_command`] of the binary whose exactness is measured ([`measured_exe`]).
+pub fn measured_command<S: AsRef<OsStr>>(args: &[S]) -> Command {
+    command_of(measured_exe(), args)
+}
+
+fn command_of<S: AsRef<OsStr>>(exe: PathBuf, args: &[S]) -> Command {
+    let mut cmd = Command::new(exe);
     cmd.args(args)
         .env_remove("RUST_LOG")
         .env_remove("RUST_BACKTRACE");
