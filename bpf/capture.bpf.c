@@ -18,17 +18,20 @@
 // Off the CPU (wall mode, when userspace attaches the second program to the scheduler's
 // switch tracepoint, raw: no tracefs needed; it runs in the thread switched out): when a
 // watched thread leaves its CPU, its chain is copied the same way (it runs no more until it
-// is switched in again), flagged SWITCHED_OUT; when it is the chain last sent for the thread
-// (`last_chain`, kept in the thread's entry by both programs: a hash of each frame's address,
-// code object, instruction pointer and caller, what its stack shows), the record carries no
-// frames and is flagged UNCHANGED too, and a chain that cannot be copied goes with its
-// failure's flag and no frames. When a watched thread is switched in, the time is kept in its
-// entry (`switched_in_at`; its id read from the task the CPU switches to, at `task_pid_at`,
-// which userspace finds in the kernel's BTF; 0: not kept, and never in a pid namespace not
-// the host's, whose ids the task's `pid` is not) and goes out with its next record (an
-// interrupt of it on its CPU, or its next switch-out: within about one sampling period of CPU
-// time), not in a record of its own. With both, userspace knows each thread's time off its
-// CPU and the stack it spent it in.
+// is switched in again), flagged SWITCHED_OUT; when it is the chain last sent as the thread
+// left its CPU (`last_chain`, kept in the thread's entry by this program alone: a hash of
+// each frame's address, code object, instruction pointer and caller, what its stack shows),
+// the record carries no frames and is flagged UNCHANGED too, and a chain that cannot be
+// copied goes with its failure's flag and no frames. Interrupts leave `last_chain` alone: a
+// thread leaves its CPU at the same few places (a wait for work, a lock, I/O) however its
+// code ran in between, and an interrupt's chain would make its next switch-out go whole.
+// When a watched thread is switched in, the time is kept in its entry (`switched_in_at`; its
+// id read from the task the CPU switches to, at `task_pid_at`, which userspace finds in the
+// kernel's BTF; 0: not kept, and never in a pid namespace not the host's, whose ids the
+// task's `pid` is not) and goes out with its next record (an interrupt of it on its CPU, or
+// its next switch-out: within about one sampling period of CPU time), not in a record of its
+// own. With both, userspace knows each thread's time off its CPU and the stack it spent it
+// in.
 //
 // With --async (userspace gives the offsets in the thread's entry), every record carries the
 // asyncio task the thread runs as its chain is copied (`asyncio_running_task` while
@@ -150,7 +153,8 @@ struct thread_info {
     // MAX_FINGERPRINT_BYTES) at `fingerprint_at` in the code object.
     __u64 fingerprint_at;
     __u64 fingerprint_bytes;
-    // The hash of the chain last sent for this thread (0: none since it was watched).
+    // The hash of the chain last sent as this thread left its CPU (0: none since it was
+    // watched).
     __u64 last_chain;
     // Offset of the instruction pointer in a frame (below FRAME_BYTES - 8): with the frame's
     // address, its code object and its caller, what the chain's hash covers.
@@ -575,7 +579,8 @@ static __attribute__((always_inline)) int capture(int switched_out)
         r->flags |= extra;
     }
     __u32 sent = *(volatile __u16 *)&r->frames;
-    if (send(r, sent) && (r->flags & ~(FLAG_SWITCHED_OUT | FLAG_HOLDS_GIL | FLAG_WAITS_GIL)) == 0)
+    if (send(r, sent) && switched_out
+        && (r->flags & ~(FLAG_SWITCHED_OUT | FLAG_HOLDS_GIL | FLAG_WAITS_GIL)) == 0)
         info->last_chain = chain;
     return 0;
 }

@@ -13,11 +13,11 @@
 //! each in proportion to the CPU time it uses (a cpu-mode profile). Started for wall mode
 //! (`off_cpu`), a second program at the scheduler's switch tracepoint copies a watched
 //! thread's chain as it leaves its CPU ([`CapturedRecord::switched_out`]; none when it is the
-//! chain last sent for that thread: [`CapturedRecord::unchanged`]) and keeps when it is
-//! switched in again, which the thread's next record tells ([`CapturedRecord::switched_in_ns`]:
-//! it comes within about one sampling period of the thread's CPU time): each thread's time
-//! off its CPU and the stack it spent it in. A thread not
-//! watched of a watched process ([`KernelCapture::watch_process`]) gets a record without
+//! chain last sent as that thread left its CPU: [`CapturedRecord::unchanged`]) and keeps
+//! when it is switched in again, which the thread's next record tells
+//! ([`CapturedRecord::switched_in_ns`]: it comes within about one sampling period of the
+//! thread's CPU time): each thread's time off its CPU and the stack it spent it in. A thread
+//! not watched of a watched process ([`KernelCapture::watch_process`]) gets a record without
 //! frames ([`CapturedRecord::unknown_thread`]) at each of its interrupts: a thread started
 //! since its process was last read, or one that does not run Python.
 //!

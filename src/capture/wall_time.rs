@@ -4,7 +4,8 @@
 //! On its CPU a thread is sampled by the capture's interrupts, at the rate per CPU second:
 //! each chain copied there is one sample, as in cpu mode. Off its CPU its stack cannot change,
 //! and the kernel told which it left with (copied as it was switched out, or unchanged since
-//! the last chain sent for it): its time off the CPU, from the switch-out to the switch-in,
+//! the last chain it sent as the thread left its CPU; interrupts' chains do not count): its
+//! time off the CPU, from the switch-out to the switch-in,
 //! counts at the rate in that stack, a fraction carried to the next count. The switch-in is
 //! told by the thread's next record (each carries its last switch-in), which comes within a
 //! sampling period or so of its CPU time (an interrupt on its CPU, or its next switch-out): a
@@ -56,9 +57,9 @@ pub struct Seen {
     pub waits_gil: bool,
 }
 
-/// A record's chain, as far as it went. The kernel takes a chain it sent as the thread's last
-/// (what a later switch-out is unchanged from) whether pyfleet decodes it or not, and keeps
-/// the one before when it could not copy one.
+/// A record's chain, as far as it went. The kernel takes a chain it sent at a switch-out as the
+/// thread's last (what a later switch-out is unchanged from) whether pyfleet decodes it or
+/// not, and keeps the one before when it could not copy one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Chain {
     /// Copied and decoded.
@@ -83,13 +84,14 @@ impl Chain {
 pub enum SwitchedOut {
     /// With this chain.
     With(Chain),
-    /// With the last chain sent for it.
+    /// With the last chain sent as it left its CPU.
     Unchanged,
 }
 
 #[derive(Debug, Default)]
 struct Thread {
-    /// The stack of the last chain the kernel sent for it (None: not decoded).
+    /// The stack of the last chain the kernel sent as it left its CPU (None: not decoded, or
+    /// none sent).
     last: Option<SampledThread>,
     /// While it is off its CPU: the stack it is off in (None: not known), up to when that
     /// time has been counted, and whether it counts (see `gil_holder_only`).
@@ -171,20 +173,14 @@ impl WallTime {
     /// if it counts, when there is none). Returns the failed samples.
     pub fn on_cpu(&mut self, seen: Seen, chain: Chain, out: &mut Vec<SampledThread>) -> u64 {
         let counts = self.counts(seen.holds_gil);
-        let mut failed = self.back_on(seen, out);
-        let t = self.threads.entry(seen.tid).or_default();
+        let failed = self.back_on(seen, out);
         match chain {
             Chain::Stack(s) => {
-                t.last = Some(s.clone());
                 out.push(s);
+                failed
             }
-            Chain::Undecoded => {
-                t.last = None;
-                failed += u64::from(counts);
-            }
-            Chain::NotCopied => failed += u64::from(counts),
+            Chain::Undecoded | Chain::NotCopied => failed + u64::from(counts),
         }
-        failed
     }
 
     /// A thread left its CPU: the stretch before it ran is counted into `out`. Returns the
@@ -350,16 +346,17 @@ mod tests {
             0
         );
         assert_eq!((count(&out, 1), count(&out, 2), count(&out, 3)), (1, 3, 1));
-        // Off again, unchanged (the last chain sent: stack 3): while no record ends it,
-        // counted up to 30 ms before now, once.
+        // Off again, unchanged: from the last chain sent as it left its CPU (stack 2), not
+        // the interrupt's since (stack 3). While no record ends it, counted up to 30 ms
+        // before now, once.
         w.switched_out(seen(7, 60 * MS, 45 * MS, false), Unchanged, &mut out);
         assert_eq!(w.until(105 * MS, &mut out), 0);
-        assert_eq!(count(&out, 3), 3); // 1.5 + the carried half
+        assert_eq!(count(&out, 2), 5); // 1.5 + the carried half
         assert_eq!(w.until(105 * MS, &mut out), 0);
-        assert_eq!(count(&out, 3), 3);
+        assert_eq!(count(&out, 2), 5);
         // Its next switch-out tells it was switched in at 95 ms: counted to there.
         w.switched_out(seen(7, 120 * MS, 95 * MS, false), Unchanged, &mut out);
-        assert_eq!(count(&out, 3), 5);
+        assert_eq!(count(&out, 2), 7);
         // A record that tells no switch-in after the stretch began ends it at its own time.
         assert_eq!(
             w.on_cpu(
@@ -369,7 +366,7 @@ mod tests {
             ),
             0
         );
-        assert_eq!((count(&out, 1), count(&out, 3)), (2, 8));
+        assert_eq!((count(&out, 1), count(&out, 2), count(&out, 3)), (2, 10, 1));
         // Nothing counts while it runs.
         assert_eq!(w.until(900 * MS, &mut out), 0);
         assert_eq!(count(&out, 1) + count(&out, 2) + count(&out, 3), 13);
@@ -390,26 +387,25 @@ mod tests {
             5
         );
         assert_eq!(count(&out, 6), 1);
-        // A chain the kernel could not copy leaves its last chain as it was: a switch-out
-        // unchanged from that is its stack (stack 6, 10 ms: one sample).
-        assert_eq!(
-            w.on_cpu(
-                seen(3, 100 * MS, 50 * MS, false),
-                Chain::NotCopied,
-                &mut out
-            ),
-            1
-        );
-        w.switched_out(seen(3, 110 * MS, 50 * MS, false), Unchanged, &mut out);
+        // Off in stack 7 (20 ms: two samples); a failed copy on the CPU is one failed sample.
         let on = |at, since| seen(3, at * MS, since * MS, false);
-        assert_eq!(w.on_cpu(on(140, 120), Chain::Stack(stack(6)), &mut out), 0);
-        assert_eq!(count(&out, 6), 3);
+        w.switched_out(on(70, 50), With(Chain::Stack(stack(7))), &mut out);
+        assert_eq!(w.on_cpu(on(100, 90), Chain::NotCopied, &mut out), 1);
+        assert_eq!(count(&out, 7), 2);
+        // A switch-out chain the kernel could not copy leaves its last chain as it was: its
+        // own stretch is failed samples (10 ms: one), and a switch-out unchanged after it is
+        // in stack 7 (20 ms: two samples).
+        w.switched_out(on(110, 90), With(Chain::NotCopied), &mut out);
+        assert_eq!(w.switched_out(on(130, 120), Unchanged, &mut out), 1);
+        assert_eq!(w.on_cpu(on(160, 150), Chain::Stack(stack(6)), &mut out), 0);
+        assert_eq!((count(&out, 6), count(&out, 7)), (2, 4));
         // One copied that pyfleet could not decode is its last chain: a switch-out unchanged
         // from it counts failed samples, not the stack before it.
-        assert_eq!(w.on_cpu(on(150, 120), Chain::Undecoded, &mut out), 1);
-        w.switched_out(on(160, 120), Unchanged, &mut out);
-        assert_eq!(w.on_cpu(on(190, 180), Chain::Stack(stack(6)), &mut out), 2);
-        assert_eq!(count(&out, 6), 4);
+        w.switched_out(on(170, 150), With(Chain::Undecoded), &mut out);
+        assert_eq!(w.on_cpu(on(200, 190), Chain::Stack(stack(6)), &mut out), 2);
+        w.switched_out(on(210, 190), Unchanged, &mut out);
+        assert_eq!(w.on_cpu(on(240, 230), Chain::Stack(stack(6)), &mut out), 2);
+        assert_eq!((count(&out, 6), count(&out, 7)), (4, 4));
         // Learnt by a read at 100 ms, asleep: counted from then in the stack read.
         w.learnt(4, stack(9), 100 * MS);
         w.learnt(4, stack(8), 120 * MS); // known already: kept as it was

@@ -131,7 +131,8 @@ pub struct ThreadInfo {
     code_tag_mask: u64,
     fingerprint_at: u64,
     fingerprint_bytes: u64,
-    /// The hash of the chain last sent for the thread (the program's; 0 when watched).
+    /// The hash of the chain last sent as the thread left its CPU (the switch program's; 0
+    /// when watched).
     last_chain: u64,
     instr: u64,
     root_cframe: u64,
@@ -357,8 +358,8 @@ impl<'a> CapturedRecord<'a> {
         self.flags & FLAG_SWITCHED_OUT != 0
     }
 
-    /// Switched out with the chain last sent for the thread: no frames, the stack is that
-    /// chain's.
+    /// Switched out with the chain last sent as the thread left its CPU (interrupts' chains
+    /// do not count): no frames, the stack is that chain's.
     pub fn unchanged(&self) -> bool {
         self.flags & FLAG_UNCHANGED != 0
     }
