@@ -10,6 +10,7 @@ before the end). Run as root after `cargo build --release`:
     python3 examples/fleet/bench.py                       # 32 processes, 100 Hz, 30 s
     python3 examples/fleet/bench.py --max-cpu 1           # show the budget holding
     python3 examples/fleet/bench.py --json
+    python3 examples/fleet/bench.py --mode cpu,wall --rounds 3   # modes alternated, medians
 
 Not a test: figures go in BENCHMARKS.md.
 """
@@ -123,9 +124,16 @@ def run_pyspy(args, pids):
     return round(100 * cpu / (time.monotonic() - t0), 2)
 
 
+def cost(r):
+    """pyfleet's steady CPU and the capture's programs' run time, percent of one core."""
+    return r["steady_cpu_percent_of_one_core"] + r["steady_bpf_cpu_percent_of_one_core"]
+
+
 def run(args, pythons):
     """Starts the fleet, then measures pyfleet on it in each of `args.modes`, one after the
-    other. Returns one result per mode."""
+    other, `args.rounds` times over (the modes alternating, so that each round compares them
+    on the machine as it was then). Returns one result per mode: the round of median cost,
+    with every round's cost."""
     procs = []
     stats_before = None
     # In every worker's command line, for `--match` to find exactly this run's workers.
@@ -147,17 +155,26 @@ def run(args, pythons):
                 stats_before = f.read().strip()
             with open(BPF_STATS, "w") as f:
                 f.write("1")
-        results = [measure(args, pythons, pids, token, mode) for mode in args.modes]
+        rounds = [{mode: measure(args, pythons, pids, token, mode) for mode in args.modes}
+                  for _ in range(args.rounds)]
         # The floor of the whole sitting: every floor measured on this fleet, each mode's
         # before and after (the same processes all along), so that the modes' ratios share
         # one denominator and differ by pyfleet's cost only.
-        floors = [f for r in results for f in r.pop("floors")]
+        floors = [f for measured in rounds for r in measured.values() for f in r.pop("floors")]
         sitting = sum(floors) / len(floors)
-        for r in results:
+        first = args.modes[0]
+        results = []
+        for mode in args.modes:
+            by_cost = sorted((measured[mode] for measured in rounds), key=cost)
+            r = by_cost[(len(by_cost) - 1) // 2]
             r["sitting_floor_cpu_percent"] = round(sitting, 2)
-            r["ratio_to_sitting_floor"] = round(
-                (r["steady_cpu_percent_of_one_core"] + r["steady_bpf_cpu_percent_of_one_core"])
-                / max(1e-9, sitting), 3)
+            r["ratio_to_sitting_floor"] = round(cost(r) / max(1e-9, sitting), 3)
+            r["cost_per_round"] = [round(cost(measured[mode]), 3) for measured in rounds]
+            # Against the first mode of the same round: the machine as it was then.
+            r[f"to_{first}_per_round"] = [
+                round(cost(measured[mode]) / max(1e-9, cost(measured[first])), 3)
+                for measured in rounds]
+            results.append(r)
         return results
     finally:
         for p in procs:
@@ -294,6 +311,10 @@ def main():
                     help="pyfleet's --mode, or several comma-separated (cpu,wall,gil): each "
                          "measured in turn on the same fleet, their ratios to one floor (every "
                          "floor of the sitting); default cpu")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure the modes this many times, alternating; each mode reports "
+                         "its round of median cost, and every round's cost and ratio to the "
+                         "first mode's in the same round")
     ap.add_argument("--capture-kernel", action="store_true",
                     help="the same as --capture kernel")
     ap.add_argument("--json", action="store_true")
@@ -305,6 +326,8 @@ def main():
     args.modes = [m for m in args.mode.split(",") if m]
     if not args.modes or any(m not in ("cpu", "wall", "gil") for m in args.modes):
         raise SystemExit("--mode takes cpu, wall or gil, or several comma-separated")
+    if args.rounds < 1:
+        raise SystemExit("--rounds takes a whole number of at least 1")
     args.kinds = [k for k in args.kinds.split(",") if k]
     if not args.kinds or any(k not in KINDS for k in args.kinds):
         raise SystemExit(f"--kinds takes a comma-separated list of {', '.join(KINDS)}")
@@ -327,6 +350,10 @@ def print_table(r):
     print(f"{r['mode']} mode: ratio to the sitting's floor ({r['sitting_floor_cpu_percent']}% "
           f"of a core) {r['ratio_to_sitting_floor']}, pyfleet {r['steady_cpu_percent_of_one_core']}%"
           f" + BPF {r['steady_bpf_cpu_percent_of_one_core']}% steady")
+    if len(r["cost_per_round"]) > 1:
+        to_first = next(v for k, v in r.items() if k.startswith("to_") and k.endswith("_per_round"))
+        print(f"rounds (pyfleet + BPF, % of a core): {r['cost_per_round']}; to the first mode "
+              f"in the same round: {to_first}")
     print("| processes | rate | budget | pyfleet CPU, whole run (% of one core) | steady state | "
           "CPU µs per sample / floor µs per bare read | floor at this rate | "
           "peak RSS | samples | per process per s | missed ticks | errors |")
