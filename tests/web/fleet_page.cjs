@@ -37,6 +37,13 @@ async function shows(page, title, text) {
   }
 }
 
+// Clicks the element `selector` finds, in the page in one task: the table is built again at
+// every poll, and a click driven from here (find, scroll, then the mouse) can meet a row the
+// poll has just replaced ("Node is detached from document").
+async function clickNow(page, selector) {
+  await page.$eval(selector, (el) => el.click());
+}
+
 // Every download the page offers for what it shows, fetched as the browser would: for each
 // format, the answer's status and size, and whether it is what the format is (the folded text
 // and the SVG holding `fn`, speedscope's schema, pprof's gzip).
@@ -106,7 +113,7 @@ async function main() {
       "#processes *",
       (els) => els.filter((e) => !["TR", "TD"].includes(e.tagName)).length
     );
-    await page.click(`#processes tr[data-pid="${pids[0]}"]`);
+    await clickNow(page, `#processes tr[data-pid="${pids[0]}"]`);
     seen.title = await page.$eval("#pane-title", (e) => e.textContent);
     // The flamegraph of the clicked process, once its window is sampled, and that window in
     // every format.
@@ -115,13 +122,13 @@ async function main() {
     seen.live_downloads = await downloads(page, fn);
     await page.screenshot({ path: `${outDir}/flamegraph.png` });
     // The clicked process's service: every process of it together.
-    await page.click(`#processes tr[data-pid="${pids[0]}"] td.service`);
+    await clickNow(page, `#processes tr[data-pid="${pids[0]}"] td.service`);
     const byService = await shows(page, "service ", fn);
     seen.service_view = await byService.$eval("#title", (t) => t.textContent).catch(() => "");
     await page.screenshot({ path: `${outDir}/service.png` });
     // A process whose function is named with markup: its flamegraph shows the text, and no
     // element the markup would make exists, nor did its script run.
-    await page.click(`#processes tr[data-pid="${hostilePid}"]`);
+    await clickNow(page, `#processes tr[data-pid="${hostilePid}"]`);
     const hostile = await shows(page, `hostile_names (pid ${hostilePid})`, hostileText);
     seen.hostile_shown_as_text = true;
     seen.hostile_elements = await hostile.$$eval("img", (els) => els.length);
@@ -129,7 +136,7 @@ async function main() {
     await page.screenshot({ path: `${outDir}/hostile.png` });
     // The service again, for its past windows: the newer one shown and downloaded, then the
     // two compared (every frame's title says how it changed).
-    await page.click(`#processes tr[data-pid="${pids[0]}"] td.service`);
+    await clickNow(page, `#processes tr[data-pid="${pids[0]}"] td.service`);
     await page.waitForFunction(
       (b, n) => {
         const names = [...document.querySelectorAll("#base option")].map((o) => o.value);
