@@ -171,7 +171,8 @@ def run(args, pythons):
             r["ratio_to_sitting_floor"] = round(cost(r) / max(1e-9, sitting), 3)
             r["cost_per_round"] = [round(cost(measured[mode]), 3) for measured in rounds]
             # Against the first mode of the same round: the machine as it was then.
-            r[f"to_{first}_per_round"] = [
+            r["first_mode"] = first
+            r["to_first_mode_per_round"] = [
                 round(cost(measured[mode]) / max(1e-9, cost(measured[first])), 3)
                 for measured in rounds]
             results.append(r)
@@ -351,9 +352,8 @@ def print_table(r):
           f"of a core) {r['ratio_to_sitting_floor']}, pyfleet {r['steady_cpu_percent_of_one_core']}%"
           f" + BPF {r['steady_bpf_cpu_percent_of_one_core']}% steady")
     if len(r["cost_per_round"]) > 1:
-        to_first = next(v for k, v in r.items() if k.startswith("to_") and k.endswith("_per_round"))
-        print(f"rounds (pyfleet + BPF, % of a core): {r['cost_per_round']}; to the first mode "
-              f"in the same round: {to_first}")
+        print(f"rounds (pyfleet + BPF, % of a core): {r['cost_per_round']}; to {r['first_mode']} "
+              f"mode in the same round: {r['to_first_mode_per_round']}")
     print("| processes | rate | budget | pyfleet CPU, whole run (% of one core) | steady state | "
           "CPU µs per sample / floor µs per bare read | floor at this rate | "
           "peak RSS | samples | per process per s | missed ticks | errors |")

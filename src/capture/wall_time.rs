@@ -5,12 +5,12 @@
 //! each chain copied there is one sample, as in cpu mode. Off its CPU its stack cannot change,
 //! and the kernel told which it left with (copied as it was switched out, or unchanged since
 //! the last chain it sent as the thread left its CPU; interrupts' chains do not count): its
-//! time off the CPU, from the switch-out to the switch-in,
-//! counts at the rate in that stack, a fraction carried to the next count. The switch-in is
-//! told by the thread's next record (each carries its last switch-in), which comes within a
-//! sampling period or so of its CPU time (an interrupt on its CPU, or its next switch-out): a
-//! stretch not ended by a record yet counts only up to [`WallTime::settle_ns`] before now,
-//! the rest once a record ends it or that time has passed. A thread learnt by a read of its
+//! time off the CPU, from the switch-out to the switch-in, counts at the rate in that stack, a
+//! fraction carried to the next count. The switch-in is told by the thread's next record (each
+//! carries its last switch-in), which comes within a sampling period or so of its CPU time (an
+//! interrupt on its CPU, or its next switch-out): a stretch not ended by a record yet counts
+//! only up to [`WallTime::settle_ns`] before now, the rest once a record ends it or that time
+//! has passed. A thread learnt by a read of its
 //! process and not heard of since counts as off its CPU since then, in the stack the read
 //! found. A record that does not tell a switch-in after the stretch began (not known) ends it
 //! at its own time. A stretch off the CPU whose stack could not be copied or decoded counts
