@@ -25,12 +25,11 @@
 //! make it due wait for it (all but a switch-out with the chain last sent at one, which waits for
 //! the next call: `PendingRecord::prompt` in `shared.rs`), or when its full read is due (while
 //! full reads fail, every [`CAPTURE_RETRY`]): an idle process costs a tick a look at the ring and
-//! its queue.
-//! Records with frames are decoded at the first tick after they were taken, no later: a code object
-//! first seen in a record is read then, and the longer it waited the likelier it is gone (a failed
-//! sample). The capture is one for the whole fleet: the source that drains it files every record
-//! under its pid, and each source takes its own (at most [`MAX_PENDING`] waiting per process; older
-//! ones are dropped and counted).
+//! its queue. Records with frames are decoded at the first tick after they were taken, no later:
+//! a code object first seen in a record is read then, and the longer it waited the likelier it is
+//! gone (a failed sample). The capture is one for the whole fleet: the source that drains it files
+//! every record under its pid, and each source takes its own (at most [`MAX_PENDING`] waiting per
+//! process; older ones are dropped and counted).
 
 pub mod kernel;
 mod link;

@@ -10,12 +10,11 @@
 //! carries its last switch-in), which comes within a sampling period or so of its CPU time (an
 //! interrupt on its CPU, or its next switch-out): a stretch not ended by a record yet counts
 //! only up to [`WallTime::settle_ns`] before now, the rest once a record ends it or that time
-//! has passed. A thread learnt by a read of its
-//! process and not heard of since counts as off its CPU since then, in the stack the read
-//! found. A record that does not tell a switch-in after the stretch began (not known) ends it
-//! at its own time. A stretch off the CPU whose stack could not be copied or decoded counts
-//! as failed samples, and so does one unchanged from a chain copied but not decoded (see
-//! [`Chain`]: one the kernel could not copy leaves its last chain as it was).
+//! has passed. A thread learnt by a read of its process and not heard of since counts as off its
+//! CPU since then, in the stack the read found. A record that does not tell a switch-in after the
+//! stretch began (not known) ends it at its own time. A stretch off the CPU whose stack could not
+//! be copied or decoded counts as failed samples, and so does one unchanged from a chain copied but
+//! not decoded (see [`Chain`]: one the kernel could not copy leaves its last chain as it was).
 //!
 //! gil mode (`gil_holder_only`): only time the thread held the GIL counts, samples and
 //! failures alike; each record says whether it held it (a thread cannot take or drop the GIL
