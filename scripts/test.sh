@@ -18,7 +18,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n== %s\n' "$*"; }
+# Each step says when it began (the machine's clock): where a slow run spent its time.
+step() { printf '\n== %s (%s)\n' "$*" "$(date +%T)"; }
 
 step "build tools (clang: to check the kernel capture's kept program)"
 scripts/setup-build-tools.sh
@@ -63,3 +64,4 @@ sort -rn "$durations" 2>/dev/null | head -20 || true
 
 step "fuzzing (cargo-fuzz, each target's corpus and ${FUZZ_SECONDS:-10} s more)"
 scripts/fuzz.sh
+step "done"

@@ -11,6 +11,10 @@ use pyfleet::process::Process;
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
+/// Samples taken from garbled memory per interpreter (about half of the sampler's reads come
+/// back garbled, one in a hundred fails).
+const GARBLED_SAMPLES: u32 = 1500;
+
 /// Real memory, garbled on purpose while `on` is set.
 struct Garbling {
     inner: ProcessMemory,
@@ -125,7 +129,7 @@ fn garbled_reads_give_counted_errors_and_sampling_recovers() {
         sampler.memory().on.set(true);
         let (mut ok, mut failed) = (0u64, 0u64);
         let start = Instant::now();
-        for _ in 0..4000 {
+        for _ in 0..GARBLED_SAMPLES {
             match sampler.sample() {
                 Ok(_) => ok += 1,
                 Err(e) => {
@@ -149,7 +153,7 @@ fn garbled_reads_give_counted_errors_and_sampling_recovers() {
         );
         assert!(
             garbled_time < Duration::from_secs(60),
-            "[{}] 4000 garbled samples took {garbled_time:?}",
+            "[{}] {GARBLED_SAMPLES} garbled samples took {garbled_time:?}",
             interp.label
         );
 

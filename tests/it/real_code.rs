@@ -5,7 +5,7 @@
 //!
 //! What must hold, per version and library (issue #12):
 //! - failed samples at most [`MAX_FAILED_PERCENT`] (1%) of those attempted, non-blocking
-//!   (beyond chance: [`Z`] binomial standard errors, about 0.56 points at 5,000 attempts);
+//!   (beyond chance: [`Z`] binomial standard errors, about 0.65 points at 3,750 attempts);
 //! - no sample shortened: the target has one busy thread, so every sample written must hold
 //!   Python frames (none may lack them) and end at the script's `<module>` (at most
 //!   [`MAX_SHORT_PERCENT`] non-blocking, [`MAX_REFERENCE_SHORT_PERCENT`] blocking);
@@ -24,13 +24,13 @@
 //! recorder to show chance alone). A function fails only when its gap exceeds its bound (the
 //! goal, plus an allowance while the goal is not met) by more than [`Z`] (4) times `se`: a
 //! function whose true gap is the bound fails by chance less than once in 30,000. With
-//! [`SECONDS`] (20) at 250 Hz non-blocking and 487 Hz blocking (about 5,000 and 9,700
-//! samples), `se` is 0.52 points for a 10% share and 0.87 for a 50% one, so against the goals
-//! alone the test would fail a self gap of about 4.1 points and a total gap of about 6.5 at
+//! [`SECONDS`] (15) at 250 Hz non-blocking and 487 Hz blocking (about 3,750 and 7,300
+//! samples), `se` is 0.60 points for a 10% share and 1.0 for a 50% one, so against the goals
+//! alone the test would fail a self gap of about 4.4 points and a total gap of about 7.0 at
 //! those shares; the gaps themselves, and how far past the goals, are printed for every cell.
 //! The kernel capture records the same seconds at [`KERNEL_RATE`] (500 Hz), in cpu and in
-//! wall mode, beside the reads and against the same reference (about 9,500 samples a side:
-//! `se` 0.44 and 0.73 points at those shares, failing gaps of about 3.8 and 5.9).
+//! wall mode, beside the reads and against the same reference (about 7,400 samples a side:
+//! `se` 0.49 and 0.82 points at those shares, failing gaps of about 4.0 and 6.3).
 //!
 //! All recorders of a cell run at once, against one reference: the test spends each cell's
 //! seconds once, not once per sampler. The capture costs the target a few microseconds per
@@ -70,7 +70,7 @@ const BLOCKING_RATE: u32 = 487;
 /// The short-calls test's reference rate (see [`BLOCKING_RATE`]).
 const SHORT_CALLS_BLOCKING_RATE: u32 = 243;
 /// Seconds each real-library cell records (`PYFLEET_REAL_CODE_SECONDS` overrides).
-const SECONDS: u32 = 20;
+const SECONDS: u32 = 15;
 /// The kernel capture's rate: a sample costs the target a few microseconds of its interrupt
 /// and pyfleet no read, so it samples at twice the reads' rate, for more samples in the same
 /// seconds.

@@ -183,7 +183,7 @@ fn a_target_killed_while_sampled_ends_with_counted_errors() {
                 Err(e) if e.is_process_gone() => break,
                 Err(_) => failed += 1,
             }
-            if ok + failed == 2000 && killed_at.is_none() {
+            if ok + failed == 500 && killed_at.is_none() {
                 // Killed, not reaped: a zombie whose memory is gone.
                 target.kill_no_reap();
                 killed_at = Some(ok + failed);

@@ -10,6 +10,7 @@ use crate::common::*;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
+use std::path::{Path, PathBuf};
 
 /// The threads of named_threads.py that wait for work, by their threading names.
 const IDLE: [&str; 5] = [
@@ -57,11 +58,16 @@ fn by_thread(folded: &str) -> Result<BTreeMap<String, u64>, String> {
     Ok(counts)
 }
 
-fn record(
-    pid: i32,
-    extra: &[&str],
-    out: &std::path::Path,
-) -> Result<BTreeMap<String, u64>, String> {
+/// A `--threads` folded recording of 2 s in wall mode, under way.
+struct Recording {
+    run: Running,
+    out: PathBuf,
+    extra: Vec<String>,
+}
+
+/// Starts recording `pid` with `extra` options into `out`; the recordings of one target run
+/// at once (each sees the same threads doing the same things).
+fn start_record(pid: i32, extra: &[&str], out: &Path) -> Recording {
     let pid = pid.to_string();
     let mut args = vec![
         "record",
@@ -80,11 +86,21 @@ fn record(
     let out_s = out.to_str().unwrap_or_default();
     args.push(out_s);
     args.extend_from_slice(extra);
-    let run = pyfleet(&args);
+    Recording {
+        run: start_pyfleet(&args),
+        out: out.to_path_buf(),
+        extra: extra.iter().map(|e| e.to_string()).collect(),
+    }
+}
+
+/// Samples per thread name of a recording (see [`by_thread`]), once it ended.
+fn finish_record(recording: Recording) -> Result<BTreeMap<String, u64>, String> {
+    let Recording { run, out, extra } = recording;
+    let run = run.finish();
     if !run.success() {
         return Err(run.describe());
     }
-    let text = fs::read_to_string(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let text = fs::read_to_string(&out).map_err(|e| format!("{}: {e}", out.display()))?;
     by_thread(&text).map_err(|e| format!("{extra:?}: {e}\n{}", run.describe()))
 }
 
@@ -136,10 +152,17 @@ fn threads_are_named_and_idle_ones_left_out_in_wall_mode() {
         }
 
         // Wall mode, by default: the working threads, none of the idle ones; by the
-        // capture (as root) and by reads.
-        for capture in ["auto", "reads"] {
-            let out = tmp.path().join(format!("{capture}.folded"));
-            match record(pid, &["--capture", capture], &out) {
+        // capture (as root) and by reads. With --idle: every thread.
+        let by_default: Vec<(&str, Recording)> = ["auto", "reads"]
+            .into_iter()
+            .map(|capture| {
+                let out = tmp.path().join(format!("{capture}.folded"));
+                (capture, start_record(pid, &["--capture", capture], &out))
+            })
+            .collect();
+        let idle = start_record(pid, &["--idle"], &tmp.path().join("idle.folded"));
+        for (capture, recording) in by_default {
+            match finish_record(recording) {
                 Err(e) => failures.push(format!("{label} {capture}: {e}")),
                 Ok(counts) => {
                     for want in ["cruncher", "napper"] {
@@ -156,9 +179,7 @@ fn threads_are_named_and_idle_ones_left_out_in_wall_mode() {
             }
         }
 
-        // --idle: every thread.
-        let out = tmp.path().join("idle.folded");
-        match record(pid, &["--idle"], &out) {
+        match finish_record(idle) {
             Err(e) => failures.push(format!("{label} --idle: {e}")),
             Ok(counts) => {
                 for want in ["cruncher", "napper"].into_iter().chain(IDLE) {
