@@ -292,22 +292,21 @@ struct {
     __type(value, struct window);
 } windows SEC(".maps");
 
-// Reads the bytes from the start of `tstate`'s current data-stack chunk (or WINDOW_BYTES
-// below `hi`) up to `hi` (the top frame's end, inside that chunk) into `w`; the address of
-// the first byte, or 0 when the top frame is not in the chunk or the read failed.
+// Reads the bytes from the start of `tstate`'s current data-stack chunk's data (or
+// WINDOW_BYTES below `hi`) up to `hi` (FRAME_BYTES past the top frame, which must lie past the
+// chunk's start) into `w`; the address of the first byte, or 0 when the top frame is not past
+// the chunk's start or the read failed. The chunk's end is not looked at: bytes past it that
+// cannot be read fail the read, as they fail the top frame's own read.
 static __attribute__((always_inline)) __u64 read_window(struct thread_info *info,
                                                         struct window *w, __u64 top)
 {
     __u64 chunk = 0;
-    __u64 head[3] = {};
     if (info->chunk == 0 || info->chunk > 65536)
         return 0;
     if (bpf_probe_read_user(&chunk, 8, (void *)(info->tstate + info->chunk)) < 0 || chunk == 0)
         return 0;
-    if (bpf_probe_read_user(head, sizeof(head), (void *)chunk) < 0)
-        return 0;
     __u64 lo = chunk + CHUNK_HEAD, hi = top + FRAME_BYTES;
-    if (top < lo || hi > chunk + head[1] || hi < top)
+    if (top < lo || hi < top)
         return 0;
     if (hi - lo > WINDOW_BYTES)
         lo = hi - WINDOW_BYTES;
@@ -352,6 +351,13 @@ static __u16 gil_flag(struct thread_info *info)
 {
     if (info->gil_locked == 0)
         return 0;
+    if (info->gil_holder != 0 && info->gil_holder + 8 == info->gil_locked) {
+        // The holder pointer right before the word (3.11-3.14's struct): one read of both.
+        __u64 both[2] = {};
+        if (bpf_probe_read_user(both, 12, (void *)info->gil_holder) < 0)
+            return 0;
+        return (__u32)both[1] != 0 && both[0] == info->tstate ? FLAG_HOLDS_GIL : 0;
+    }
     __u32 locked = 0;
     if (bpf_probe_read_user(&locked, 4, (void *)info->gil_locked) < 0 || locked == 0)
         return 0;
@@ -380,9 +386,18 @@ static __u16 waits_gil_flag(struct thread_info *info)
     if (!regs)
         return 0;
     __u64 nr = 0, word = 0;
-    if (bpf_probe_read_kernel(&nr, 8, regs + regs_syscall_at) < 0 || nr != futex_nr)
+    if (regs_arg0_at + 8 == regs_syscall_at) {
+        // Side by side (x86-64's `di` then `orig_ax`): one read of both.
+        __u64 both[2] = {};
+        if (bpf_probe_read_kernel(both, 16, regs + regs_arg0_at) < 0)
+            return 0;
+        word = both[0];
+        nr = both[1];
+    } else if (bpf_probe_read_kernel(&nr, 8, regs + regs_syscall_at) < 0
+               || bpf_probe_read_kernel(&word, 8, regs + regs_arg0_at) < 0) {
         return 0;
-    if (bpf_probe_read_kernel(&word, 8, regs + regs_arg0_at) < 0)
+    }
+    if (nr != futex_nr)
         return 0;
     return word - info->gil_locked < GIL_WAIT_SPAN ? FLAG_WAITS_GIL : 0;
 }
