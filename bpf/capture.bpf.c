@@ -22,7 +22,10 @@
 // left its CPU (`last_chain`, kept in the thread's entry by this program alone: a hash of
 // each frame's address, code object, instruction pointer and caller, what its stack shows),
 // the record carries no frames and is flagged UNCHANGED too, and a chain that cannot be
-// copied goes with its failure's flag and no frames. Interrupts leave `last_chain` alone: a
+// copied goes with its failure's flag and no frames. The chain is hashed first, without
+// being copied (most switch-outs leave with the last chain); only a changed one is copied, by
+// a second program the first reaches by a tail call (`copy_switched_out`: the verifier would
+// walk a copy after the hash's loop once for each of its ends). Interrupts leave `last_chain` alone: a
 // thread leaves its CPU at the same few places (a wait for work, a lock, I/O) however its
 // code ran in between, and an interrupt's chain would make its next switch-out go whole.
 // When a watched thread is switched in, the time is kept in its entry (`switched_in_at`; its
@@ -45,9 +48,12 @@
 // record says holds until it is switched in again. A switch-out record of a thread that does
 // not hold it says whether it leaves its CPU to wait for it, flagged WAITS_GIL: by the
 // thread's own flag (3.15+: `gil_requested`), or (before) when it sleeps in futex(2) on a word
-// of the GIL's struct (its condition variables and mutexes follow `locked`), the system call
-// and its first argument read from the registers it entered the kernel with (userspace gives
-// where they lie in `struct pt_regs`; 0: not asked).
+// of the GIL's struct (its condition variables and mutexes follow `locked`) while another
+// thread holds the GIL, the system call and its first argument read from the registers it
+// entered the kernel with (userspace gives where they lie in `struct pt_regs`; 0: not asked).
+//
+// Reads are helper calls, each costing more than the bytes it copies: words that lie near
+// each other are read at once (the thread state's two, the GIL's two, the registers' two).
 //
 // Bounded: at most MAX_FRAMES frames (deeper chains are flagged truncated and counted as
 // failed samples by userspace), a record built in a per-CPU scratch value and sent with only
@@ -69,6 +75,7 @@ typedef unsigned long long __u64;
 enum {
     BPF_MAP_TYPE_HASH = 1,
     BPF_MAP_TYPE_ARRAY = 2,
+    BPF_MAP_TYPE_PROG_ARRAY = 3,
     BPF_MAP_TYPE_PERCPU_ARRAY = 6,
     BPF_MAP_TYPE_RINGBUF = 27,
 };
@@ -78,6 +85,7 @@ static __u64 (*bpf_ktime_get_ns)(void) = (void *)5;
 static __u64 (*bpf_get_current_pid_tgid)(void) = (void *)14;
 static long (*bpf_probe_read_user)(void *dst, __u32 size, const void *src) = (void *)112;
 static long (*bpf_probe_read_kernel)(void *dst, __u32 size, const void *src) = (void *)113;
+static long (*bpf_tail_call)(void *ctx, void *prog_array, __u32 index) = (void *)12;
 static long (*bpf_ringbuf_output)(void *ringbuf, void *data, __u64 size, __u64 flags) = (void *)130;
 static void *(*bpf_get_current_task_btf)(void) = (void *)158;
 static void *(*bpf_task_pt_regs)(void *task) = (void *)175;
@@ -187,6 +195,9 @@ struct thread_info {
 // less than a read per frame (each a helper call, and its own cache and TLB misses).
 struct window {
     __u64 words[(WINDOW_BYTES + FRAME_BYTES) / 8];
+    // The address of words[0] (0: no window was read), and the top frame's.
+    __u64 lo;
+    __u64 top;
 };
 
 struct frame_copy {
@@ -269,6 +280,14 @@ struct {
     __type(value, __u64);
 } lost SEC(".maps");
 
+// The switch program's second part (`copy_switched_out`), set by userspace at 0.
+struct {
+    __uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, __u32);
+} copy_programs SEC(".maps");
+
 // Where a record is built before it goes to the ring with only the bytes it uses.
 struct {
     __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -292,18 +311,16 @@ struct {
     __type(value, struct window);
 } windows SEC(".maps");
 
-// Reads the bytes from the start of `tstate`'s current data-stack chunk's data (or
-// WINDOW_BYTES below `hi`) up to `hi` (FRAME_BYTES past the top frame, which must lie past the
-// chunk's start) into `w`; the address of the first byte, or 0 when the top frame is not past
-// the chunk's start or the read failed. The chunk's end is not looked at: bytes past it that
-// cannot be read fail the read, as they fail the top frame's own read.
-static __attribute__((always_inline)) __u64 read_window(struct thread_info *info,
-                                                        struct window *w, __u64 top)
+// Reads the bytes from the start of the thread's current data-stack chunk's data (`chunk`:
+// its address, 0 when not known; or WINDOW_BYTES below `hi`) up to `hi` (FRAME_BYTES past the
+// top frame, which must lie past the chunk's start) into `w`; the address of the first byte,
+// or 0 when the top frame is not past the chunk's start or the read failed. The chunk's end is
+// not looked at: bytes past it that cannot be read fail the read, as they fail the top frame's
+// own read.
+static __attribute__((always_inline)) __u64 read_window(struct window *w, __u64 chunk,
+                                                        __u64 top)
 {
-    __u64 chunk = 0;
-    if (info->chunk == 0 || info->chunk > 65536)
-        return 0;
-    if (bpf_probe_read_user(&chunk, 8, (void *)(info->tstate + info->chunk)) < 0 || chunk == 0)
+    if (chunk == 0)
         return 0;
     __u64 lo = chunk + CHUNK_HEAD, hi = top + FRAME_BYTES;
     if (top < lo || hi < top)
@@ -337,6 +354,40 @@ static __u64 code_fingerprint(struct thread_info *info, __u64 code)
     return h;
 }
 
+// Most bytes of the thread state read at once for its two words (TSTATE_SPAN / 8 words on the
+// stack).
+#define TSTATE_SPAN 256
+
+// Reads the thread state's word at `first` (the current frame, or its C frame: see
+// `thread_info`) into `head`, and its current data-stack chunk's address into `chunk` (0 when
+// not known or not readable): with one read when they lie within TSTATE_SPAN bytes of each
+// other, as in every version's struct (a read is a helper call, which costs more than the
+// bytes between them). Returns whether `head` was read.
+static __attribute__((always_inline)) int read_thread_state(struct thread_info *info,
+                                                            __u64 *head, __u64 *chunk)
+{
+    __u64 first = info->first, at_chunk = info->chunk;
+    *chunk = 0;
+    if (at_chunk != 0 && first < 4096 && at_chunk < 4096 && ((first | at_chunk) & 7) == 0) {
+        __u64 lo = first < at_chunk ? first : at_chunk;
+        __u64 span = (first < at_chunk ? at_chunk : first) + 8 - lo;
+        if (span <= TSTATE_SPAN) {
+            __u64 words[TSTATE_SPAN / 8] = {};
+            if (bpf_probe_read_user(words, span, (void *)(info->tstate + lo)) < 0)
+                return 0;
+            *head = words[((first - lo) >> 3) & (TSTATE_SPAN / 8 - 1)];
+            *chunk = words[((at_chunk - lo) >> 3) & (TSTATE_SPAN / 8 - 1)];
+            return 1;
+        }
+    }
+    if (bpf_probe_read_user(head, 8, (void *)(info->tstate + first)) < 0)
+        return 0;
+    if (at_chunk != 0 && at_chunk <= 65536
+        && bpf_probe_read_user(chunk, 8, (void *)(info->tstate + at_chunk)) < 0)
+        *chunk = 0;
+    return 1;
+}
+
 static void count_lost(void)
 {
     __u32 zero = 0;
@@ -345,33 +396,10 @@ static void count_lost(void)
         *n += 1;
 }
 
-// FLAG_HOLDS_GIL if the thread of `info` holds the GIL (never when not asked, or when the
-// GIL cannot be read).
-static __u16 gil_flag(struct thread_info *info)
-{
-    if (info->gil_locked == 0)
-        return 0;
-    if (info->gil_holder != 0 && info->gil_holder + 8 == info->gil_locked) {
-        // The holder pointer right before the word (3.11-3.14's struct): one read of both.
-        __u64 both[2] = {};
-        if (bpf_probe_read_user(both, 12, (void *)info->gil_holder) < 0)
-            return 0;
-        return (__u32)both[1] != 0 && both[0] == info->tstate ? FLAG_HOLDS_GIL : 0;
-    }
-    __u32 locked = 0;
-    if (bpf_probe_read_user(&locked, 4, (void *)info->gil_locked) < 0 || locked == 0)
-        return 0;
-    if (info->gil_holder == 0)
-        return FLAG_HOLDS_GIL;
-    __u64 holder = 0;
-    if (bpf_probe_read_user(&holder, 8, (void *)info->gil_holder) < 0)
-        return 0;
-    return holder == info->tstate ? FLAG_HOLDS_GIL : 0;
-}
-
 // FLAG_WAITS_GIL if the thread of `info`, which does not hold the GIL, is leaving its CPU to
-// wait for it (see the top of this file).
-static __u16 waits_gil_flag(struct thread_info *info)
+// wait for it (see the top of this file); `held`: another thread holds it (before 3.15: no
+// thread waits for a GIL none holds; it takes it once it runs).
+static __u16 waits_gil_flag(struct thread_info *info, int held)
 {
     if (info->gil_requested != 0) {
         __u32 requested = 0;
@@ -379,7 +407,7 @@ static __u16 waits_gil_flag(struct thread_info *info)
             return 0;
         return requested != 0 ? FLAG_WAITS_GIL : 0;
     }
-    if (info->gil_locked == 0 || info->gil_holder == 0 || regs_syscall_at == 0
+    if (!held || info->gil_locked == 0 || info->gil_holder == 0 || regs_syscall_at == 0
         || regs_syscall_at > 4096 || regs_arg0_at > 4096)
         return 0;
     void *regs = bpf_task_pt_regs(bpf_get_current_task_btf());
@@ -387,7 +415,7 @@ static __u16 waits_gil_flag(struct thread_info *info)
         return 0;
     __u64 nr = 0, word = 0;
     if (regs_arg0_at + 8 == regs_syscall_at) {
-        // Side by side (x86-64's `di` then `orig_ax`): one read of both.
+        // Side by side (x86-64's `di`, then `orig_ax`): one read of both.
         __u64 both[2] = {};
         if (bpf_probe_read_kernel(both, 16, regs + regs_arg0_at) < 0)
             return 0;
@@ -400,6 +428,35 @@ static __u16 waits_gil_flag(struct thread_info *info)
     if (nr != futex_nr)
         return 0;
     return word - info->gil_locked < GIL_WAIT_SPAN ? FLAG_WAITS_GIL : 0;
+}
+
+// The GIL's flags of the thread of `info` (none when not asked): FLAG_HOLDS_GIL if it holds
+// it; else, when it is leaving its CPU (`switched_out`), FLAG_WAITS_GIL if it leaves to wait
+// for it. The GIL's holder pointer and `locked` word are read at once where the pointer lies
+// right before the word (3.11-3.14's struct; 3.15's word is the thread's own `holds_gil`).
+static __u16 gil_flags(struct thread_info *info, int switched_out)
+{
+    if (info->gil_locked == 0)
+        return 0;
+    __u32 locked = 0;
+    __u64 holder = 0;
+    int read = 1;
+    if (info->gil_holder != 0 && info->gil_holder + 8 == info->gil_locked) {
+        __u64 both[2] = {};
+        read = bpf_probe_read_user(both, 12, (void *)info->gil_holder) == 0;
+        holder = both[0];
+        locked = (__u32)both[1];
+    } else {
+        read = bpf_probe_read_user(&locked, 4, (void *)info->gil_locked) == 0;
+        if (read && locked != 0 && info->gil_holder != 0)
+            read = bpf_probe_read_user(&holder, 8, (void *)info->gil_holder) == 0;
+    }
+    if (read && locked != 0 && (info->gil_holder == 0 || holder == info->tstate))
+        return FLAG_HOLDS_GIL;
+    if (!switched_out)
+        return 0;
+    // Not read: whether another thread held it is not known, and a wait is looked for.
+    return waits_gil_flag(info, !read || locked != 0);
 }
 
 // The asyncio task the thread of `info` runs (0: none, not asked, or not readable).
@@ -455,9 +512,115 @@ static int send(struct record *r, __u32 frames)
     return 1;
 }
 
-// Copies the current thread's chain (see the top of this file); `switched_out`: it is
-// leaving its CPU (sent only when its chain changed, never a record of a failure).
-static __attribute__((always_inline)) int capture(int switched_out)
+// The offset of a frame's word at `at` (below FRAME_BYTES - 8: else 0).
+static __attribute__((always_inline)) __u64 frame_word_at(__u64 at)
+{
+    return at > FRAME_BYTES - 8 ? 0 : at;
+}
+
+// Whether `frame`'s FRAME_BYTES lie in the window `w` (read from `w->lo` up to FRAME_BYTES past
+// `w->top`); its first word's index there, in `word`.
+static __attribute__((always_inline)) int in_window(struct window *w, __u64 frame, __u64 *word)
+{
+    if (w->lo == 0 || frame < w->lo || frame > w->top || (frame & 7) != 0)
+        return 0;
+    *word = ((frame - w->lo) >> 3) & (WINDOW_BYTES / 8 - 1);
+    return 1;
+}
+
+// Copies the chain from `w->top` into `r`: each frame's address and first FRAME_BYTES (from
+// the window where it lies there, else read), with its code object's fingerprint. Sets
+// `r->frames`, and in `r->flags` a frame that could not be read or a chain deeper than
+// MAX_FRAMES; returns the chain's hash (see the top of this file).
+static __attribute__((always_inline)) __u64 copy_chain(struct thread_info *info,
+                                                       struct record *r, struct window *w)
+{
+    __u64 previous = frame_word_at(info->previous);
+    __u64 code_at = frame_word_at(info->code);
+    __u64 instr_at = frame_word_at(info->instr);
+    __u64 frame = w->top;
+    __u64 chain = 0xcbf29ce484222325ULL;
+    __u32 i;
+    for (i = 0; i < MAX_FRAMES; i++) {
+        if (frame == 0)
+            break;
+        struct frame_copy *f = &r->frame[i];
+        f->addr = frame;
+        __u64 word = 0;
+        if (in_window(w, frame, &word)) {
+            __u64 *to = (__u64 *)f->bytes;
+            for (__u32 k = 0; k < FRAME_BYTES / 8; k++)
+                to[k] = w->words[word + k];
+        } else if (bpf_probe_read_user(f->bytes, FRAME_BYTES, (void *)frame) < 0) {
+            r->flags |= FLAG_FRAME_UNREADABLE;
+            break;
+        }
+        __u64 code = 0, instr = 0, next = 0;
+        __builtin_memcpy(&code, f->bytes + code_at, 8);
+        __builtin_memcpy(&instr, f->bytes + instr_at, 8);
+        __builtin_memcpy(&next, f->bytes + previous, 8);
+        chain = (chain ^ frame) * 0x100000001b3ULL;
+        chain = (chain ^ code) * 0x100000001b3ULL;
+        chain = (chain ^ instr) * 0x100000001b3ULL;
+        f->code_fingerprint = code_fingerprint(info, code & ~info->code_tag_mask);
+        frame = next;
+    }
+    if (i == MAX_FRAMES && frame != 0)
+        r->flags |= FLAG_TRUNCATED;
+    r->frames = (__u16)i;
+    return chain;
+}
+
+// The hash `copy_chain` would return for the chain from `w->top`, without copying it: the
+// three words of each frame it covers, from the window or read on the stack. 0, with the
+// failure's flag in `failed`, when a frame could not be read or the chain is deeper than
+// MAX_FRAMES. The words' offsets are multiples of 8 in every version; others (failed 0,
+// hash 0) make every chain go to the copy.
+static __attribute__((always_inline)) __u64 hash_chain(struct thread_info *info,
+                                                       struct window *w, __u16 *failed)
+{
+    __u64 previous = frame_word_at(info->previous);
+    __u64 code_at = frame_word_at(info->code);
+    __u64 instr_at = frame_word_at(info->instr);
+    if (((previous | code_at | instr_at) & 7) != 0)
+        return 0;
+    __u64 frame = w->top;
+    __u64 chain = 0xcbf29ce484222325ULL;
+    __u32 i;
+    for (i = 0; i < MAX_FRAMES; i++) {
+        if (frame == 0)
+            break;
+        __u64 code, instr, next, word = 0;
+        if (in_window(w, frame, &word)) {
+            code = w->words[word + (code_at >> 3)];
+            instr = w->words[word + (instr_at >> 3)];
+            next = w->words[word + (previous >> 3)];
+        } else {
+            __u64 bytes[FRAME_BYTES / 8] = {};
+            if (bpf_probe_read_user(bytes, FRAME_BYTES, (void *)frame) < 0) {
+                *failed = FLAG_FRAME_UNREADABLE;
+                return 0;
+            }
+            code = bytes[code_at >> 3];
+            instr = bytes[instr_at >> 3];
+            next = bytes[previous >> 3];
+        }
+        chain = (chain ^ frame) * 0x100000001b3ULL;
+        chain = (chain ^ code) * 0x100000001b3ULL;
+        chain = (chain ^ instr) * 0x100000001b3ULL;
+        frame = next;
+    }
+    if (i == MAX_FRAMES && frame != 0) {
+        *failed = FLAG_TRUNCATED;
+        return 0;
+    }
+    return chain;
+}
+
+// Copies the current thread's chain (see the top of this file) into a record and sends it;
+// `switched_out`: it is leaving its CPU, and its chain is hashed first and copied (by the
+// second program, reached from `ctx`) only when it changed.
+static __attribute__((always_inline)) int capture(void *ctx, int switched_out)
 {
     __u32 tid, pid;
     if (pidns_ino == 0) {
@@ -499,29 +662,21 @@ static __attribute__((always_inline)) int capture(int switched_out)
         send(r, 0);
         return 0;
     }
-    __u16 extra = gil_flag(info) | (switched_out ? FLAG_SWITCHED_OUT : 0);
-    if (switched_out && !(extra & FLAG_HOLDS_GIL))
-        extra |= waits_gil_flag(info);
-    __u64 previous = info->previous;
-    if (previous > FRAME_BYTES - 8)
-        previous = 0;
-    __u64 code_at = info->code;
-    if (code_at > FRAME_BYTES - 8)
-        code_at = 0;
-    __u64 instr_at = info->instr;
-    if (instr_at > FRAME_BYTES - 8)
-        instr_at = 0;
-    __u64 at = info->tstate + info->first;
-    __u64 frame = 0;
+    __u16 extra = gil_flags(info, switched_out) | (switched_out ? FLAG_SWITCHED_OUT : 0);
+    __u64 head = 0, chunk = 0, frame = 0;
+    if (!read_thread_state(info, &head, &chunk)) {
+        r->flags = FLAG_POINTER_UNREADABLE | extra;
+        send(r, 0);
+        return 0;
+    }
     if (info->second != NO_INDIRECTION) {
-        __u64 cframe = 0;
-        if (bpf_probe_read_user(&cframe, 8, (void *)at) < 0 || cframe == 0) {
+        __u64 cframe = head;
+        if (cframe == 0) {
             r->flags = FLAG_POINTER_UNREADABLE | extra;
             send(r, 0);
             return 0;
         }
-        at = cframe + info->second;
-        if (bpf_probe_read_user(&frame, 8, (void *)at) < 0) {
+        if (bpf_probe_read_user(&frame, 8, (void *)(cframe + info->second)) < 0) {
             r->flags = FLAG_POINTER_UNREADABLE | extra;
             send(r, 0);
             return 0;
@@ -531,79 +686,43 @@ static __attribute__((always_inline)) int capture(int switched_out)
             send(r, 0);
             return 0;
         }
-    } else if (bpf_probe_read_user(&frame, 8, (void *)at) < 0) {
-        r->flags = FLAG_POINTER_UNREADABLE | extra;
+    } else {
+        frame = head;
+    }
+    struct window *w = bpf_map_lookup_elem(&windows, &zero);
+    if (!w) {
+        r->flags = FLAG_FRAME_UNREADABLE | extra;
         send(r, 0);
         return 0;
     }
-    struct window *w = bpf_map_lookup_elem(&windows, &zero);
-    __u64 win_lo = w && frame != 0 ? read_window(info, w, frame) : 0;
-    __u64 win_hi = frame + FRAME_BYTES;
-    __u32 i;
-    __u64 chain = 0xcbf29ce484222325ULL;
-    for (i = 0; i < MAX_FRAMES; i++) {
-        if (frame == 0)
-            break;
-        struct frame_copy *f = &r->frame[i];
-        f->addr = frame;
-        if (w && win_lo != 0 && frame >= win_lo && frame + FRAME_BYTES <= win_hi
-            && (frame & 7) == 0) {
-            __u64 word = ((frame - win_lo) >> 3) & (WINDOW_BYTES / 8 - 1);
-            __u64 *to = (__u64 *)f->bytes;
-            for (__u32 k = 0; k < FRAME_BYTES / 8; k++)
-                to[k] = w->words[word + k];
-        } else if (bpf_probe_read_user(f->bytes, FRAME_BYTES, (void *)frame) < 0) {
-            r->flags = FLAG_FRAME_UNREADABLE;
-            break;
-        }
-        __u64 code = 0, instr = 0, next = 0;
-        __builtin_memcpy(&code, f->bytes + code_at, 8);
-        __builtin_memcpy(&instr, f->bytes + instr_at, 8);
-        __builtin_memcpy(&next, f->bytes + previous, 8);
-        chain = (chain ^ frame) * 0x100000001b3ULL;
-        chain = (chain ^ code) * 0x100000001b3ULL;
-        chain = (chain ^ instr) * 0x100000001b3ULL;
-        // At an interrupt every chain goes out; one switched out only if it changed (below).
-        if (!switched_out)
-            f->code_fingerprint = code_fingerprint(info, code & ~info->code_tag_mask);
-        frame = next;
-    }
-    if (i == MAX_FRAMES && frame != 0)
-        r->flags |= FLAG_TRUNCATED;
-    r->frames = (__u16)i;
-    if (switched_out) {
-        if (r->flags != 0 || chain == info->last_chain) {
-            r->flags |= extra | (r->flags == 0 ? FLAG_UNCHANGED : 0);
-            r->frames = 0;
-            send(r, 0);
-            return 0;
-        }
-        r->flags = extra;
-        // The count is read back from the record: the verifier then walks this loop once,
-        // not once for each length the loop above may have ended at.
-        __u32 n = *(volatile __u16 *)&r->frames;
-        for (__u32 j = 0; j < MAX_FRAMES; j++) {
-            if (j >= n)
-                break;
-            struct frame_copy *f = &r->frame[j];
-            __u64 code = 0;
-            __builtin_memcpy(&code, f->bytes + code_at, 8);
-            f->code_fingerprint = code_fingerprint(info, code & ~info->code_tag_mask);
-        }
-    } else {
+    w->lo = frame != 0 ? read_window(w, chunk, frame) : 0;
+    w->top = frame;
+    if (!switched_out) {
+        copy_chain(info, r, w);
         r->flags |= extra;
+        send(r, *(volatile __u16 *)&r->frames);
+        return 0;
     }
-    __u32 sent = *(volatile __u16 *)&r->frames;
-    if (send(r, sent) && switched_out
-        && (r->flags & ~(FLAG_SWITCHED_OUT | FLAG_HOLDS_GIL | FLAG_WAITS_GIL)) == 0)
-        info->last_chain = chain;
+    __u16 failed = 0;
+    __u64 chain = hash_chain(info, w, &failed);
+    if (failed != 0 || chain == info->last_chain) {
+        r->flags = extra | (failed != 0 ? failed : FLAG_UNCHANGED);
+        send(r, 0);
+        return 0;
+    }
+    // Changed: copied by the second program, with the window and the record as they are.
+    r->flags = extra;
+    bpf_tail_call(ctx, &copy_programs, 0);
+    // Not loaded (never, when userspace loads the switch program).
+    r->flags = extra | FLAG_FRAME_UNREADABLE;
+    send(r, 0);
     return 0;
 }
 
 SEC("perf_event")
 int capture_python_frames(void *ctx)
 {
-    return capture(0);
+    return capture(ctx, 0);
 }
 
 // Keeps when watched thread `tid` (of the host's pid namespace) is switched in.
@@ -617,17 +736,46 @@ static void switched_in(__u32 tid)
 }
 
 // sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next): runs in
-// `prev`.
+// `prev`. The switch-in first: a changed chain's copy ends this program (a tail call).
 SEC("raw_tracepoint/sched_switch")
 int capture_switched_out(__u64 *ctx)
 {
-    capture(1);
     if (task_pid_at != 0 && pidns_ino == 0 && task_pid_at < 65536) {
         __u64 next = ctx[2];
         __u32 tid = 0;
         if (next != 0 && bpf_probe_read_kernel(&tid, 4, (void *)(next + task_pid_at)) == 0)
             switched_in(tid);
     }
+    capture(ctx, 1);
+    return 0;
+}
+
+// The switch program's second part, reached by a tail call when a chain left with changed:
+// copies it from the window and the record the first part left in this CPU's scratch values,
+// sends it, and keeps its hash as the thread's last chain.
+SEC("raw_tracepoint/sched_switch")
+int copy_switched_out(__u64 *ctx)
+{
+    __u32 zero = 0;
+    struct record *r = bpf_map_lookup_elem(&scratch, &zero);
+    struct window *w = bpf_map_lookup_elem(&windows, &zero);
+    if (!r || !w)
+        return 0;
+    __u32 tid = r->tid;
+    struct thread_info *info = bpf_map_lookup_elem(&threads, &tid);
+    if (!info || info->pid != r->pid)
+        return 0;
+    __u16 extra = r->flags;
+    r->flags = 0;
+    __u64 chain = copy_chain(info, r, w);
+    if (r->flags != 0) {
+        r->flags |= extra;
+        send(r, 0);
+        return 0;
+    }
+    r->flags = extra;
+    if (send(r, *(volatile __u16 *)&r->frames))
+        info->last_chain = chain;
     return 0;
 }
 

@@ -13,7 +13,9 @@
 //! each in proportion to the CPU time it uses (a cpu-mode profile). Started for wall mode
 //! (`off_cpu`), a second program at the scheduler's switch tracepoint copies a watched
 //! thread's chain as it leaves its CPU ([`CapturedRecord::switched_out`]; none when it is the
-//! chain last sent as that thread left its CPU: [`CapturedRecord::unchanged`]) and keeps
+//! chain last sent as that thread left its CPU: [`CapturedRecord::unchanged`], told by a hash
+//! of the chain before any copy; a changed chain is copied by a third program, which the
+//! second reaches by a tail call through the `copy_programs` array this module fills) and keeps
 //! when it is switched in again, which the thread's next record tells
 //! ([`CapturedRecord::switched_in_ns`]: it comes within about one sampling period of the
 //! thread's CPU time): each thread's time off its CPU and the stack it spent it in. A thread
@@ -31,7 +33,7 @@
 use crate::host::kernel_types;
 use crate::host::{self, PidNamespace};
 use crate::memory::capture_records::*;
-use aya::maps::{Array, HashMap as BpfMap, MapData, PerCpuArray, RingBuf};
+use aya::maps::{Array, HashMap as BpfMap, MapData, PerCpuArray, ProgramArray, RingBuf};
 use aya::programs::perf_event::{
     PerfEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent,
 };
@@ -233,6 +235,33 @@ impl KernelCapture {
                 .try_into()
                 .map_err(|e: aya::programs::ProgramError| CaptureError::Load(e.to_string()))?;
             switched.load().map_err(refused)?;
+            // Its second part, reached by a tail call: loaded, set in the program array, not
+            // attached.
+            let copy: &mut RawTracePoint = ebpf
+                .program_mut("copy_switched_out")
+                .ok_or_else(|| CaptureError::Load("program missing from the object".into()))?
+                .try_into()
+                .map_err(|e: aya::programs::ProgramError| CaptureError::Load(e.to_string()))?;
+            copy.load().map_err(refused)?;
+            let copy_fd = copy
+                .fd()
+                .and_then(|fd| fd.try_clone().map_err(aya::programs::ProgramError::from))
+                .map_err(|e| CaptureError::Load(e.to_string()))?;
+            let mut copies: ProgramArray<_> = ebpf
+                .map_mut("copy_programs")
+                .ok_or_else(|| {
+                    CaptureError::Load("map copy_programs missing from the object".into())
+                })?
+                .try_into()
+                .map_err(|e: aya::maps::MapError| CaptureError::Load(e.to_string()))?;
+            copies
+                .set(0, &copy_fd, 0)
+                .map_err(|e| CaptureError::Load(e.to_string()))?;
+            let switched: &mut RawTracePoint = ebpf
+                .program_mut("capture_switched_out")
+                .ok_or_else(|| CaptureError::Load("program missing from the object".into()))?
+                .try_into()
+                .map_err(|e: aya::programs::ProgramError| CaptureError::Load(e.to_string()))?;
             switched
                 .attach("sched_switch")
                 .map_err(|e| match os_error(&e) {
