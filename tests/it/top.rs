@@ -103,10 +103,14 @@ fn folded_own_share(path: &Path, function: &str) -> f64 {
 }
 
 /// Within three seconds `top` shows the target's hottest function first, with a share within
-/// 10 points of a `record` of the same seconds (both about 300 samples of a function at 70%:
-/// the standard error of the difference is 3.7 points, so 10 are 2.7 of them and the target's
-/// split holds at 20 ms); `t` sorts by total (the module's frame comes first); `q` exits 0
-/// and the terminal leaves the alternate screen with its cursor shown.
+/// 10 points of a `record` of the same seconds; `t` sorts by total (the module's frame comes
+/// first); `q` exits 0 and the terminal leaves the alternate screen with its cursor shown.
+///
+/// Both sample at 173 Hz: the target splits every 20 ms, and a period that does not divide it
+/// (5.8 ms) puts the samples all over that cycle. At 100 Hz each profiler saw two points of
+/// the cycle only, drifting slowly, and the two disagreed by up to 15 points on a 70% split.
+/// Here each takes up to about 500 samples of a function at 70%: the standard error of the
+/// difference is about 3 points, so 10 are more than 3 of them.
 #[test]
 fn top_in_a_terminal_shows_what_record_shows_and_quits_clean() {
     // Alone: shares of a CPU-bound target, and two profilers of it at once.
@@ -120,12 +124,14 @@ fn top_in_a_terminal_shows_what_record_shows_and_quits_clean() {
     let exit_file = dir.path().join("exit");
     let recorded = dir.path().join("same-seconds.folded");
     let started = Instant::now();
-    let tmux = top_in_tmux(exe, &format!("--pid {}", t.pid()), &exit_file);
+    let tmux = top_in_tmux(exe, &format!("--pid {} --rate 173", t.pid()), &exit_file);
     let record = Running::start(
         pyfleet_command(&[
             "record",
             "--pid",
             &t.pid().to_string(),
+            "--rate",
+            "173",
             "--duration",
             "3",
             "-o",
