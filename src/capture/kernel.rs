@@ -229,19 +229,11 @@ impl KernelCapture {
                 })?;
         }
         if off_cpu {
-            let switched: &mut RawTracePoint = ebpf
-                .program_mut("capture_switched_out")
-                .ok_or_else(|| CaptureError::Load("program missing from the object".into()))?
-                .try_into()
-                .map_err(|e: aya::programs::ProgramError| CaptureError::Load(e.to_string()))?;
+            let switched = raw_tracepoint(&mut ebpf, "capture_switched_out")?;
             switched.load().map_err(refused)?;
             // Its second part, reached by a tail call: loaded, set in the program array, not
             // attached.
-            let copy: &mut RawTracePoint = ebpf
-                .program_mut("copy_switched_out")
-                .ok_or_else(|| CaptureError::Load("program missing from the object".into()))?
-                .try_into()
-                .map_err(|e: aya::programs::ProgramError| CaptureError::Load(e.to_string()))?;
+            let copy = raw_tracepoint(&mut ebpf, "copy_switched_out")?;
             copy.load().map_err(refused)?;
             let copy_fd = copy
                 .fd()
@@ -257,11 +249,7 @@ impl KernelCapture {
             copies
                 .set(0, &copy_fd, 0)
                 .map_err(|e| CaptureError::Load(e.to_string()))?;
-            let switched: &mut RawTracePoint = ebpf
-                .program_mut("capture_switched_out")
-                .ok_or_else(|| CaptureError::Load("program missing from the object".into()))?
-                .try_into()
-                .map_err(|e: aya::programs::ProgramError| CaptureError::Load(e.to_string()))?;
+            let switched = raw_tracepoint(&mut ebpf, "capture_switched_out")?;
             switched
                 .attach("sched_switch")
                 .map_err(|e| match os_error(&e) {
@@ -467,6 +455,17 @@ fn load(
             Some(libc::EPERM | libc::EACCES) => not_permitted(&e),
             _ => CaptureError::Load(e.to_string()),
         })
+}
+
+/// The object's raw tracepoint program `name`.
+fn raw_tracepoint<'a>(
+    ebpf: &'a mut Ebpf,
+    name: &str,
+) -> Result<&'a mut RawTracePoint, CaptureError> {
+    ebpf.program_mut(name)
+        .ok_or_else(|| CaptureError::Load(format!("program {name} missing from the object")))?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| CaptureError::Load(e.to_string()))
 }
 
 /// Why loading the program failed: the verifier's own words when it refused it.
