@@ -15,6 +15,7 @@ use pyfleet::sampling_options::{Sampling, SamplingOptions};
 use pyfleet::stack_source::UnwinderFactory;
 use pyfleet::top::model::TopModel;
 use pyfleet::top::remote::Remote;
+use pyfleet::top::terminal::{Input, KeyInput, Watch};
 use pyfleet::top::view::{self, Header, ViewState};
 use pyfleet_actors::{Fleet, FleetConfig, Snapshot, SnapshotWriter};
 use pyfleet_policies::Mode;
@@ -128,9 +129,11 @@ pub fn run(o: TopOptions) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     runtime.spawn(stop_on_signals(stop.clone()));
 
+    let watch = Watch::start(stop.clone())?;
     let mut terminal = ratatui::init();
     let shown = show(&mut terminal, &rx, &stop, what, how, rate_hz);
     ratatui::restore();
+    drop(watch);
     if let Source::Fleet(fleet) = source {
         let grace = super::fleet_runtime::STOP_GRACE * 2;
         let _ = runtime.block_on(async { tokio::time::timeout(grace, fleet.shutdown()).await });
@@ -139,7 +142,7 @@ pub fn run(o: TopOptions) -> Result<()> {
     shown
 }
 
-/// The screen, until `q` (or a signal).
+/// The screen, until `q` (or a signal, or the terminal hanging up).
 fn show(
     terminal: &mut ratatui::DefaultTerminal,
     rx: &mpsc::Receiver<Result<Snapshot, String>>,
@@ -148,6 +151,7 @@ fn show(
     how: String,
     rate_hz: Option<f64>,
 ) -> Result<()> {
+    let keys = KeyInput::open()?;
     let mut model = TopModel::default();
     let mut state = ViewState::default();
     let mut since = Instant::now();
@@ -179,11 +183,18 @@ fn show(
         terminal
             .draw(|f| view::draw(f, &model, &state, &header))
             .context("cannot draw on the terminal")?;
-        if event::poll(KEY_WAIT).context("cannot read the terminal")? {
-            if let Event::Key(k) = event::read().context("cannot read the terminal")? {
-                if k.kind == KeyEventKind::Press {
-                    let pids: Vec<i32> = model.processes().into_iter().map(|(p, _)| p).collect();
-                    state.key(k, &pids);
+        match keys.wait(KEY_WAIT)? {
+            Input::Quiet => {}
+            Input::HungUp => bail!("the terminal hung up"),
+            Input::Ready => {
+                while event::poll(Duration::ZERO).context("cannot read the terminal")? {
+                    if let Event::Key(k) = event::read().context("cannot read the terminal")? {
+                        if k.kind == KeyEventKind::Press {
+                            let pids: Vec<i32> =
+                                model.processes().into_iter().map(|(p, _)| p).collect();
+                            state.key(k, &pids);
+                        }
+                    }
                 }
             }
         }

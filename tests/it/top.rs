@@ -7,10 +7,12 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// A tmux server of the test's own (its own socket), killed when dropped.
+/// A tmux server of the test's own (its own socket), killed when dropped, and the `pyfleet
+/// top` it runs, killed when dropped if it is still there (a failed test leaves no load).
 struct Tmux {
     exe: std::path::PathBuf,
     socket: String,
+    top: Option<i32>,
 }
 
 impl Tmux {
@@ -32,14 +34,55 @@ impl Tmux {
     fn pane(&self) -> String {
         self.run(&["capture-pane", "-p", "-t", "top"])
     }
-}
 
-impl Drop for Tmux {
-    fn drop(&mut self) {
+    /// The pid of the `pyfleet top` the pane's shell started, once it runs.
+    fn find_top(&self) -> Option<i32> {
+        let shell: i32 = self
+            .run(&["display", "-p", "-t", "top", "#{pane_pid}"])
+            .trim()
+            .parse()
+            .ok()?;
+        wait_for(|| {
+            let children =
+                std::fs::read_to_string(format!("/proc/{shell}/task/{shell}/children")).ok()?;
+            children
+                .split_whitespace()
+                .filter_map(|c| c.parse::<i32>().ok())
+                .find(|&c| is_top(c))
+        })
+    }
+
+    fn kill_server(&self) {
         let _ = Command::new(&self.exe)
             .args(["-L", &self.socket, "kill-server"])
             .output();
     }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        self.kill_server();
+        if let Some(top) = self.top {
+            if wait_for(|| (!is_top(top)).then_some(())).is_none() {
+                send_signal(top, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+/// Whether `pid` is a `pyfleet top` that has not ended (a zombie has).
+fn is_top(pid: i32) -> bool {
+    let running = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat.rsplit_once(") ")?.1.chars().next()?;
+            Some(state != 'Z' && state != 'X')
+        })
+        .unwrap_or(false);
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let mut args = cmdline.split(|&b| b == 0);
+    let exe = args.next().unwrap_or_default();
+    running && exe == pyfleet_exe().as_os_str().as_encoded_bytes() && args.next() == Some(b"top")
 }
 
 /// `pyfleet top ARGS` started in a 120x30 tmux pane of a server of the test's own (session
@@ -47,9 +90,10 @@ impl Drop for Tmux {
 fn top_in_tmux(exe: std::path::PathBuf, args: &str, exit_file: &Path) -> Tmux {
     static SERVERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = SERVERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmux = Tmux {
+    let mut tmux = Tmux {
         exe,
         socket: format!("pyfleet-top-{}-{n}", std::process::id()),
+        top: None,
     };
     let command = format!(
         "'{}' top {args}; echo $? > '{}'; sleep 600",
@@ -67,6 +111,7 @@ fn top_in_tmux(exe: std::path::PathBuf, args: &str, exit_file: &Path) -> Tmux {
         "30",
         &command,
     ]);
+    tmux.top = tmux.find_top();
     tmux
 }
 
@@ -205,6 +250,32 @@ fn wait_for<T>(mut f: impl FnMut() -> Option<T>) -> Option<T> {
         std::thread::sleep(Duration::from_millis(100));
     }
     None
+}
+
+/// A terminal that goes away (its tmux server killed: the pane's terminal hangs up) ends top
+/// within seconds. crossterm's reader alone spins at a whole core on a hung-up terminal, for
+/// ever, and a SIGTERM did not end it.
+#[test]
+fn top_ends_when_its_terminal_hangs_up() {
+    let _machine = shared();
+    let Some(exe) = tool("tmux", SETUP_FORMAT_TOOLS) else {
+        return;
+    };
+    let sleeper = idle_sleeper("pyfleet-top-hang-up");
+    let dir = tempdir("pyfleet-top-hang-up-");
+    let exit_file = dir.path().join("exit");
+    let tmux = top_in_tmux(exe, &format!("--pid {}", sleeper.pid()), &exit_file);
+    let drawn = wait_for(|| tmux.pane().contains("%Own").then_some(()));
+    assert!(drawn.is_some(), "top's screen:\n{}", tmux.pane());
+    let top = tmux.top.expect("top's pid");
+    tmux.kill_server();
+    // The screen notices within a key wait (0.1 s), then stops its fleet (well within 5 s).
+    let ended = wait_for(|| (!is_top(top)).then_some(()));
+    let state = std::fs::read_to_string(format!("/proc/{top}/stat")).unwrap_or_default();
+    assert!(
+        ended.is_some(),
+        "top (pid {top}) still runs 5 s after its terminal hung up: {state}"
+    );
 }
 
 #[test]
