@@ -27,7 +27,7 @@ fn record(pid: i32, dir: &Path, secs: u32, out: &Path) -> f64 {
         "--pid",
         &pid.to_string(),
         "--rate",
-        "200",
+        "173",
         "--duration",
         &secs.to_string(),
         "-o",
@@ -63,9 +63,10 @@ fn svg_growth(svg: &str, function: &str) -> f64 {
 
 /// The diff of two records of one target whose time in `alpha` went from 25% to 75% (its own
 /// timing says by how much exactly): alpha grew and beta shrank by that, within 8 points.
-/// 5 s at 200 Hz are about 1,000 samples a record: a share's standard error is at most 1.6
-/// points, that of a difference of two 2.3, so 8 points are 3.5 of them (and the target's
-/// own timing, not the nominal 50, is the reference).
+/// 173 Hz (a period of 5.8 ms) puts the samples all over the target's 20 ms cycle; 200 Hz
+/// would see four fixed points of it. 5 s at 173 Hz are about 865 samples a record: a share's
+/// standard error is at most 1.7 points, that of a difference of two 2.4, so 8 points are 3.3
+/// of them (and the target's own timing, not the nominal 50, is the reference).
 #[test]
 fn diff_of_two_records_shows_the_function_that_grew() {
     // Alone: shares of a CPU-bound target against its own timing.
