@@ -335,6 +335,13 @@ static __attribute__((always_inline)) __u64 read_window(struct window *w, __u64 
     return lo;
 }
 
+// FNV-1a 64 over 64-bit words: the basis a hash starts from, and one word's step.
+#define FNV_BASIS 0xcbf29ce484222325ULL
+static __attribute__((always_inline)) __u64 fnv_step(__u64 h, __u64 word)
+{
+    return (h ^ word) * 0x100000001b3ULL;
+}
+
 // FNV-1a over the code object's fingerprint bytes, 64-bit words (0 if they cannot be read).
 static __u64 code_fingerprint(struct thread_info *info, __u64 code)
 {
@@ -345,11 +352,11 @@ static __u64 code_fingerprint(struct thread_info *info, __u64 code)
     if (bpf_probe_read_user(words, size, (void *)(code + info->fingerprint_at)) < 0)
         return 0;
     __u64 n = size / 8;
-    __u64 h = 0xcbf29ce484222325ULL;
+    __u64 h = FNV_BASIS;
     for (__u32 w = 0; w < MAX_FINGERPRINT_BYTES / 8; w++) {
         if (w >= n)
             break;
-        h = (h ^ words[w]) * 0x100000001b3ULL;
+        h = fnv_step(h, words[w]);
     }
     return h;
 }
@@ -518,6 +525,29 @@ static __attribute__((always_inline)) __u64 frame_word_at(__u64 at)
     return at > FRAME_BYTES - 8 ? 0 : at;
 }
 
+// Where, in a frame's first FRAME_BYTES, a chain walk finds the link to the previous frame
+// and the two words the chain's hash covers beside the frame's address.
+struct frame_words {
+    __u64 previous, code, instr;
+};
+
+static __attribute__((always_inline)) struct frame_words frame_words_of(struct thread_info *info)
+{
+    struct frame_words at = {
+        .previous = frame_word_at(info->previous),
+        .code = frame_word_at(info->code),
+        .instr = frame_word_at(info->instr),
+    };
+    return at;
+}
+
+// One frame's step of a chain's hash.
+static __attribute__((always_inline)) __u64 hash_frame(__u64 chain, __u64 frame, __u64 code,
+                                                       __u64 instr)
+{
+    return fnv_step(fnv_step(fnv_step(chain, frame), code), instr);
+}
+
 // Whether `frame`'s FRAME_BYTES lie in the window `w` (read from `w->lo` up to FRAME_BYTES past
 // `w->top`); its first word's index there, in `word`.
 static __attribute__((always_inline)) int in_window(struct window *w, __u64 frame, __u64 *word)
@@ -535,11 +565,9 @@ static __attribute__((always_inline)) int in_window(struct window *w, __u64 fram
 static __attribute__((always_inline)) __u64 copy_chain(struct thread_info *info,
                                                        struct record *r, struct window *w)
 {
-    __u64 previous = frame_word_at(info->previous);
-    __u64 code_at = frame_word_at(info->code);
-    __u64 instr_at = frame_word_at(info->instr);
+    struct frame_words at = frame_words_of(info);
     __u64 frame = w->top;
-    __u64 chain = 0xcbf29ce484222325ULL;
+    __u64 chain = FNV_BASIS;
     __u32 i;
     for (i = 0; i < MAX_FRAMES; i++) {
         if (frame == 0)
@@ -556,12 +584,10 @@ static __attribute__((always_inline)) __u64 copy_chain(struct thread_info *info,
             break;
         }
         __u64 code = 0, instr = 0, next = 0;
-        __builtin_memcpy(&code, f->bytes + code_at, 8);
-        __builtin_memcpy(&instr, f->bytes + instr_at, 8);
-        __builtin_memcpy(&next, f->bytes + previous, 8);
-        chain = (chain ^ frame) * 0x100000001b3ULL;
-        chain = (chain ^ code) * 0x100000001b3ULL;
-        chain = (chain ^ instr) * 0x100000001b3ULL;
+        __builtin_memcpy(&code, f->bytes + at.code, 8);
+        __builtin_memcpy(&instr, f->bytes + at.instr, 8);
+        __builtin_memcpy(&next, f->bytes + at.previous, 8);
+        chain = hash_frame(chain, frame, code, instr);
         f->code_fingerprint = code_fingerprint(info, code & ~info->code_tag_mask);
         frame = next;
     }
@@ -579,35 +605,31 @@ static __attribute__((always_inline)) __u64 copy_chain(struct thread_info *info,
 static __attribute__((always_inline)) __u64 hash_chain(struct thread_info *info,
                                                        struct window *w, __u16 *failed)
 {
-    __u64 previous = frame_word_at(info->previous);
-    __u64 code_at = frame_word_at(info->code);
-    __u64 instr_at = frame_word_at(info->instr);
-    if (((previous | code_at | instr_at) & 7) != 0)
+    struct frame_words at = frame_words_of(info);
+    if (((at.previous | at.code | at.instr) & 7) != 0)
         return 0;
     __u64 frame = w->top;
-    __u64 chain = 0xcbf29ce484222325ULL;
+    __u64 chain = FNV_BASIS;
     __u32 i;
     for (i = 0; i < MAX_FRAMES; i++) {
         if (frame == 0)
             break;
         __u64 code, instr, next, word = 0;
         if (in_window(w, frame, &word)) {
-            code = w->words[word + (code_at >> 3)];
-            instr = w->words[word + (instr_at >> 3)];
-            next = w->words[word + (previous >> 3)];
+            code = w->words[word + (at.code >> 3)];
+            instr = w->words[word + (at.instr >> 3)];
+            next = w->words[word + (at.previous >> 3)];
         } else {
             __u64 bytes[FRAME_BYTES / 8] = {};
             if (bpf_probe_read_user(bytes, FRAME_BYTES, (void *)frame) < 0) {
                 *failed = FLAG_FRAME_UNREADABLE;
                 return 0;
             }
-            code = bytes[code_at >> 3];
-            instr = bytes[instr_at >> 3];
-            next = bytes[previous >> 3];
+            code = bytes[at.code >> 3];
+            instr = bytes[at.instr >> 3];
+            next = bytes[at.previous >> 3];
         }
-        chain = (chain ^ frame) * 0x100000001b3ULL;
-        chain = (chain ^ code) * 0x100000001b3ULL;
-        chain = (chain ^ instr) * 0x100000001b3ULL;
+        chain = hash_frame(chain, frame, code, instr);
         frame = next;
     }
     if (i == MAX_FRAMES && frame != 0) {
