@@ -186,17 +186,21 @@ fn show(
         match keys.wait(KEY_WAIT)? {
             Input::Quiet => {}
             Input::HungUp => bail!("the terminal hung up"),
-            Input::Ready => {
-                while event::poll(Duration::ZERO).context("cannot read the terminal")? {
-                    if let Event::Key(k) = event::read().context("cannot read the terminal")? {
-                        if k.kind == KeyEventKind::Press {
-                            let pids: Vec<i32> =
-                                model.processes().into_iter().map(|(p, _)| p).collect();
-                            state.key(k, &pids);
-                        }
-                    }
-                }
-            }
+            Input::Ready => take_keys(&model, &mut state)?,
+        }
+    }
+    Ok(())
+}
+
+/// Every key crossterm has (one read may bring several), each to the screen's state.
+fn take_keys(model: &TopModel, state: &mut ViewState) -> Result<()> {
+    while event::poll(Duration::ZERO).context("cannot read the terminal")? {
+        let Event::Key(k) = event::read().context("cannot read the terminal")? else {
+            continue;
+        };
+        if k.kind == KeyEventKind::Press {
+            let pids: Vec<i32> = model.processes().into_iter().map(|(p, _)| p).collect();
+            state.key(k, &pids);
         }
     }
     Ok(())

@@ -3,7 +3,7 @@
 //!
 //! crossterm's reader loops without end, at a whole core, once the terminal it reads has hung
 //! up: its read returns at once with nothing, or with an error it retries. So the screen waits
-//! for input here ([`wait_for_input`]) and asks crossterm to read only when there is some; a
+//! for input here ([`KeyInput::wait`]) and asks crossterm to read only when there is some; a
 //! hang-up ends the screen with an error instead. A hang-up in the moment between that wait and
 //! crossterm's read still traps the screen, and so may anything else that blocks it: the
 //! [`Watch`] thread notices the hang-up (or a stop asked for by a signal) on its own and, when
@@ -66,7 +66,7 @@ impl KeyInput {
 }
 
 /// Waits up to `timeout` for `fd` to have input or to hang up.
-pub fn wait_for_input(fd: BorrowedFd<'_>, timeout: Duration) -> nix::Result<Input> {
+fn wait_for_input(fd: BorrowedFd<'_>, timeout: Duration) -> nix::Result<Input> {
     let timeout = PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX);
     let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
     match poll(&mut fds, timeout) {
@@ -88,13 +88,7 @@ pub fn wait_for_input(fd: BorrowedFd<'_>, timeout: Duration) -> nix::Result<Inpu
 
 /// Whether `fd` has hung up, now.
 fn hung_up(fd: BorrowedFd<'_>) -> bool {
-    let mut fds = [PollFd::new(fd, PollFlags::empty())];
-    match poll(&mut fds, PollTimeout::ZERO) {
-        Ok(_) => fds[0]
-            .revents()
-            .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR)),
-        Err(_) => false,
-    }
+    matches!(wait_for_input(fd, Duration::ZERO), Ok(Input::HungUp))
 }
 
 /// The watch over the screen: a thread that sets `stop` when standard output (the terminal

@@ -72,13 +72,7 @@ impl Drop for Tmux {
 
 /// Whether `pid` is a `pyfleet top` that has not ended (a zombie has).
 fn is_top(pid: i32) -> bool {
-    let running = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let state = stat.rsplit_once(") ")?.1.chars().next()?;
-            Some(state != 'Z' && state != 'X')
-        })
-        .unwrap_or(false);
+    let running = process_state(pid).is_some_and(|state| state != 'Z' && state != 'X');
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
     let mut args = cmdline.split(|&b| b == 0);
     let exe = args.next().unwrap_or_default();
@@ -271,10 +265,10 @@ fn top_ends_when_its_terminal_hangs_up() {
     tmux.kill_server();
     // The screen notices within a key wait (0.1 s), then stops its fleet (well within 5 s).
     let ended = wait_for(|| (!is_top(top)).then_some(()));
-    let state = std::fs::read_to_string(format!("/proc/{top}/stat")).unwrap_or_default();
     assert!(
         ended.is_some(),
-        "top (pid {top}) still runs 5 s after its terminal hung up: {state}"
+        "top (pid {top}) still runs 5 s after its terminal hung up (state {:?})",
+        process_state(top)
     );
 }
 
