@@ -56,10 +56,14 @@ step "cargo test"
 # Each integration test appends its time here (tests/it/common/machine.rs).
 durations=target/tmp/it-durations.tsv
 rm -f "$durations"
+# Every process the tests start inherits this mark: none may be left once they ended.
+export PYFLEET_TEST_RUN="$$-$(date +%s%N)"
 status=0
 cargo test --workspace --locked "$@" || status=$?
 step "the slowest integration tests (seconds, how each held the machine)"
 sort -rn "$durations" 2>/dev/null | head -20 || true
+step "processes the tests left behind"
+scripts/left-behind.sh "PYFLEET_TEST_RUN=$PYFLEET_TEST_RUN" $$ || status=1
 [ "$status" -eq 0 ] || exit "$status"
 
 step "fuzzing (cargo-fuzz, each target's corpus and ${FUZZ_SECONDS:-10} s more)"

@@ -8,6 +8,14 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // A program `record -- COMMAND` starts waits in pyfleet's binary until it is released.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args
+        .get(1)
+        .is_some_and(|a| a == commands::launched::GATE_ARG)
+    {
+        commands::launched::gate(&args[2..]);
+    }
     pyfleet::memory::limit_malloc_arenas();
     let cli = match cli::Cli::try_parse() {
         Ok(cli) => cli,

@@ -1,49 +1,101 @@
 //! A program `record` or `run` starts itself (`pyfleet record -- COMMAND ARGS...`).
 //!
-//! Contract. [`Launched::spawn`] starts the program with pyfleet's standard streams, in
-//! pyfleet's process group (so a Ctrl-C at the terminal reaches it as it would without
-//! pyfleet), and stops it at once (SIGSTOP): it runs only once [`Launched::release`] says the
-//! recorder is ready, so that its first moments are recorded too. Its exit status, once it
-//! exited, is [`Launched::exit_code`]: its code, or 128 plus the signal that ended it, as a
-//! shell reports it.
+//! Contract.
+//! - [`Launched::spawn`] starts a *gate* first: pyfleet's own binary (`/proc/self/exe
+//!   GATE_ARG ...`), with pyfleet's standard streams, in pyfleet's process group (so a Ctrl-C
+//!   at the terminal reaches it as it would without pyfleet). The gate waits on a pipe only
+//!   pyfleet writes: one byte ([`Launched::release`], once the recorder is ready, so the
+//!   program's first moments are recorded) and it becomes the program (`exec`, same pid); end
+//!   of file (pyfleet is gone, whatever ended it) and it exits without starting it. The gate
+//!   asks the kernel to kill it, and the program it becomes, when pyfleet dies
+//!   (`PR_SET_PDEATHSIG`), so no signal to pyfleet, at any instant, leaves the program stopped
+//!   or running without pyfleet. Nothing is ever stopped with SIGSTOP.
+//! - Signal dispositions are a shell's: a signal pyfleet handles (see [`StopSignals`]) reaches
+//!   the program at its default (exec resets handlers); a signal ignored when pyfleet started
+//!   (`nohup`, a non-interactive shell's background job) stays ignored, by pyfleet and by the
+//!   program.
+//! - While it runs, SIGTERM is passed on at once; SIGINT and SIGHUP, which a terminal sends
+//!   to the whole process group, are passed on only if the program has not ended
+//!   [`GRACE`] later (one sent to pyfleet alone); a program still running [`GRACE`] after
+//!   that is sent SIGTERM, then SIGKILL (each said on stderr).
+//! - Its exit status, once it exited, is [`Launched::exit_code`]: its code, or 128 plus the
+//!   signal that ended it, as a shell reports it. A program pyfleet gives up on (dropped
+//!   before it exited) is killed and reaped.
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, Context, Result};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use pyfleet_policies::MatchPolicy;
-use std::os::unix::process::ExitStatusExt;
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How often the host is scanned while a program started here runs: its Python subprocesses
 /// are profiled from their first moments.
 pub const SCAN: Duration = Duration::from_millis(50);
 
+/// The first argument that makes pyfleet's binary the gate of a program (see the module
+/// documentation); `main` looks for it before anything else.
+pub const GATE_ARG: &str = "__pyfleet-launch-gate";
+
+/// How long a program has to end by itself after a SIGINT or SIGHUP that pyfleet got, before
+/// pyfleet passes the signal on; and each later step (SIGTERM, SIGKILL).
+pub const GRACE: Duration = Duration::from_secs(5);
+
+/// Exit status of a gate whose pyfleet went away before releasing it.
+const GATE_ABANDONED: i32 = 125;
+/// Exit status of a gate that could not start its program (as a shell's for "not found").
+const GATE_CANNOT_EXEC: i32 = 127;
+
 /// The program and what became of it.
 pub struct Launched {
     child: Child,
     status: Option<ExitStatus>,
+    /// The read end of the gate's pipe: the gate reopens it through /proc, maybe only after
+    /// the release, so it stays open here while the program may not have exec'd yet.
+    gate_read: Option<std::os::fd::OwnedFd>,
+    /// The write end, until the program is released or abandoned.
+    gate_write: Option<std::fs::File>,
+    /// What is done next to a program that did not end on a signal, and when.
+    escalation: Option<(Instant, Signal)>,
 }
 
 impl Launched {
-    /// Starts `command` (its first word looked up on PATH) and stops it; a one-line error when
-    /// it cannot be started.
+    /// Starts `command`'s gate (its first word looked up on PATH now, so a program that cannot
+    /// be started is a one-line error before anything runs).
     pub fn spawn(command: &[String]) -> Result<Launched> {
         let (program, args) = command
             .split_first()
             .ok_or_else(|| anyhow!("give the program to start after --"))?;
-        let child = Command::new(program).args(args).spawn().map_err(|e| {
+        let cannot = |e: &dyn std::fmt::Display| {
             anyhow!(
                 "cannot start {}: {e}",
                 pyfleet::output::for_terminal(program)
             )
-        })?;
-        let launched = Launched {
+        };
+        executable(program).map_err(|e| cannot(&e))?;
+        let (read_end, write_end) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| cannot(&e))?;
+        let read_fd = std::os::fd::AsRawFd::as_raw_fd(&read_end);
+        let child = Command::new("/proc/self/exe")
+            .arg(GATE_ARG)
+            .arg(std::process::id().to_string())
+            .arg(read_fd.to_string())
+            .arg(program)
+            .args(args)
+            .spawn()
+            .map_err(|e| cannot(&e))?;
+        Ok(Launched {
             child,
             status: None,
-        };
-        launched.signal(Signal::SIGSTOP);
-        Ok(launched)
+            gate_read: Some(read_end),
+            gate_write: Some(std::fs::File::from(write_end)),
+            escalation: None,
+        })
     }
 
     pub fn pid(&self) -> i32 {
@@ -61,20 +113,75 @@ impl Launched {
         )?)
     }
 
-    /// Lets the program run.
-    pub fn release(&self) {
-        self.signal(Signal::SIGCONT);
+    /// Lets the program start (once; a gate that already ended is not an error).
+    pub fn release(&mut self) {
+        if let Some(mut write) = self.gate_write.take() {
+            let _ = write.write_all(b"go");
+        }
+    }
+
+    /// pyfleet was told to stop (`signal`) before it released the program: the gate exits
+    /// without starting it, and pyfleet's exit status says the signal (128 plus its number).
+    pub fn abandon(&mut self, signal: Signal) {
+        (self.gate_write, self.gate_read) = (None, None);
+        let _ = self.child.wait();
+        self.status = Some(ExitStatus::from_raw(signal as i32));
     }
 
     /// Sends the program `signal` (nothing if it is gone).
     pub fn signal(&self, signal: Signal) {
-        let _ = kill(Pid::from_raw(self.pid()), signal);
+        if self.status.is_none() {
+            let _ = kill(Pid::from_raw(self.pid()), signal);
+        }
     }
 
-    /// Whether the program exited (it is reaped then).
+    /// pyfleet got `signal` (one of [`StopSignals`]'): SIGTERM is passed on now, SIGINT and
+    /// SIGHUP after [`GRACE`] if the program has not ended by then (see [`Launched::escalate`]).
+    pub fn heard(&mut self, signal: Signal) {
+        let now = Instant::now();
+        let next = match signal {
+            Signal::SIGTERM => {
+                self.signal(Signal::SIGTERM);
+                (now + GRACE, Signal::SIGKILL)
+            }
+            other => (now + GRACE, other),
+        };
+        // A later signal never puts off a step already planned.
+        if self.escalation.is_none_or(|(at, _)| next.0 < at) {
+            self.escalation = Some(next);
+        }
+    }
+
+    /// Takes the step that is due for a program that did not end on a signal: the signal
+    /// passed on, then SIGTERM, then SIGKILL, [`GRACE`] apart. Called at every tick.
+    pub fn escalate(&mut self) {
+        let Some((at, signal)) = self.escalation else {
+            return;
+        };
+        if Instant::now() < at || self.exited() {
+            return;
+        }
+        eprintln!(
+            "pyfleet: the program (pid {}) did not end within {} s: sending it {}",
+            self.pid(),
+            GRACE.as_secs(),
+            signal.as_str()
+        );
+        self.signal(signal);
+        self.escalation = match signal {
+            Signal::SIGKILL => None,
+            Signal::SIGTERM => Some((Instant::now() + GRACE, Signal::SIGKILL)),
+            _ => Some((Instant::now() + GRACE, Signal::SIGTERM)),
+        };
+    }
+
+    /// Whether the program (or its gate) exited (it is reaped then).
     pub fn exited(&mut self) -> bool {
         if self.status.is_none() {
             self.status = self.child.try_wait().ok().flatten();
+        }
+        if self.status.is_some() {
+            (self.gate_write, self.gate_read) = (None, None);
         }
         self.status.is_some()
     }
@@ -97,12 +204,182 @@ impl Launched {
 }
 
 /// A program pyfleet gave up on before it exited (an error while starting to record) does not
-/// stay stopped: it is killed, and reaped.
+/// stay behind: it is killed, and reaped.
 impl Drop for Launched {
     fn drop(&mut self) {
+        (self.gate_write, self.gate_read) = (None, None);
         if !self.exited() {
-            self.signal(Signal::SIGKILL);
+            let _ = kill(Pid::from_raw(self.pid()), Signal::SIGKILL);
             let _ = self.child.wait();
         }
+    }
+}
+
+/// Whether `program` can be started as `execvp` would find it: a path (with a `/`) to an
+/// executable file, or a name found as one on PATH.
+fn executable(program: &str) -> std::io::Result<PathBuf> {
+    let is_executable = |p: &Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    let not_found = || std::io::Error::from(std::io::ErrorKind::NotFound);
+    if program.contains('/') {
+        let path = PathBuf::from(program);
+        return match std::fs::metadata(&path) {
+            Err(e) => Err(e),
+            Ok(_) if is_executable(&path) => Ok(path),
+            Ok(_) => Err(std::io::Error::from(std::io::ErrorKind::PermissionDenied)),
+        };
+    }
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join(program))
+        .find(|p| is_executable(p))
+        .ok_or_else(not_found)
+}
+
+/// The gate (see the module documentation), run by `main` when pyfleet's binary was started
+/// as `pyfleet GATE_ARG PARENT-PID FD PROGRAM ARGS...`. It never returns: it becomes the
+/// program, or exits.
+pub fn gate(args: &[OsString]) -> ! {
+    let quit = |code: i32, why: &str| -> ! {
+        if !why.is_empty() {
+            eprintln!("pyfleet: {why}");
+        }
+        std::process::exit(code)
+    };
+    let number = |i: usize| -> Option<i32> { args.get(i)?.to_str()?.parse().ok() };
+    let (Some(parent), Some(fd), Some(program)) = (number(0), number(1), args.get(2)) else {
+        quit(2, "the launch gate is pyfleet's own: it is not run by hand")
+    };
+    // Killed with pyfleet from here on; a pyfleet already gone (the gate was handed to init)
+    // releases nothing.
+    if nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).is_err()
+        || nix::unistd::getppid().as_raw() != parent
+    {
+        quit(GATE_ABANDONED, "")
+    }
+    let released = std::fs::File::open(format!("/proc/{parent}/fd/{fd}"))
+        .and_then(|mut pipe| {
+            let mut byte = [0u8; 1];
+            pipe.read(&mut byte)
+        })
+        .is_ok_and(|n| n == 1);
+    if !released {
+        quit(GATE_ABANDONED, "")
+    }
+    let e = Command::new(program).args(&args[3..]).exec();
+    quit(
+        GATE_CANNOT_EXEC,
+        &format!(
+            "cannot start {}: {e}",
+            pyfleet::output::for_terminal(&program.to_string_lossy())
+        ),
+    )
+}
+
+/// The signals that end a recording with a program, as streams, installed before the program
+/// is started (so it gets them at their default). A signal ignored when pyfleet started is not
+/// taken (it stays ignored, for the program too).
+pub struct StopSignals {
+    streams: Vec<(Signal, tokio::signal::unix::Signal)>,
+}
+
+impl StopSignals {
+    /// Takes SIGINT, SIGTERM and, with `hangup`, SIGHUP. Needs the async runtime's context.
+    pub fn install(hangup: bool) -> Result<StopSignals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let ignored = ignored_at_start();
+        let mut streams = Vec::new();
+        for (sig, kind) in [
+            (Signal::SIGINT, SignalKind::interrupt()),
+            (Signal::SIGTERM, SignalKind::terminate()),
+            (Signal::SIGHUP, SignalKind::hangup()),
+        ] {
+            if (sig == Signal::SIGHUP && !hangup) || ignored.contains(&sig) {
+                continue;
+            }
+            let stream = signal(kind).with_context(|| format!("cannot handle {}", sig.as_str()))?;
+            streams.push((sig, stream));
+        }
+        Ok(StopSignals { streams })
+    }
+
+    /// The next signal to arrive (never, when none is taken).
+    pub async fn next(&mut self) -> Signal {
+        let arrivals = self.streams.iter_mut().map(|(sig, stream)| {
+            let sig = *sig;
+            Box::pin(async move {
+                stream.recv().await;
+                sig
+            })
+        });
+        let arrivals: Vec<_> = arrivals.collect();
+        if arrivals.is_empty() {
+            return std::future::pending().await;
+        }
+        futures_select_first(arrivals).await
+    }
+
+    /// A signal that arrived already, if any (without waiting).
+    pub async fn arrived(&mut self) -> Option<Signal> {
+        tokio::select! {
+            biased;
+            sig = self.next() => Some(sig),
+            _ = std::future::ready(()) => None,
+        }
+    }
+}
+
+/// The first of `futures` to finish.
+async fn futures_select_first<F: std::future::Future<Output = Signal> + Unpin>(
+    mut futures: Vec<F>,
+) -> Signal {
+    std::future::poll_fn(|cx| {
+        for f in futures.iter_mut() {
+            if let std::task::Poll::Ready(sig) = std::pin::Pin::new(f).poll(cx) {
+                return std::task::Poll::Ready(sig);
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
+}
+
+/// The signals this process ignores (its `SigIgn` mask in /proc/self/status), among SIGINT,
+/// SIGTERM and SIGHUP.
+fn ignored_at_start() -> Vec<Signal> {
+    let mask = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let hex = s.lines().find_map(|l| l.strip_prefix("SigIgn:"))?.trim();
+            u64::from_str_radix(hex, 16).ok()
+        })
+        .unwrap_or(0);
+    [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP]
+        .into_iter()
+        .filter(|&s| mask & (1u64 << (s as i32 - 1)) != 0)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn programs_are_found_as_execvp_would() {
+        assert!(executable("sh").is_ok());
+        assert!(executable("/bin/sh").is_ok());
+        assert_eq!(
+            executable("/nonexistent/program").map_err(|e| e.kind()),
+            Err(std::io::ErrorKind::NotFound)
+        );
+        assert_eq!(
+            executable("no-such-program-pyfleet").map_err(|e| e.kind()),
+            Err(std::io::ErrorKind::NotFound)
+        );
+        // A file that is not executable, and a directory.
+        assert!(executable("/etc/hostname").is_err());
+        assert!(executable("/etc").is_err());
     }
 }

@@ -15,6 +15,7 @@
 //! then records nothing). The CPU budget is one whole core, so the rate is what was asked
 //! unless sampling would need more.
 
+use super::launched::{Launched, StopSignals};
 use anyhow::{anyhow, bail, Context, Result};
 use pyfleet::config::Seconds;
 use pyfleet::cpython;
@@ -195,12 +196,17 @@ pub fn run(opts: RecordOptions) -> Result<()> {
     )
     .map_err(|e| anyhow!(e))?
     .by_function(plan.sampling.by_function);
-    // A program to start: started stopped (it runs once the recorder is ready), then recorded
-    // by its pid and its Python descendants.
+    let runtime = super::fleet_runtime::runtime()?;
+    // A program to start: the signals that end a recording are taken first (so the program
+    // gets them at their default), then it is started held at its gate (it runs once the
+    // recorder is ready), and recorded by its pid and its Python descendants.
+    let mut stop_signals = None;
     let mut launched = match plan.sampling.command.is_empty() {
         true => None,
         false => {
-            let program = super::launched::Launched::spawn(&plan.sampling.command)?;
+            let _in_runtime = runtime.enter();
+            stop_signals = Some(StopSignals::install(true)?);
+            let program = Launched::spawn(&plan.sampling.command)?;
             plan.sampling.policy = program.policy()?;
             Some(program)
         }
@@ -279,13 +285,13 @@ pub fn run(opts: RecordOptions) -> Result<()> {
     if plan.sampling.switch_log {
         super::fleet_runtime::start_switch_log();
     }
-    let runtime = super::fleet_runtime::runtime()?;
     let started = Instant::now();
     let progress = std::io::stderr().is_terminal();
     let why = runtime.block_on(async {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
-        let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+        let mut signals = match stop_signals.take() {
+            Some(signals) => signals,
+            None => StopSignals::install(false)?,
+        };
         let fleet = Fleet::start(
             config,
             HostDiscovery::new(plan.sampling.policy.clone())
@@ -299,8 +305,12 @@ pub fn run(opts: RecordOptions) -> Result<()> {
         )
         .await
         .map_err(|e| anyhow!("{e}"))?;
-        if let Some(program) = &launched {
-            program.release();
+        if let Some(program) = launched.as_mut() {
+            // Stopped before the program was released: it is not started at all.
+            match signals.arrived().await {
+                Some(sig) => program.abandon(sig),
+                None => program.release(),
+            }
         }
 
         let mut tick = tokio::time::interval(POLL);
@@ -310,23 +320,20 @@ pub fn run(opts: RecordOptions) -> Result<()> {
         let mut rate_changed = false;
         let mut status: Option<FleetStatus> = None;
         let why = loop {
-            // A program started here gets Ctrl-C from the terminal itself, and SIGTERM from
-            // pyfleet: the recording ends when it exits.
+            // With a program started here, the recording ends when it exits; a signal is
+            // passed on to it as `launched` says.
             tokio::select! {
-                _ = int.recv() => match &launched {
-                    Some(_) => continue,
-                    None => break Some("stopped by SIGINT".to_string()),
-                },
-                _ = term.recv() => match &launched {
+                sig = signals.next() => match launched.as_mut() {
                     Some(program) => {
-                        program.signal(nix::sys::signal::Signal::SIGTERM);
+                        program.heard(sig);
                         continue;
                     }
-                    None => break Some("stopped by SIGTERM".to_string()),
+                    None => break Some(format!("stopped by {}", sig.as_str())),
                 },
                 _ = tick.tick() => {}
             }
             if let Some(program) = launched.as_mut() {
+                program.escalate();
                 if program.exited() {
                     break Some(format!("the program exited ({})", program.exit_code()));
                 }

@@ -3,6 +3,7 @@
 //! directory (`output::snapshot_dir`) and the Prometheus exporter, and runs until SIGINT,
 //! SIGTERM or the end of `--duration`, when a final snapshot is written.
 
+use super::launched::{Launched, StopSignals};
 use anyhow::{anyhow, Context, Result};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use metrics_util::MetricKindMask;
@@ -168,12 +169,15 @@ pub fn run(opts: RunOptions) -> Result<()> {
                 settings.sampling.mode != pyfleet_policies::Mode::Cpu,
             )
             .map_err(|e| anyhow!(e))?;
-        // A program to start: started stopped (it runs once the fleet is ready), then
-        // profiled by its pid and its Python descendants.
+        // A program to start: the signals that end the run are taken first (so the program
+        // gets them at their default), then it is started held at its gate (it runs once the
+        // fleet is ready), and profiled by its pid and its Python descendants.
+        let mut stop_signals = None;
         let mut launched = match settings.sampling.command.is_empty() {
             true => None,
             false => {
-                let program = super::launched::Launched::spawn(&settings.sampling.command)?;
+                stop_signals = Some(StopSignals::install(true)?);
+                let program = Launched::spawn(&settings.sampling.command)?;
                 settings.sampling.policy = program.policy()?;
                 config.scan_interval = config.scan_interval.min(super::launched::SCAN);
                 Some(program)
@@ -274,11 +278,19 @@ pub fn run(opts: RunOptions) -> Result<()> {
         .await
         .map_err(|e| anyhow!("{e}"))?;
         let _ = profiler.set(fleet.profiler());
-        if let Some(program) = &launched {
-            program.release();
+        let mut signals = match stop_signals {
+            Some(signals) => signals,
+            None => StopSignals::install(false)?,
+        };
+        if let Some(program) = launched.as_mut() {
+            // Stopped before the program was released: it is not started at all.
+            match signals.arrived().await {
+                Some(sig) => program.abandon(sig),
+                None => program.release(),
+            }
         }
 
-        let why = wait_for_end(settings.duration, launched.as_mut()).await?;
+        let why = wait_for_end(settings.duration, &mut signals, launched.as_mut()).await;
         tracing::info!("{why}: writing the final snapshot");
         let last = super::fleet_runtime::stop_and_write(fleet)
             .await
@@ -303,25 +315,22 @@ pub fn run(opts: RunOptions) -> Result<()> {
 const PUSH_DRAIN: Duration = Duration::from_secs(5);
 
 /// Waits for SIGINT, SIGTERM or the end of the duration; says which. With a program started
-/// here, for its exit instead: a Ctrl-C at the terminal reaches it by itself, and SIGTERM is
-/// passed on to it.
+/// here, for its exit instead (a signal is passed on to it as `launched` says).
 async fn wait_for_end(
     duration: Option<Duration>,
-    launched: Option<&mut super::launched::Launched>,
-) -> Result<&'static str> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    signals: &mut StopSignals,
+    launched: Option<&mut Launched>,
+) -> String {
     if let Some(program) = launched {
         let mut tick = tokio::time::interval(super::launched::SCAN);
         loop {
             tokio::select! {
-                _ = term.recv() => program.signal(nix::sys::signal::Signal::SIGTERM),
-                _ = int.recv() => {}
+                sig = signals.next() => program.heard(sig),
                 _ = tick.tick() => {}
             }
+            program.escalate();
             if program.exited() {
-                return Ok("the program exited");
+                return "the program exited".to_string();
             }
         }
     }
@@ -331,9 +340,8 @@ async fn wait_for_end(
             None => std::future::pending().await,
         }
     };
-    Ok(tokio::select! {
-        _ = term.recv() => "stopped by SIGTERM",
-        _ = int.recv() => "stopped by SIGINT",
-        _ = sleep => "duration reached",
-    })
+    tokio::select! {
+        sig = signals.next() => format!("stopped by {}", sig.as_str()),
+        _ = sleep => "duration reached".to_string(),
+    }
 }

@@ -176,11 +176,14 @@ pub fn existing_directory(dir: &std::path::Path) -> Result<(), String> {
 
 /// Whether the first bytes of an existing file are a profile pyfleet could have written in
 /// `format` (so that `record -o` may replace it): folded stacks (every line ends in a count),
-/// an SVG, a speedscope file, a gzipped pprof profile. A source file, a config or an empty
-/// file is not one.
+/// an SVG, a speedscope file, a gzipped pprof profile. A source file or a config is not one.
+/// An empty file holds nothing to lose (a folded recording of no sample is one).
 pub fn looks_like_profile(format: format::Format, head: &[u8]) -> bool {
     use format::Format;
     let text = || std::str::from_utf8(head).ok();
+    if head.is_empty() {
+        return true;
+    }
     match format {
         Format::Folded => text().is_some_and(|t| {
             // The head may end mid-line: only whole lines count.

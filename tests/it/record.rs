@@ -6,6 +6,7 @@
 use crate::common::*;
 use std::collections::BTreeSet;
 use std::fs;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -593,42 +594,6 @@ fn record_starts_a_program_and_passes_its_exit_status_on() {
         }
     }
 
-    // Ctrl-C at a terminal (SIGINT to the foreground process group, made here by setsid): the
-    // program gets it and ends (KeyboardInterrupt: killed by SIGINT, 130 as a shell says);
-    // pyfleet writes what it has and passes 130 on.
-    if let Some(setsid) = tool("setsid", SETUP_DEPLOY_TOOLS) {
-        let interp = any_interpreter();
-        let out = dir.path().join("interrupted.folded");
-        let mut cmd = Command::new(setsid);
-        cmd.arg(pyfleet_exe())
-            .args(["record", "-o", out.to_str().unwrap(), "--"])
-            .arg(&interp.path)
-            .args(["-c", "import time\nwhile True: sum(range(10000))"]);
-        let running = Running::start(cmd, Duration::from_secs(60));
-        let pid = running.pid();
-        std::thread::sleep(Duration::from_secs(2));
-        // setsid forked or not: the group is the one whose leader is pyfleet.
-        let group = fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| {
-                s.rsplit_once(')')?
-                    .1
-                    .split_whitespace()
-                    .nth(2)?
-                    .parse::<i32>()
-                    .ok()
-            })
-            .unwrap_or(pid);
-        send_signal(-group, libc::SIGINT);
-        let run = running.finish();
-        assert_eq!(run.status.code(), Some(130), "{}", run.describe());
-        let text = fs::read_to_string(&out).unwrap_or_default();
-        assert!(
-            text.contains("<module>"),
-            "nothing recorded: {}",
-            run.describe()
-        );
-    }
     // A program that cannot be started: one line, nothing written.
     let out = dir.path().join("none.folded");
     let run = pyfleet(&[
@@ -643,6 +608,102 @@ fn record_starts_a_program_and_passes_its_exit_status_on() {
     // Processes and a program at once: one line.
     let run = pyfleet(&["record", "--pid", "1", "--", "true"]);
     assert_error_contract(&run, Some("not both"));
+}
+
+/// Ctrl-C at a terminal (SIGINT to the foreground process group) at any instant of
+/// `record -- python ...` (#52), pyfleet leading a session of its own (`setsid`), with
+/// 3.11-3.15 in turn beside two CPU hogs: 10 times just
+/// after pyfleet started the program (0, 2, 10, 40 and 160 ms after its process appeared,
+/// before it is released: each with the debug and the measured build, the release build in
+/// CI), then at 10 instants from 0.3 to 3 s, while it starts and while it is recorded. Every
+/// time pyfleet and the program both end, nothing they started is left running a moment
+/// later, and pyfleet's status is a shell's for the interrupted program: 130 (or Python's own
+/// 1 when the interrupt came while it was still starting, "KeyboardInterrupt" on stderr, as
+/// it would without pyfleet). The interrupted programs never exit by themselves.
+#[test]
+fn ctrl_c_at_any_instant_ends_pyfleet_and_the_program_together() {
+    let _machine = alone();
+    let Some(setsid) = tool("setsid", SETUP_DEPLOY_TOOLS) else {
+        return;
+    };
+    let cases = launched_cases();
+    let hogs: Vec<Proc> = (0..2)
+        .map(|i| {
+            let py = &cases[0].0;
+            Proc::spawn(&format!("hog-{i}"), &py.path, &["-c", "while True: pass"])
+        })
+        .collect();
+    let dir = tempdir("pyfleet-record-ctrl-c-");
+    let mut instants: Vec<(bool, Duration)> = [0, 0, 2, 2, 10, 10, 40, 40, 160, 160]
+        .into_iter()
+        .map(|ms| (true, Duration::from_millis(ms)))
+        .collect();
+    instants.extend((1..=10).map(|k| (false, Duration::from_millis(300 * k))));
+    let mut failures = Vec::new();
+    for (i, &(after_program, at)) in instants.iter().enumerate() {
+        let interp = &cases[i % cases.len()].0;
+        let exe = if i % 2 == 0 {
+            pyfleet_exe()
+        } else {
+            measured_exe()
+        };
+        let out = dir.path().join(format!("{i}.folded"));
+        // Its own session and process group, which pyfleet leads (setsid, not a group leader
+        // here, does not fork): the program shares them. (In a group of a session pyfleet
+        // does not lead, the kernel would send SIGHUP and SIGCONT to a program stopped in a
+        // group pyfleet left orphaned: a weak build would go unseen.)
+        let mut cmd = Command::new(&setsid);
+        cmd.arg(&exe)
+            .args(["record", "-o", out.to_str().unwrap(), "--"])
+            .arg(&interp.path)
+            .args(["-c", "import time\nwhile True: sum(range(10000))"])
+            .env_remove("RUST_LOG")
+            .env_remove("RUST_BACKTRACE");
+        let running = Running::start(cmd, Duration::from_secs(60));
+        let pid = running.pid();
+        wait_until(
+            Duration::from_secs(20),
+            "setsid to make pyfleet a session leader",
+            || session_of(pid) == Some(pid),
+            String::new,
+        );
+        if after_program {
+            wait_until(
+                Duration::from_secs(20),
+                "pyfleet to start the program",
+                || {
+                    fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                        .is_ok_and(|c| !c.trim().is_empty())
+                },
+                String::new,
+            );
+        }
+        std::thread::sleep(at);
+        send_signal(-pid, libc::SIGINT);
+        let run = running.finish();
+        let status = match (run.status.code(), run.status.signal()) {
+            (Some(code), _) => code,
+            (None, Some(sig)) => 128 + sig,
+            _ => -1,
+        };
+        let python_starting = status == 1 && run.stderr.contains("KeyboardInterrupt");
+        if !(status == 130 || python_starting) || !run.left_behind.is_empty() {
+            failures.push(format!(
+                "[{} at {at:?}{}, {}] status {status}, left behind {:?}: {}",
+                interp.label,
+                if after_program {
+                    " after the program appeared"
+                } else {
+                    ""
+                },
+                exe.display(),
+                run.left_behind,
+                run.describe()
+            ));
+        }
+    }
+    drop(hogs);
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
 /// `--function` (#34): one box per function, without line numbers, in the file as in the

@@ -18,6 +18,8 @@ pub struct RunOutput {
     pub stdout: String,
     pub stderr: String,
     pub elapsed: Duration,
+    /// Processes of the command (its tag's) still running once it exited, killed then.
+    pub left_behind: Vec<i32>,
 }
 
 impl RunOutput {
@@ -57,13 +59,21 @@ pub fn truncate(s: &str, max: usize) -> String {
     format!("{}... [{} more bytes]", &s[..end], s.len() - end)
 }
 
-/// A running short-lived command whose output is being collected; killed and reaped on drop.
+/// How long after a command exited its other processes may still run before they count as
+/// left behind.
+const LEFT_BEHIND_AFTER: Duration = Duration::from_secs(1);
+
+/// A running short-lived command whose output is being collected. It carries a
+/// [`PROCESS_TAG`] of its own, which its descendants inherit: when it ends, times out or is
+/// dropped, every process still carrying the tag is killed, so none outlives the test (nor
+/// holds the output pipes open).
 pub struct Running {
     child: Option<Child>,
     command: String,
     started: Instant,
     timeout: Duration,
     readers: Vec<thread::JoinHandle<Vec<u8>>>,
+    tag: String,
 }
 
 fn command_line(cmd: &Command) -> String {
@@ -75,7 +85,9 @@ fn command_line(cmd: &Command) -> String {
 impl Running {
     pub fn start(mut cmd: Command, timeout: Duration) -> Running {
         let command = command_line(&cmd);
-        cmd.stdin(Stdio::null())
+        let tag = unique_process_tag();
+        cmd.env(PROCESS_TAG, &tag)
+            .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let started = Instant::now();
@@ -100,11 +112,22 @@ impl Running {
             started,
             timeout,
             readers,
+            tag,
         }
     }
 
     pub fn pid(&self) -> i32 {
         self.child.as_ref().unwrap().id() as i32
+    }
+
+    /// The value of [`PROCESS_TAG`] this command and its descendants carry.
+    pub fn tag(&self) -> &str {
+        &self.tag
+    }
+
+    /// Kills what is left of the command's processes (see [`Running`]); the pids killed.
+    fn kill_left_behind(&self) -> Vec<i32> {
+        kill_processes_with_env(PROCESS_TAG, &self.tag)
     }
 
     /// Wait for the command to finish; panics if it takes longer than its timeout (after
@@ -119,6 +142,7 @@ impl Running {
             if Instant::now() > deadline {
                 let _ = child.kill();
                 let _ = child.wait();
+                self.kill_left_behind();
                 let out: Vec<String> = self
                     .readers
                     .drain(..)
@@ -135,6 +159,13 @@ impl Running {
             thread::sleep(Duration::from_millis(5));
         };
         let elapsed = self.started.elapsed();
+        // A descendant still running a moment after the command exited (one being killed with
+        // it has that moment to go) would hold the pipes open: it ends here.
+        let settle = Instant::now() + LEFT_BEHIND_AFTER;
+        while Instant::now() < settle && !processes_with_env(PROCESS_TAG, &self.tag).is_empty() {
+            thread::sleep(Duration::from_millis(10));
+        }
+        let left_behind = self.kill_left_behind();
         let mut out = self.readers.drain(..).map(|r| r.join().unwrap_or_default());
         let stdout = out.next().unwrap();
         let stderr = out.next().unwrap();
@@ -146,6 +177,7 @@ impl Running {
             }),
             stderr: String::from_utf8_lossy(&stderr).into_owned(),
             elapsed,
+            left_behind,
         }
     }
 }
@@ -156,6 +188,7 @@ impl Drop for Running {
             let _ = child.kill();
             let _ = child.wait();
         }
+        self.kill_left_behind();
     }
 }
 

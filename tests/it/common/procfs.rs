@@ -32,6 +32,47 @@ pub fn send_signal(pid: i32, sig: libc::c_int) {
     }
 }
 
+/// The environment variable that marks every process a test starts through [`Running`] (and
+/// their descendants, which inherit it): its value names the start.
+pub const PROCESS_TAG: &str = "PYFLEET_TEST_PROCESS";
+
+/// A value of [`PROCESS_TAG`] no other start in this run has.
+pub fn unique_process_tag() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The live processes (zombies left out) whose environment holds `NAME=VALUE`.
+pub fn processes_with_env(name: &str, value: &str) -> Vec<i32> {
+    let needle = format!("{name}={value}");
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| process_state(pid).is_some_and(|s| s != 'Z' && s != 'X'))
+        .filter(|&pid| {
+            fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|&b| b == 0).any(|kv| kv == needle.as_bytes()))
+        })
+        .collect()
+}
+
+/// Kills (SIGKILL) every live process whose environment holds `NAME=VALUE`; the pids killed.
+pub fn kill_processes_with_env(name: &str, value: &str) -> Vec<i32> {
+    let pids = processes_with_env(name, value);
+    for &pid in &pids {
+        try_signal(pid, libc::SIGKILL);
+    }
+    pids
+}
+
 /// Whether a process with this pid exists (zombies included).
 pub fn pid_exists(pid: i32) -> bool {
     // SAFETY: signal 0 only checks for existence and permission.
@@ -56,6 +97,16 @@ pub fn thread_states(pid: i32) -> Vec<(String, Option<char>)> {
         }
     }
     out
+}
+
+/// The session of a process (field 6 of /proc/PID/stat).
+pub fn session_of(pid: i32) -> Option<i32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..]
+        .split_whitespace()
+        .nth(3)?
+        .parse()
+        .ok()
 }
 
 pub fn process_state(pid: i32) -> Option<char> {
