@@ -81,10 +81,14 @@ impl Launched {
         let (read_end, write_end) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| cannot(&e))?;
         let read_fd = std::os::fd::AsRawFd::as_raw_fd(&read_end);
+        // Under sudo, the program runs as the user who ran sudo, not as root.
+        let user = pyfleet::output::Owner::sudo_invoker()
+            .map_or_else(|| "-".to_string(), |o| format!("{}:{}", o.uid, o.gid));
         let child = Command::new("/proc/self/exe")
             .arg(GATE_ARG)
             .arg(std::process::id().to_string())
             .arg(read_fd.to_string())
+            .arg(user)
             .arg(program)
             .args(args)
             .spawn()
@@ -239,8 +243,8 @@ fn executable(program: &str) -> std::io::Result<PathBuf> {
 }
 
 /// The gate (see the module documentation), run by `main` when pyfleet's binary was started
-/// as `pyfleet GATE_ARG PARENT-PID FD PROGRAM ARGS...`. It never returns: it becomes the
-/// program, or exits.
+/// as `pyfleet GATE_ARG PARENT-PID FD USER PROGRAM ARGS...` (USER: `UID:GID` to become
+/// before the program, or `-`). It never returns: it becomes the program, or exits.
 pub fn gate(args: &[OsString]) -> ! {
     let quit = |code: i32, why: &str| -> ! {
         if !why.is_empty() {
@@ -248,18 +252,41 @@ pub fn gate(args: &[OsString]) -> ! {
         }
         std::process::exit(code)
     };
-    let number = |i: usize| -> Option<i32> { args.get(i)?.to_str()?.parse().ok() };
-    let (Some(parent), Some(fd), Some(program)) = (number(0), number(1), args.get(2)) else {
+    let word = |i: usize| args.get(i).and_then(|a| a.to_str());
+    let number = |i: usize| -> Option<i32> { word(i)?.parse().ok() };
+    let user = match word(2) {
+        Some("-") => Some(None),
+        Some(ids) => ids
+            .split_once(':')
+            .and_then(|(u, g)| Some(Some((u.parse::<u32>().ok()?, g.parse::<u32>().ok()?)))),
+        None => None,
+    };
+    let (Some(parent), Some(fd), Some(user), Some(program)) =
+        (number(0), number(1), user, args.get(3))
+    else {
         quit(2, "the launch gate is pyfleet's own: it is not run by hand")
     };
-    // Killed with pyfleet from here on; a pyfleet already gone (the gate was handed to init)
-    // releases nothing.
+    // The pipe is opened while the gate may still read pyfleet's descriptors (it becomes the
+    // user next); then it is killed with pyfleet (the kernel forgets that on a change of user,
+    // so it is asked after); a pyfleet already gone (the gate was handed to init) releases
+    // nothing.
+    let pipe = std::fs::File::open(format!("/proc/{parent}/fd/{fd}"));
+    let mut environment = Vec::new();
+    if let Some((uid, gid)) = user {
+        match become_user(uid, gid) {
+            Ok(vars) => environment = vars,
+            Err(e) => quit(
+                GATE_CANNOT_EXEC,
+                &format!("cannot run the program as uid {uid}: {e}"),
+            ),
+        }
+    }
     if nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).is_err()
         || nix::unistd::getppid().as_raw() != parent
     {
         quit(GATE_ABANDONED, "")
     }
-    let released = std::fs::File::open(format!("/proc/{parent}/fd/{fd}"))
+    let released = pipe
         .and_then(|mut pipe| {
             let mut byte = [0u8; 1];
             pipe.read(&mut byte)
@@ -268,7 +295,10 @@ pub fn gate(args: &[OsString]) -> ! {
     if !released {
         quit(GATE_ABANDONED, "")
     }
-    let e = Command::new(program).args(&args[3..]).exec();
+    let e = Command::new(program)
+        .args(&args[4..])
+        .envs(environment)
+        .exec();
     quit(
         GATE_CANNOT_EXEC,
         &format!(
@@ -276,6 +306,29 @@ pub fn gate(args: &[OsString]) -> ! {
             pyfleet::output::for_terminal(&program.to_string_lossy())
         ),
     )
+}
+
+/// Becomes user `uid` of group `gid` with that user's groups, as `sudo -u` would: root's
+/// privileges are gone for good. The user's HOME, USER and LOGNAME for the program (none for
+/// a uid without a name).
+fn become_user(uid: u32, gid: u32) -> nix::Result<Vec<(&'static str, OsString)>> {
+    use nix::unistd::{Gid, Uid, User};
+    let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));
+    let mut environment = Vec::new();
+    match User::from_uid(uid)? {
+        Some(user) => {
+            let name =
+                std::ffi::CString::new(user.name.as_bytes()).map_err(|_| nix::Error::EINVAL)?;
+            nix::unistd::initgroups(&name, gid)?;
+            environment.push(("HOME", user.dir.into_os_string()));
+            environment.push(("USER", OsString::from(&user.name)));
+            environment.push(("LOGNAME", OsString::from(user.name)));
+        }
+        None => nix::unistd::setgroups(&[])?,
+    }
+    nix::unistd::setresgid(gid, gid, gid)?;
+    nix::unistd::setresuid(uid, uid, uid)?;
+    Ok(environment)
 }
 
 /// The signals that end a recording with a program, as streams, installed before the program

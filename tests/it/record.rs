@@ -706,6 +706,68 @@ fn ctrl_c_at_any_instant_ends_pyfleet_and_the_program_together() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
+/// `sudo pyfleet record -- COMMAND` (#52): the program runs as the user who ran sudo
+/// (`SUDO_UID`/`SUDO_GID`, here nobody), with that user's groups and home, never as root; the
+/// recording is still made (pyfleet stays root) and handed to that user. Without sudo, the
+/// program runs as pyfleet does.
+#[test]
+fn a_program_started_under_sudo_runs_as_the_user_who_ran_sudo() {
+    let _machine = shared();
+    if !is_root() {
+        eprintln!("skipped: needs root (to play sudo's root)");
+        return;
+    }
+    // Debian's: nobody may run it (pyenv's are under /root).
+    let Some(interp) = interpreter("3.11-debian") else {
+        return;
+    };
+    let dir = tempdir("pyfleet-record-sudo-");
+    let out = dir.path().join("sudo.folded");
+    let program = "import os, time\nt = time.time()\nwhile time.time() - t < 1: sum(range(1000))\n\
+                   print('ids', os.getuid(), os.geteuid(), os.getgid(), os.getgroups(), os.environ.get('HOME'))";
+    let mut cmd = pyfleet_command(&[
+        "record",
+        "-o",
+        out.to_str().unwrap(),
+        "--mode",
+        "wall",
+        "--",
+    ]);
+    cmd.arg(&interp.path)
+        .args(["-c", program])
+        .env("SUDO_UID", "65534")
+        .env("SUDO_GID", "65534");
+    let run = run_with_timeout(cmd, PYFLEET_TIMEOUT);
+    assert!(run.success(), "{}", run.describe());
+    assert!(
+        run.stdout
+            .contains("ids 65534 65534 65534 [65534] /nonexistent"),
+        "the program did not run as nobody: {}",
+        run.describe()
+    );
+    let text = fs::read_to_string(&out).unwrap_or_default();
+    assert!(
+        text.contains("<module>"),
+        "nothing recorded: {}",
+        run.describe()
+    );
+    let owner = std::os::unix::fs::MetadataExt::uid(&fs::metadata(&out).unwrap());
+    assert_eq!(owner, 65534, "the recording is not nobody's");
+
+    let run = run_with_timeout(
+        {
+            let mut cmd = pyfleet_command(&["record", "-o", out.to_str().unwrap(), "--"]);
+            cmd.arg(&interp.path)
+                .args(["-c", "import os; print('ids', os.getuid())"])
+                .env_remove("SUDO_UID")
+                .env_remove("SUDO_GID");
+            cmd
+        },
+        PYFLEET_TIMEOUT,
+    );
+    assert!(run.stdout.contains("ids 0"), "{}", run.describe());
+}
+
 /// `--function` (#34): one box per function, without line numbers, in the file as in the
 /// daemon's snapshots; the functions are the same ones.
 #[test]
