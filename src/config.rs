@@ -134,6 +134,12 @@ pub struct RunOptions {
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     pub listen_client_ca: Option<PathBuf>,
+    /// A host name the listener answers to besides IP addresses and `localhost` (a request
+    /// whose Host is another name is refused: a web page that points a name of its own at
+    /// this address gets nothing); repeatable. Config file: [listen] names.
+    #[arg(long = "listen-name", value_name = "NAME")]
+    #[serde(skip)]
+    pub listen_names: Vec<String>,
     /// Serve profiles on an address other hosts reach without any credential (refused
     /// otherwise). Config file: [listen] insecure.
     #[arg(long)]
@@ -200,6 +206,8 @@ pub struct ListenFile {
     pub client_ca: Option<PathBuf>,
     /// Serve profiles off loopback without a credential.
     pub insecure: bool,
+    /// Host names the listener answers to besides IP addresses and `localhost`.
+    pub names: Vec<String>,
 }
 
 /// Who may read what the daemon's listener serves, validated.
@@ -336,6 +344,7 @@ impl RunOptions {
             listen_tls_key: self.listen_tls_key,
             listen_client_ca: self.listen_client_ca,
             insecure_listen: self.insecure_listen,
+            listen_names: self.listen_names,
             listen: file.listen,
             duration: self.duration.or(file.duration),
             pyroscope_url: self.pyroscope_url,
@@ -492,11 +501,22 @@ fn listen_settings(o: &RunOptions) -> Result<(ListenSettings, bool), String> {
         _ => return Err("--listen-tls-cert and --listen-tls-key go together".to_string()),
     };
     let tls = files.as_ref().map(crate::tls::server_config).transpose()?;
+    let mut names = o.listen_names.clone();
+    names.extend(table.names);
+    for name in &names {
+        if !crate::listener::access::is_host_name(name) {
+            return Err(format!(
+                "--listen-name {:?} is not a host name (letters, digits, '-' and '.')",
+                name
+            ));
+        }
+    }
     let settings = ListenSettings {
         access: crate::listener::access::Access {
             token,
             metrics_need_token,
             tls: tls.is_some(),
+            names: names.iter().map(|n| n.to_ascii_lowercase()).collect(),
         },
         tls,
         client_certs: files.is_some_and(|f| f.client_ca.is_some()),
@@ -798,6 +818,7 @@ mod tests {
             "listen-tls-key",
             "listen-client-ca",
             "insecure-listen",
+            "listen-name",
             "pyroscope",
             "push-interval",
         ];

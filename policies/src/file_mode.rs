@@ -6,8 +6,9 @@
 //! let in with a wider mode, such as 0640 for a group that reads snapshots. A mode carries
 //! read and write bits only (no execute, setuid, setgid or sticky bit) and always lets the
 //! owner read and write. A directory gets the file mode plus search (execute) for whoever may
-//! read: 0640 gives 0750. The bits are exact, not masked by the umask: whoever applies them
-//! sets them explicitly.
+//! read, and write for its owner only (whoever could write in it could plant links there):
+//! 0640 gives 0750, 0666 gives 0755. The bits are exact, not masked by the umask: whoever
+//! applies them sets them explicitly.
 
 use std::fmt;
 use std::str::FromStr;
@@ -52,9 +53,10 @@ impl FileMode {
         self.bits
     }
 
-    /// The bits of a directory: the file's, and search wherever read is allowed.
+    /// The bits of a directory: the file's, search wherever read is allowed, and write for
+    /// the owner only.
     pub fn directory(self) -> u32 {
-        self.bits | ((self.bits & 0o444) >> 2)
+        (self.bits & !0o022) | ((self.bits & 0o444) >> 2)
     }
 }
 
@@ -101,9 +103,9 @@ mod tests {
         for (text, file, dir) in [
             ("0640", 0o640, 0o750),
             ("644", 0o644, 0o755),
-            ("0o660", 0o660, 0o770),
-            ("0606", 0o606, 0o707),
-            ("0666", 0o666, 0o777),
+            ("0o660", 0o660, 0o750),
+            ("0606", 0o606, 0o705),
+            ("0666", 0o666, 0o755),
         ] {
             let m: FileMode = text.parse().expect(text);
             assert_eq!((m.file(), m.directory()), (file, dir), "{text}");

@@ -33,9 +33,8 @@ pub fn run(base: &Path, new: &Path, out: &Path, file_mode: Option<&str>) -> Resu
             .map_err(|e| anyhow::anyhow!("--file-mode: {e}"))?,
         None => FileMode::default(),
     };
-    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        pyfleet::output::existing_directory(dir).map_err(|e| anyhow::anyhow!("-o: {e}"))?;
-    }
+    let (out_dir, out_name) =
+        pyfleet::output::output_place(out).map_err(|e| anyhow::anyhow!("-o: {e}"))?;
     let base_profile = profile_input::read(base).map_err(anyhow::Error::msg)?;
     let new_profile = profile_input::read(new).map_err(anyhow::Error::msg)?;
     for (p, path) in [(&base_profile, base), (&new_profile, new)] {
@@ -61,7 +60,7 @@ pub fn run(base: &Path, new: &Path, out: &Path, file_mode: Option<&str>) -> Resu
         )
         .map_err(anyhow::Error::msg)?,
     };
-    write_atomically(out, &bytes, mode, None)
+    write_atomically(&out_dir, &out_name, &bytes, mode, None)
         .with_context(|| format!("writing {}", out.display()))?;
 
     let changes = differential::by_function(&base_profile, &new_profile);

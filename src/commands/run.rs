@@ -87,10 +87,14 @@ pub fn run(opts: RunOptions) -> Result<()> {
         profiler: profiler.clone(),
         mode: settings.sampling.mode,
         rate_hz: settings.sampling.rate.base_hz(),
-        snapshots: Some(settings.out.clone()),
+        snapshots: Some(writer.directory()),
         windows: Default::default(),
     };
     let result: Result<Option<i32>> = runtime.block_on(async move {
+        // Taken first: a SIGTERM while the daemon starts ends it once it runs, with its last
+        // snapshot, not by the signal's default. With a program to start, SIGHUP too (see
+        // `launched`).
+        let mut signals = StopSignals::install(!settings.sampling.command.is_empty())?;
         if let Some(addr) = settings.metrics_addr {
             // Bound first, so that a port in use is a startup error, not a log line later.
             let listener = tokio::net::TcpListener::bind(addr)
@@ -169,14 +173,12 @@ pub fn run(opts: RunOptions) -> Result<()> {
                 settings.sampling.mode != pyfleet_policies::Mode::Cpu,
             )
             .map_err(|e| anyhow!(e))?;
-        // A program to start: the signals that end the run are taken first (so the program
-        // gets them at their default), then it is started held at its gate (it runs once the
-        // fleet is ready), and profiled by its pid and its Python descendants.
-        let mut stop_signals = None;
+        // A program to start (the signals that end the run are taken already, so it gets them
+        // at their default): started held at its gate (it runs once the fleet is ready), and
+        // profiled by its pid and its Python descendants.
         let mut launched = match settings.sampling.command.is_empty() {
             true => None,
             false => {
-                stop_signals = Some(StopSignals::install(true)?);
                 let program = Launched::spawn(&settings.sampling.command)?;
                 settings.sampling.policy = program.policy()?;
                 config.scan_interval = config.scan_interval.min(super::launched::SCAN);
@@ -278,10 +280,6 @@ pub fn run(opts: RunOptions) -> Result<()> {
         .await
         .map_err(|e| anyhow!("{e}"))?;
         let _ = profiler.set(fleet.profiler());
-        let mut signals = match stop_signals {
-            Some(signals) => signals,
-            None => StopSignals::install(false)?,
-        };
         if let Some(program) = launched.as_mut() {
             // Stopped before the program was released: it is not started at all.
             match signals.arrived().await {

@@ -14,6 +14,12 @@
 //!
 //! [`check_exposure`] is the startup rule: a listener that is not loopback-only serves stacks
 //! only behind a token or client certificates, unless the operator said `--insecure-listen`.
+//!
+//! Every request's `Host` must be an IP address, `localhost`, or a name the operator gave
+//! (`--listen-name`): a web page that points a DNS name of its own at the listener's address
+//! (DNS rebinding) is refused before anything else is looked at ([`host_is_allowed`]). An IP
+//! literal cannot be rebound, so any is allowed (Prometheus and the kubelet reach a pod by its
+//! address).
 
 use hyper::header::{AUTHORIZATION, COOKIE};
 use hyper::HeaderMap;
@@ -134,6 +140,51 @@ pub struct Access {
     pub metrics_need_token: bool,
     /// The listener speaks TLS: the session cookie is `Secure`.
     pub tls: bool,
+    /// Host names it answers to besides IP addresses and `localhost` (lower case).
+    pub names: Vec<String>,
+}
+
+/// Whether a request whose `Host` header is `host` (`None`: none sent) is for this listener:
+/// an IP address (v4, or v6 in brackets), `localhost`, or one of `names` (lower case), with
+/// or without a port. A request without a Host (HTTP/1.0) is allowed: a browser always
+/// sends one.
+pub fn host_is_allowed(host: Option<&[u8]>, names: &[String]) -> bool {
+    let Some(host) = host else {
+        return true;
+    };
+    let Ok(host) = std::str::from_utf8(host) else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        // [v6]:port or [v6]
+        Some(rest) => match rest.split_once(']') {
+            Some((v6, port)) if port.is_empty() || is_port(port) => {
+                return v6.parse::<std::net::Ipv6Addr>().is_ok()
+            }
+            _ => return false,
+        },
+        None => match host.rsplit_once(':') {
+            Some((name, port)) if is_port(port) => name,
+            Some(_) => return false,
+            None => host,
+        },
+    };
+    let name = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
+    name.parse::<std::net::Ipv4Addr>().is_ok() || name == "localhost" || names.contains(&name)
+}
+
+/// `:PORT` after a host.
+fn is_port(s: &str) -> bool {
+    s.strip_prefix(':').unwrap_or(s).parse::<u16>().is_ok()
+}
+
+/// Whether `name` may be given as a listener's host name: letters, digits, `-` and `.`.
+pub fn is_host_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
 }
 
 /// Why a request was refused (one line, for the 401's body).
@@ -247,6 +298,7 @@ mod tests {
             token: Some(token),
             metrics_need_token: false,
             tls: false,
+            names: Vec::new(),
         };
         let right = headers(Some("Bearer 0123456789abcdef0123"));
         let lower = headers(Some("bearer 0123456789abcdef0123"));
@@ -349,5 +401,40 @@ mod tests {
         assert!(check_exposure(wide, true, false, false).is_ok());
         assert!(check_exposure(wide, false, true, false).is_ok());
         assert!(check_exposure(wide, false, false, true).is_ok());
+    }
+
+    #[test]
+    fn only_addresses_localhost_and_given_names_are_hosts() {
+        let names = vec!["pyfleet.example.org".to_string()];
+        for host in [
+            "127.0.0.1",
+            "127.0.0.1:9464",
+            "10.1.2.3:9464",
+            "[::1]:9464",
+            "[::1]",
+            "localhost:9464",
+            "LocalHost",
+            "localhost.",
+            "pyfleet.example.org:9464",
+            "PYFLEET.example.org",
+        ] {
+            assert!(host_is_allowed(Some(host.as_bytes()), &names), "{host}");
+        }
+        assert!(host_is_allowed(None, &names));
+        for host in [
+            "rebind.attacker.example",
+            "rebind.attacker.example:9464",
+            "127.0.0.1.nip.io",
+            "localhost.attacker.example",
+            "[::1]x",
+            "[zz]:1",
+            "localhost:99999",
+            "",
+            "pyfleet.example.org.attacker.example",
+        ] {
+            assert!(!host_is_allowed(Some(host.as_bytes()), &names), "{host}");
+        }
+        assert!(!host_is_allowed(Some(b"\xff"), &names));
+        assert!(is_host_name("pyfleet-1.example.org") && !is_host_name("a b") && !is_host_name(""));
     }
 }

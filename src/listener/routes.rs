@@ -38,8 +38,9 @@ pub struct Pull {
     pub mode: Mode,
     /// The daemon's base rate (pprof's period; the budget may lower the rate).
     pub rate_hz: f64,
-    /// Where the daemon writes its snapshots (`--out`), for the page's past windows.
-    pub snapshots: Option<std::path::PathBuf>,
+    /// Where the daemon writes its snapshots (`--out`, held open), for the page's past
+    /// windows.
+    pub snapshots: Option<Arc<crate::output::beneath::Beneath>>,
     /// The page's last live windows, for their downloads.
     pub windows: KeptWindows,
 }
@@ -194,6 +195,20 @@ pub async fn respond(
         p if p.starts_with("/snapshots/") || p.starts_with("/windows/") => Page::Stacks,
         _ => Page::Open,
     };
+    // A Host that is not this listener's: a page that pointed a name of its own at it.
+    let names = match pages {
+        Pages::Site { access, .. } => access.names.as_slice(),
+        Pages::Health { .. } => &[],
+    };
+    let host = req.headers().get(hyper::header::HOST).map(|h| h.as_bytes());
+    if !super::access::host_is_allowed(host, names) {
+        return text(
+            StatusCode::MISDIRECTED_REQUEST,
+            "this listener answers to its IP addresses, localhost and the names given with \
+             --listen-name only\n"
+                .to_string(),
+        );
+    }
     let site = match pages {
         Pages::Site {
             exporter,

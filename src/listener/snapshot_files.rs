@@ -6,12 +6,14 @@
 //!
 //! Only what the daemon writes is served: a NAME that is a snapshot's (`utc_name`), a FILE
 //! of plain characters (letters, digits, `.`, `-`, `_`; not starting with `.`) that is a
-//! regular file in it, opened without following a symlink, at most [`MAX_FILE_BYTES`]. At
-//! most [`MAX_LISTED`] snapshots are listed, newest first. Blocking: callers run these off the
+//! regular file in it, at most [`MAX_FILE_BYTES`], all opened beneath the `--out` the daemon
+//! holds open (`output::beneath`: no symlink followed, nothing outside it). At most
+//! [`MAX_LISTED`] snapshots are listed, newest first. Blocking: callers run these off the
 //! async workers.
 
 use super::http::{filter_request, text, with_type};
 use super::windows::{self, past};
+use crate::output::beneath::{Beneath, Kind};
 use crate::output::snapshot_dir::is_snapshot_name;
 use crate::output::snapshot_load::plain_file_name;
 use crate::output::{differential, profile_input};
@@ -21,7 +23,8 @@ use hyper::{Response, StatusCode};
 use pyfleet_actors::PullFilter;
 use serde::Serialize;
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::Arc;
 
 /// Most snapshots listed.
 pub const MAX_LISTED: usize = 500;
@@ -36,13 +39,13 @@ pub struct SnapshotInfo {
 }
 
 /// The snapshots in `out`, newest first, each with its plain files, sorted.
-pub fn list(out: &Path) -> Vec<SnapshotInfo> {
-    let mut names: Vec<String> = std::fs::read_dir(out)
+pub fn list(out: &Beneath) -> Vec<SnapshotInfo> {
+    let mut names: Vec<String> = out
+        .entries()
+        .unwrap_or_default()
         .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .filter_map(|e| e.file_name().to_str().map(str::to_string))
+        .filter(|(_, kind)| *kind == Kind::Directory)
+        .filter_map(|(name, _)| name.to_str().map(str::to_string))
         .filter(|n| is_snapshot_name(n))
         .collect();
     names.sort_unstable_by(|a, b| b.cmp(a));
@@ -50,12 +53,13 @@ pub fn list(out: &Path) -> Vec<SnapshotInfo> {
     names
         .into_iter()
         .map(|name| {
-            let mut files: Vec<String> = std::fs::read_dir(out.join(&name))
+            let mut files: Vec<String> = out
+                .subdirectory(Path::new(&name))
+                .and_then(|snapshot| snapshot.entries())
+                .unwrap_or_default()
                 .into_iter()
-                .flatten()
-                .flatten()
-                .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
-                .filter_map(|e| e.file_name().to_str().map(str::to_string))
+                .filter(|(_, kind)| *kind == Kind::File)
+                .filter_map(|(file, _)| file.to_str().map(str::to_string))
                 .filter(|f| plain_file_name(f))
                 .collect();
             files.sort();
@@ -73,11 +77,12 @@ pub enum NotServed {
 }
 
 /// File `file` of snapshot `name` in `out`, and its content type.
-pub fn file(out: &Path, name: &str, file: &str) -> Result<(Vec<u8>, &'static str), NotServed> {
+pub fn file(out: &Beneath, name: &str, file: &str) -> Result<(Vec<u8>, &'static str), NotServed> {
     if !is_snapshot_name(name) || !plain_file_name(file) {
         return Err(NotServed::NotFound);
     }
-    let (f, meta) = crate::output::open_regular_file(&out.join(name).join(file))
+    let (f, meta) = out
+        .open_regular(&Path::new(name).join(file))
         .map_err(|_| NotServed::NotFound)?;
     if meta.len() > MAX_FILE_BYTES {
         return Err(NotServed::TooLarge);
@@ -97,7 +102,7 @@ pub fn file(out: &Path, name: &str, file: &str) -> Result<(Vec<u8>, &'static str
 
 /// The differential flamegraph from snapshot `base` to snapshot `new`, of `filter`'s
 /// processes in each.
-pub fn diff(out: &Path, base: &str, new: &str, filter: &PullFilter) -> Result<Vec<u8>, String> {
+pub fn diff(out: &Beneath, base: &str, new: &str, filter: &PullFilter) -> Result<Vec<u8>, String> {
     let (b, n) = (past(out, base, filter)?, past(out, new, filter)?);
     let (b_folded, n_folded) = (
         profile_input::from_snapshot(&b.snapshot)?,
@@ -116,7 +121,7 @@ pub fn diff(out: &Path, base: &str, new: &str, filter: &PullFilter) -> Result<Ve
 
 /// The answer to GET `path` (`/api/snapshots`, `/diff.svg`, `/snapshots/...`) with `query`,
 /// of the snapshots in `out` (`None`: the daemon writes none). Reads on a blocking thread.
-pub async fn respond(out: Option<PathBuf>, path: &str, query: &str) -> Response<Full<Bytes>> {
+pub async fn respond(out: Option<Arc<Beneath>>, path: &str, query: &str) -> Response<Full<Bytes>> {
     let (path, query) = (path.to_string(), query.to_string());
     let answer = tokio::task::spawn_blocking(move || answer(out.as_deref(), &path, &query))
         .await
@@ -129,7 +134,7 @@ pub async fn respond(out: Option<PathBuf>, path: &str, query: &str) -> Response<
 
 type Answer = Result<(Vec<u8>, &'static str), (StatusCode, String)>;
 
-fn answer(out: Option<&Path>, path: &str, query: &str) -> Answer {
+fn answer(out: Option<&Beneath>, path: &str, query: &str) -> Answer {
     let not_found = |why: String| (StatusCode::NOT_FOUND, why);
     if path == "/api/snapshots" {
         let listed = out.map(list).unwrap_or_default();
@@ -233,14 +238,35 @@ mod tests {
         std::fs::write(out.path().join(a).join(".hidden"), "x").unwrap();
         std::os::unix::fs::symlink("/etc/passwd", out.path().join(a).join("passwd")).unwrap();
         std::fs::create_dir(out.path().join("not-a-snapshot")).unwrap();
-        let listed = list(out.path());
+        // A snapshot's name planted as a link to a directory elsewhere (a copy of a snapshot
+        // there, and the files of /etc): neither listed, nor served, nor read back.
+        let elsewhere = tempfile::tempdir().unwrap();
+        let copy = elsewhere.path().join("copy");
+        std::fs::create_dir(&copy).unwrap();
+        for f in std::fs::read_dir(out.path().join(a)).unwrap().flatten() {
+            std::fs::copy(f.path(), copy.join(f.file_name())).unwrap();
+        }
+        let (planted, planted_etc) = ("2031-01-01T00-00-00Z", "2031-01-01T00-00-01Z");
+        std::os::unix::fs::symlink(&copy, out.path().join(planted)).unwrap();
+        std::os::unix::fs::symlink("/etc", out.path().join(planted_etc)).unwrap();
+        let held = Beneath::open(out.path()).unwrap();
+        for name in [planted, planted_etc] {
+            assert!(file(&held, name, "all.folded").is_err(), "{name}");
+            assert!(file(&held, name, "passwd").is_err(), "{name}");
+            assert!(past(&held, name, &PullFilter::default()).is_err(), "{name}");
+            assert!(
+                diff(&held, a, name, &PullFilter::default()).is_err(),
+                "{name}"
+            );
+        }
+        let listed = list(&held);
         assert_eq!(listed.len(), 2);
         assert_eq!(listed[0].name, b, "newest first");
         assert_eq!(
             listed[1].files,
             ["all.folded", "labels.json", "metadata.json", "web-1.folded"]
         );
-        let (bytes, kind) = file(out.path(), a, "all.folded").unwrap();
+        let (bytes, kind) = file(&held, a, "all.folded").unwrap();
         assert!(bytes.starts_with(b"web-1;") && kind.starts_with("text/plain"));
         for (name, f) in [
             (a, "passwd"),
@@ -250,27 +276,20 @@ mod tests {
             ("not-a-snapshot", "x"),
             (a, "missing"),
         ] {
-            assert_eq!(
-                file(out.path(), name, f),
-                Err(NotServed::NotFound),
-                "{name}/{f}"
-            );
+            assert_eq!(file(&held, name, f), Err(NotServed::NotFound), "{name}/{f}");
         }
         let everyone = PullFilter::default();
-        let svg = String::from_utf8(diff(out.path(), a, b, &everyone).unwrap()).unwrap();
+        let svg = String::from_utf8(diff(&held, a, b, &everyone).unwrap()).unwrap();
         assert!(svg.contains("+40.00%"), "alpha grew by 40 points");
-        assert!(diff(out.path(), a, "../x", &everyone).is_err());
+        assert!(diff(&held, a, "../x", &everyone).is_err());
         let nobody = PullFilter {
             pid: Some(2),
             ..Default::default()
         };
-        assert!(
-            diff(out.path(), a, b, &nobody).is_err(),
-            "no samples of pid 2"
-        );
+        assert!(diff(&held, a, b, &nobody).is_err(), "no samples of pid 2");
 
         // The routes: a window of a snapshot in any format, for a process; the files; refusals.
-        let get = |path: &str, query: &str| answer(Some(out.path()), path, query);
+        let get = |path: &str, query: &str| answer(Some(&held), path, query);
         let (folded, kind) = get(&format!("/snapshots/{a}/window.folded"), "pid=1").unwrap();
         // A past window's seconds are its own: a `seconds` asked for is not a mistake.
         assert!(get(&format!("/snapshots/{a}/window.svg"), "seconds=5&pid=1").is_ok());

@@ -51,11 +51,19 @@ impl Window {
 
 /// Past window `name` of the snapshots in `out` (a snapshot's name, see
 /// `snapshot_dir::utc_name`), narrowed to `filter`. Blocking: reads the snapshot.
-pub fn past(out: &std::path::Path, name: &str, filter: &PullFilter) -> Result<Window, String> {
+pub fn past(
+    out: &crate::output::beneath::Beneath,
+    name: &str,
+    filter: &PullFilter,
+) -> Result<Window, String> {
     if !crate::output::snapshot_dir::is_snapshot_name(name) {
         return Err("no such snapshot (see /api/snapshots)".into());
     }
-    let loaded = crate::output::snapshot_load::load(&out.join(name))
+    let not_read = |_| format!("{name}: no such snapshot, or one that cannot be read back");
+    let snapshot = out
+        .subdirectory(std::path::Path::new(name))
+        .map_err(not_read)?;
+    let loaded = crate::output::snapshot_load::load(&snapshot)
         .map_err(|_| format!("{name}: no such snapshot, or one that cannot be read back"))?;
     Ok(Window::of(loaded.snapshot, filter, loaded.ctx))
 }

@@ -3,6 +3,7 @@
 //! [`format`] names the profile formats and renders a snapshot in any of them; the daemon's
 //! [`snapshot_dir`] and `record`'s [`record_file`] write them.
 
+pub mod beneath;
 pub mod differential;
 pub mod dump;
 pub mod folded;
@@ -19,33 +20,49 @@ pub mod views;
 
 pub use pyfleet_policies::FileMode;
 
-/// Writes `data` to `path` atomically: into a new temporary file beside it (see
-/// [`create_beside`]), fsynced, renamed over `path` (a symlink there is replaced, not
+/// Where an output file goes: its directory, held open (reached without following a link
+/// another user could have planted, see [`beneath`]), and its name there. The error says what
+/// is wrong with the path, in words.
+pub fn output_place(
+    path: &std::path::Path,
+) -> Result<(beneath::Beneath, std::ffi::OsString), String> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| "not a file name".to_string())?
+        .to_os_string();
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    let held = beneath::Beneath::open(dir).map_err(|e| e.to_string())?;
+    Ok((held, name))
+}
+
+/// Writes `data` to file `name` of `dir` atomically: into a new temporary file beside it (see
+/// [`create_beside`]), fsynced, renamed over `name` (a symlink there is replaced, not
 /// followed), and the directory fsynced, so a reader sees the old file or the whole new one.
 /// The file has `mode`'s bits, and is handed to `owner` when one is given. On failure the
 /// temporary file is removed.
 pub fn write_atomically(
-    path: &std::path::Path,
+    dir: &beneath::Beneath,
+    name: &std::ffi::OsStr,
     data: &[u8],
     mode: FileMode,
     owner: Option<Owner>,
 ) -> std::io::Result<()> {
     use std::io::Write;
-    let (tmp, mut f) = create_beside(path, mode)?;
+    let (tmp, mut f) = create_beside(dir, name, mode)?;
     let r = (|| {
         if let Some(o) = owner {
             std::os::unix::fs::fchown(&f, Some(o.uid), Some(o.gid))?;
         }
         f.write_all(data)?;
         f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::File::open(dir)?.sync_all()?;
-        }
-        Ok(())
+        dir.rename(&tmp, name)?;
+        dir.sync()
     })();
     if r.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+        let _ = dir.remove_all(std::path::Path::new(&tmp));
     }
     r
 }
@@ -74,15 +91,16 @@ impl Owner {
     }
 }
 
-/// Creates a new file `.<name>.<random>.tmp` in `path`'s directory, with `mode`'s bits: never
-/// an existing one, never through a symlink, under a name nobody can guess beforehand.
+/// Creates a new file `.<name>.<random>.tmp` in `dir`, with `mode`'s bits: never an existing
+/// one, never through a symlink, under a name nobody can guess beforehand. Its name and the
+/// file.
 pub fn create_beside(
-    path: &std::path::Path,
+    dir: &beneath::Beneath,
+    name: &std::ffi::OsStr,
     mode: FileMode,
-) -> std::io::Result<(std::path::PathBuf, std::fs::File)> {
+) -> std::io::Result<(std::ffi::OsString, std::fs::File)> {
     use std::hash::{BuildHasher, Hasher};
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let dir = path.parent().unwrap_or(std::path::Path::new(""));
+    let name = name.to_string_lossy();
     let mut last = None;
     for _ in 0..8 {
         // RandomState's keys come from the OS's randomness.
@@ -92,86 +110,14 @@ pub fn create_beside(
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos()),
         );
-        let tmp = dir.join(format!(".{name}.{:016x}.tmp", h.finish()));
-        match create_new_file(&tmp, mode) {
+        let tmp = std::ffi::OsString::from(format!(".{name}.{:016x}.tmp", h.finish()));
+        match dir.create_new(std::path::Path::new(&tmp), mode) {
             Ok(f) => return Ok((tmp, f)),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
             Err(e) => return Err(e),
         }
     }
     Err(last.unwrap_or_else(|| std::io::Error::other("no temporary name")))
-}
-
-/// The regular file at `path` opened for reading, never through a symlink (and without
-/// waiting on a FIFO), with its metadata; anything else is an error.
-pub fn open_regular_file(
-    path: &std::path::Path,
-) -> std::io::Result<(std::fs::File, std::fs::Metadata)> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)?;
-    let meta = f.metadata()?;
-    if !meta.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
-    Ok((f, meta))
-}
-
-/// Creates the new file `path` (never an existing one, never through a symlink) with exactly
-/// `mode`'s file bits, whatever the umask: created with them (the umask can only take bits
-/// away), then set.
-pub fn create_new_file(path: &std::path::Path, mode: FileMode) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .mode(mode.file())
-        .open(path)?;
-    f.set_permissions(std::fs::Permissions::from_mode(mode.file()))?;
-    Ok(f)
-}
-
-/// Creates the new directory `path` with exactly `mode`'s directory bits, whatever the umask
-/// (set through the directory itself, opened without following a symlink).
-pub fn create_dir_with_mode(path: &std::path::Path, mode: FileMode) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
-    std::fs::DirBuilder::new()
-        .mode(mode.directory())
-        .create(path)?;
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_DIRECTORY)
-        .open(path)?
-        .set_permissions(std::fs::Permissions::from_mode(mode.directory()))
-}
-
-/// Creates the directory `dir` (with `mode`'s directory bits) unless it is one already, whose
-/// bits are left as they are. Only `dir` itself: a missing parent is a mistake in the path
-/// (an error), not a tree to make. The error names `dir` and says what is wrong in words.
-pub fn create_last_component(dir: &std::path::Path, mode: FileMode) -> Result<(), String> {
-    let shown = dir.display();
-    match std::fs::metadata(dir) {
-        Ok(m) if m.is_dir() => return Ok(()),
-        Ok(_) => return Err(format!("{shown}: is a file, not a directory")),
-        Err(_) => {}
-    }
-    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-        existing_directory(parent).map_err(|e| format!("{shown}: {e}"))?;
-    }
-    create_dir_with_mode(dir, mode).map_err(|e| format!("{shown}: cannot create it: {e}"))
-}
-
-/// That `dir` exists and is a directory, or what is wrong, in words ("directory /x does not
-/// exist", "/x is a file, not a directory").
-pub fn existing_directory(dir: &std::path::Path) -> Result<(), String> {
-    match std::fs::metadata(dir) {
-        Ok(m) if m.is_dir() => Ok(()),
-        Ok(_) => Err(format!("{} is a file, not a directory", dir.display())),
-        Err(_) => Err(format!("directory {} does not exist", dir.display())),
-    }
 }
 
 /// Whether the first bytes of an existing file are a profile pyfleet could have written in
@@ -243,16 +189,18 @@ mod tests {
         std::fs::write(&victim, b"keep").unwrap();
         let out = dir.path().join("profile.svg");
         std::os::unix::fs::symlink(&victim, &out).unwrap();
-        super::write_atomically(&out, b"profile", super::FileMode::default(), None).unwrap();
+        let (held, name) = super::output_place(&out).unwrap();
+        let mode = super::FileMode::default();
+        super::write_atomically(&held, &name, b"profile", mode, None).unwrap();
         assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
         assert_eq!(std::fs::read(&out).unwrap(), b"profile");
         assert!(!std::fs::symlink_metadata(&out).unwrap().is_symlink());
         // Temporary names differ from one call to the next, and none is left behind.
-        let (a, _) = super::create_beside(&out, super::FileMode::default()).unwrap();
-        let (b, _) = super::create_beside(&out, super::FileMode::default()).unwrap();
+        let (a, _) = super::create_beside(&held, &name, mode).unwrap();
+        let (b, _) = super::create_beside(&held, &name, mode).unwrap();
         assert_ne!(a, b);
-        std::fs::remove_file(a).unwrap();
-        std::fs::remove_file(b).unwrap();
+        std::fs::remove_file(dir.path().join(a)).unwrap();
+        std::fs::remove_file(dir.path().join(b)).unwrap();
         let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
         assert_eq!(left.len(), 2, "{left:?}");
     }

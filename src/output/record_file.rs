@@ -10,20 +10,21 @@
 //! file is always a whole profile. [`RecordFile::open`] checks the target is writable before
 //! any sampling starts.
 
+use super::beneath::{Beneath, Kind};
 use super::format::{render, Format, RenderContext};
 use super::{FileMode, Owner};
 use pyfleet_actors::{ProcessProfile, Snapshot, SnapshotWriter, ThreadStatus};
 use std::collections::HashMap;
-use std::fs;
+use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Instant, SystemTime};
 
-/// Whether the regular file at `path` starts like a profile in `format` (read without
+/// Whether the regular file `name` of `dir` starts like a profile in `format` (read without
 /// following a symlink, at most 64 KiB).
-fn existing_profile(path: &Path, format: Format) -> bool {
+fn existing_profile(dir: &Beneath, name: &OsStr, format: Format) -> bool {
     use std::io::Read;
-    let Ok((f, _)) = super::open_regular_file(path) else {
+    let Ok((f, _)) = dir.open_regular(Path::new(name)) else {
         return false;
     };
     let mut head = Vec::new();
@@ -59,6 +60,9 @@ pub struct RecordFile {
 
 struct Inner {
     path: PathBuf,
+    /// The file's directory, held open since `open` (see `beneath`), and its name there.
+    dir: Beneath,
+    name: OsString,
     format: Format,
     file_mode: FileMode,
     /// Whom the file is handed to (`Owner::sudo_invoker`).
@@ -83,8 +87,9 @@ impl RecordFile {
         self
     }
 
-    /// Checks that `path` can be written (its directory exists, and a temporary file can be
-    /// created in it and removed) and returns the writer. An existing file at `path` is
+    /// Checks that `path` can be written (its directory exists, is reached without following
+    /// a link another user could have planted, and a temporary file can be created in it and
+    /// removed) and returns the writer, which writes in that directory from then on. An existing file at `path` is
     /// replaced only when it is a profile in `format` (one pyfleet could have written: see
     /// [`looks_like_profile`](super::looks_like_profile)) or with `force`. The file itself is
     /// not touched until the first write; it gets `file_mode`'s bits, and goes to the user who
@@ -97,28 +102,21 @@ impl RecordFile {
         file_mode: FileMode,
     ) -> Result<Self, String> {
         let shown = path.display();
-        let Some(name) = path.file_name() else {
-            return Err(format!("cannot write the output {shown}: not a file name"));
-        };
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        super::existing_directory(&dir)
+        let (dir, name) = super::output_place(path)
             .map_err(|e| format!("cannot write the output {shown}: {e}"))?;
-        match fs::symlink_metadata(path) {
-            Ok(m) if m.is_dir() => {
+        match dir.kind(Path::new(&name)) {
+            Some(Kind::Directory) => {
                 return Err(format!(
                     "cannot write the output {shown}: it is a directory"
                 ))
             }
-            Ok(m) if !force && !m.is_file() => {
+            Some(Kind::Other) if !force => {
                 return Err(format!(
                     "cannot write the output {shown}: it exists and is not a regular file \
                      (--force replaces it)"
                 ))
             }
-            Ok(_) if !force && !existing_profile(path, format) => {
+            Some(Kind::File) if !force && !existing_profile(&dir, &name, format) => {
                 return Err(format!(
                     "cannot write the output {shown}: it exists and is not a {format} profile \
                      (--force replaces it)"
@@ -126,12 +124,14 @@ impl RecordFile {
             }
             _ => {}
         }
-        let (tmp, _) = super::create_beside(&dir.join(name), file_mode)
+        let (tmp, _) = super::create_beside(&dir, &name, file_mode)
             .map_err(|e| format!("cannot write the output {shown}: {e}"))?;
-        let _ = fs::remove_file(&tmp);
+        let _ = dir.remove_all(Path::new(&tmp));
         Ok(RecordFile {
             inner: Arc::new(Inner {
                 path: path.to_path_buf(),
+                dir,
+                name,
                 format,
                 file_mode,
                 owner: Owner::sudo_invoker(),
@@ -209,7 +209,8 @@ impl RecordFile {
 
     fn write_atomically(&self, data: &[u8]) -> std::io::Result<()> {
         super::write_atomically(
-            &self.inner.path,
+            &self.inner.dir,
+            &self.inner.name,
             data,
             self.inner.file_mode,
             self.inner.owner,
@@ -299,6 +300,7 @@ pub fn merge(acc: &mut Snapshot, window: &Snapshot) {
 mod tests {
     use super::*;
     use pyfleet_actors::FrameInfo;
+    use std::fs;
     use std::time::{Duration, UNIX_EPOCH};
 
     fn window(at: u64, pid: i32, function: &str, n: u64) -> Snapshot {

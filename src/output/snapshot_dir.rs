@@ -10,19 +10,23 @@
 //! No file is empty: a folded file with no stack is not written (`metadata.json` says the
 //! window had no samples).
 //!
-//! Owns the directory layout, atomicity and retention. A snapshot is built in a hidden
-//! `.partial-<name>` directory (every file written and fsynced), then renamed into place, so
-//! a reader never sees half a snapshot. Retention deletes only directories whose names this
-//! module made. File names come from sanitised process names (policies' `naming`), never
-//! straight from a target.
+//! Owns the directory layout, atomicity and retention. `out` is opened once and must be
+//! private (see `beneath`): every file is written, listed, renamed and deleted beneath that
+//! descriptor, never through a link. A snapshot is built in a hidden `.partial-<name>`
+//! directory (every file written and fsynced), then renamed into place, so a reader never
+//! sees half a snapshot. Retention deletes only directories whose names this module made.
+//! File names come from sanitised process names (policies' `naming`), never straight from a
+//! target.
 
+use super::beneath::{Beneath, Kind};
 use super::folded;
 use super::format::{self, Format, RenderContext};
 use super::FileMode;
 use pyfleet_actors::{Snapshot, SnapshotWriter};
 use pyfleet_policies::{Mode, RetentionPolicy, SnapshotEntry};
-use std::fs;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 const PARTIAL: &str = ".partial-";
@@ -31,6 +35,8 @@ const PARTIAL: &str = ".partial-";
 #[derive(Debug)]
 pub struct SnapshotDir {
     out: PathBuf,
+    /// `out`, held open: everything is done beneath it.
+    dir: Arc<Beneath>,
     retention: RetentionPolicy,
     formats: Vec<Format>,
     mode: Mode,
@@ -60,33 +66,33 @@ pub fn fleet_file_name(format: Format) -> &'static str {
 }
 
 impl SnapshotDir {
-    /// Creates `out` if needed (only `out` itself: a missing parent is a mistake, not a
-    /// directory tree to make) and checks that snapshots can be written there (a probe file is
-    /// written and removed), so an unusable directory fails at startup, not an hour later.
-    /// Files and directories are created with `file_mode`'s bits (`out` too when it is
-    /// created here; an existing `out` keeps its own).
+    /// Creates `out` if needed (only `out` itself, private: a missing parent is a mistake, not
+    /// a directory tree to make), opens it (following no link another user could have
+    /// planted), requires it to be private (pyfleet's user's, writable by nobody else) and
+    /// checks that snapshots can be written there (a probe file is written and removed), so an
+    /// unusable directory fails at startup, not an hour later. Files and directories are
+    /// created with `file_mode`'s bits (`out` too when it is created here).
     pub fn open(
         out: &Path,
         retention: RetentionPolicy,
         file_mode: FileMode,
     ) -> Result<Self, String> {
-        let fail = |what: &str, e: std::io::Error| {
-            format!("unusable --out {}: {what}: {e}", out.display())
-        };
-        super::create_last_component(out, file_mode).map_err(|e| format!("unusable --out {e}"))?;
-        let probe = out.join(format!("{PARTIAL}probe-{}", std::process::id()));
-        super::create_new_file(&probe, file_mode).map_err(|e| fail("cannot write in it", e))?;
-        let _ = fs::remove_file(&probe);
+        let fail = |what: &str, e: String| format!("unusable --out {}: {what}{e}", out.display());
+        let dir = Beneath::open_or_create(out, file_mode).map_err(|e| fail("", e.to_string()))?;
+        dir.require_private().map_err(|e| fail("", e))?;
+        let probe = PathBuf::from(format!("{PARTIAL}probe-{}", std::process::id()));
+        dir.create_new(&probe, file_mode)
+            .map_err(|e| fail("cannot write in it: ", e.to_string()))?;
+        let _ = dir.remove_all(&probe);
         // Leftovers of a run that died mid-write.
-        if let Ok(entries) = fs::read_dir(out) {
-            for e in entries.flatten() {
-                if e.file_name().to_string_lossy().starts_with(PARTIAL) {
-                    let _ = fs::remove_dir_all(e.path());
-                }
+        for (name, _) in dir.entries().unwrap_or_default() {
+            if name.to_string_lossy().starts_with(PARTIAL) {
+                let _ = dir.remove_all(Path::new(&name));
             }
         }
         Ok(SnapshotDir {
             out: out.to_path_buf(),
+            dir: Arc::new(dir),
             retention,
             formats: DEFAULT_FORMATS.to_vec(),
             mode: Mode::default(),
@@ -131,23 +137,29 @@ impl SnapshotDir {
         &self.out
     }
 
+    /// `out`, held open (the listener serves the snapshots beneath it).
+    pub fn directory(&self) -> Arc<Beneath> {
+        self.dir.clone()
+    }
+
     /// Names of the snapshots present, oldest first, with their sizes.
     pub fn list(&self) -> Vec<SnapshotEntry> {
-        let mut found: Vec<SnapshotEntry> = fs::read_dir(&self.out)
+        let mut found: Vec<SnapshotEntry> = self
+            .dir
+            .entries()
+            .unwrap_or_default()
             .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| {
-                let name = e.file_name().to_str()?.to_string();
-                if !is_snapshot_name(&name) || !e.file_type().ok()?.is_dir() {
+            .filter_map(|(name, kind)| {
+                let name = name.to_str()?.to_string();
+                if !is_snapshot_name(&name) || kind != Kind::Directory {
                     return None;
                 }
-                let bytes = fs::read_dir(e.path())
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .filter_map(|f| f.metadata().ok())
-                    .map(|m| m.len())
+                let snapshot = self.dir.subdirectory(Path::new(&name)).ok()?;
+                let bytes = snapshot
+                    .entries()
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|(file, _)| snapshot.file_len(Path::new(file)))
                     .sum();
                 Some(SnapshotEntry { name, bytes })
             })
@@ -156,7 +168,7 @@ impl SnapshotDir {
         found
     }
 
-    fn write_files(&self, dir: &Path, snap: &Snapshot, title: &str) -> std::io::Result<()> {
+    fn write_files(&self, dir: &Beneath, snap: &Snapshot, title: &str) -> std::io::Result<()> {
         let window = snap.taken_at.duration_since(snap.started_at).ok();
         let ctx = RenderContext {
             title: title.to_string(),
@@ -165,14 +177,15 @@ impl SnapshotDir {
             duration: window,
         };
         let mode = self.file_mode;
-        write_synced(&dir.join(METADATA_FILE), &self.metadata(snap, &ctx), mode)?;
-        write_synced(&dir.join(LABELS_FILE), &labels_json(snap), mode)?;
+        write_synced(dir, METADATA_FILE, &self.metadata(snap, &ctx), mode)?;
+        write_synced(dir, LABELS_FILE, &labels_json(snap), mode)?;
         for &f in &self.formats {
             if f == Format::Folded {
                 for p in snap.processes.iter().filter(|p| p.total() > 0) {
                     let lines = folded::process_lines(p, None);
                     write_synced(
-                        &dir.join(format!("{}.folded", folded::process_root(p))),
+                        dir,
+                        &format!("{}.folded", folded::process_root(p)),
                         folded::render(&lines).as_bytes(),
                         mode,
                     )?;
@@ -180,7 +193,7 @@ impl SnapshotDir {
             }
             let data = format::render(f, snap, &ctx).map_err(std::io::Error::other)?;
             if !data.is_empty() {
-                write_synced(&dir.join(fleet_file_name(f)), &data, mode)?;
+                write_synced(dir, fleet_file_name(f), &data, mode)?;
             }
         }
         Ok(())
@@ -259,24 +272,29 @@ impl SnapshotWriter for SnapshotDir {
         // Two snapshots in one second (the final one right after a periodic one) get a suffix.
         let mut name = base.clone();
         let mut n = 1;
-        while self.out.join(&name).exists() {
+        while self.dir.kind(Path::new(&name)).is_some() {
             name = format!("{base}-{n}");
             n += 1;
         }
-        let partial = self.out.join(format!("{PARTIAL}{name}"));
+        let partial = format!("{PARTIAL}{name}");
         let fin = self.out.join(&name);
         let title = format!("pyfleet {name}");
         let r = (|| {
-            create_own_dir(&partial, self.file_mode)?;
-            self.write_files(&partial, snap, &title)?;
-            fs::File::open(&partial)?.sync_all()?;
-            fs::rename(&partial, &fin)?;
-            fs::File::open(&self.out)?.sync_all()
+            // Whatever is there (a stale partial snapshot) goes first, never followed.
+            if self.dir.kind(Path::new(&partial)).is_some() {
+                self.dir.remove_all(Path::new(&partial))?;
+            }
+            self.dir.create_dir(Path::new(&partial), self.file_mode)?;
+            let built = self.dir.subdirectory(Path::new(&partial))?;
+            self.write_files(&built, snap, &title)?;
+            built.sync()?;
+            self.dir.rename(OsStr::new(&partial), OsStr::new(&name))?;
+            self.dir.sync()
         })();
         match r {
             Ok(()) => Ok(fin),
             Err(e) => {
-                let _ = fs::remove_dir_all(&partial);
+                let _ = self.dir.remove_all(Path::new(&partial));
                 Err(format!("writing snapshot {} failed: {e}", fin.display()))
             }
         }
@@ -286,35 +304,26 @@ impl SnapshotWriter for SnapshotDir {
         let found = self.list();
         for i in self.retention.to_delete(&found) {
             if let Some(e) = found.get(i) {
-                let path = self.out.join(&e.name);
-                if let Err(err) = fs::remove_dir_all(&path) {
-                    tracing::warn!("retention: cannot delete {}: {err}", path.display());
+                if let Err(err) = self.dir.remove_all(Path::new(&e.name)) {
+                    tracing::warn!(
+                        "retention: cannot delete {}: {err}",
+                        self.out.join(&e.name).display()
+                    );
                 }
             }
         }
     }
 }
 
-/// Writes `data` to the new file `path` of a partial snapshot and fsyncs it. No temporary
+/// Writes `data` to the new file `name` of a partial snapshot and fsyncs it. No temporary
 /// name: the partial directory is pyfleet's own and hidden until it is renamed into place
 /// (after its own fsync), so a file there needs neither a rename nor a directory fsync of
 /// its own.
-fn write_synced(path: &Path, data: &[u8], mode: FileMode) -> std::io::Result<()> {
+fn write_synced(dir: &Beneath, name: &str, data: &[u8], mode: FileMode) -> std::io::Result<()> {
     use std::io::Write;
-    let mut f = super::create_new_file(path, mode)?;
+    let mut f = dir.create_new(Path::new(name), mode)?;
     f.write_all(data)?;
     f.sync_all()
-}
-
-/// Creates the directory `path` afresh: whatever is there (a stale partial snapshot, or a
-/// symlink someone planted) is removed first, never followed.
-fn create_own_dir(path: &Path, mode: FileMode) -> std::io::Result<()> {
-    match fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => fs::remove_dir_all(path)?,
-        Ok(_) => fs::remove_file(path)?,
-        Err(_) => {}
-    }
-    super::create_dir_with_mode(path, mode)
 }
 
 /// `2026-11-23T02-55-07Z`: UTC, sortable, no colons (awkward in file names).
@@ -389,6 +398,7 @@ pub fn is_snapshot_name(name: &str) -> bool {
 mod tests {
     use super::*;
     use pyfleet_actors::{FrameInfo, ProcessProfile, ThreadStatus};
+    use std::fs;
     use std::time::Duration;
 
     #[test]

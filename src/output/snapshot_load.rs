@@ -13,6 +13,7 @@
 //! ([`profile_input::MAX_INPUT_BYTES`](super::profile_input::MAX_INPUT_BYTES)), a process's
 //! file name must be a plain one in the directory, and symlinks are not followed.
 
+use super::beneath::Beneath;
 use super::format::{Format, RenderContext};
 use super::pprof;
 use super::profile_input::{from_folded, read_bounded};
@@ -30,33 +31,36 @@ pub struct Loaded {
     pub ctx: RenderContext,
 }
 
-/// Reads snapshot directory `dir` back.
-pub fn load(dir: &Path) -> Result<Loaded, String> {
-    let shown = dir.display();
+/// Reads snapshot directory `dir` back (held open: its files are read beneath it, never
+/// through a link).
+pub fn load(dir: &Beneath) -> Result<Loaded, String> {
+    let shown = dir.path().display();
     let name = dir
+        .path()
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    if !dir.join(LABELS_FILE).is_file() {
+    let read_file = |file: &str| read_file(dir, file);
+    if !dir.is_file(Path::new(LABELS_FILE)) {
         return Err(format!(
             "{shown}: not a snapshot directory (it holds no {LABELS_FILE})"
         ));
     }
-    let labels: serde_json::Value = serde_json::from_slice(&read_file(&dir.join(LABELS_FILE))?)
+    let labels: serde_json::Value = serde_json::from_slice(&read_file(LABELS_FILE)?)
         .map_err(|e| format!("{shown}/{LABELS_FILE}: {e}"))?;
-    let metadata: serde_json::Value = serde_json::from_slice(&read_file(&dir.join(METADATA_FILE))?)
+    let metadata: serde_json::Value = serde_json::from_slice(&read_file(METADATA_FILE)?)
         .map_err(|e| format!("{shown}/{METADATA_FILE}: {e}"))?;
-    let has_folded = dir.join(fleet_file_name(Format::Folded)).is_file();
+    let has_folded = dir.is_file(Path::new(fleet_file_name(Format::Folded)));
     let from_pprof = match has_folded {
         true => None,
         false => {
-            let path = dir.join(fleet_file_name(Format::Pprof));
-            if !path.is_file() {
+            let path = fleet_file_name(Format::Pprof);
+            if !dir.is_file(Path::new(path)) {
                 return Err(format!(
                     "{shown}: written in neither folded nor pprof, so it cannot be read back"
                 ));
             }
-            let p = pprof::decode(&read_file(&path)?).map_err(|e| format!("{shown}: {e}"))?;
+            let p = pprof::decode(&read_file(path)?).map_err(|e| format!("{shown}: {e}"))?;
             Some(pprof::snapshot(&p, Duration::ZERO))
         }
     };
@@ -86,8 +90,8 @@ pub fn load(dir: &Path) -> Result<Loaded, String> {
             }
             None => {
                 let file = format!("{root}.folded");
-                if plain_file_name(&file) && dir.join(&file).is_file() {
-                    let text = read_file(&dir.join(&file))?;
+                if plain_file_name(&file) && dir.is_file(Path::new(&file)) {
+                    let text = read_file(&file)?;
                     let text = String::from_utf8_lossy(&text);
                     let stacks = from_folded(&text).map_err(|e| format!("{shown}/{file}: {e}"))?;
                     process.samples = stacks
@@ -130,10 +134,13 @@ pub fn load(dir: &Path) -> Result<Loaded, String> {
     })
 }
 
-/// The file at `path`, bounded, without following a symlink.
-fn read_file(path: &Path) -> Result<Vec<u8>, String> {
-    let (f, _) = super::open_regular_file(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    read_bounded(f, &path.display())
+/// File `name` of `dir`, bounded, without following a symlink.
+fn read_file(dir: &Beneath, name: &str) -> Result<Vec<u8>, String> {
+    let shown = dir.path().join(name);
+    let (f, _) = dir
+        .open_regular(Path::new(name))
+        .map_err(|e| format!("{}: {e}", shown.display()))?;
+    read_bounded(f, &shown.display())
 }
 
 /// A file name of letters, digits, `.`, `-` and `_`, not starting with `.`.
@@ -244,7 +251,7 @@ mod tests {
     fn a_snapshot_reads_back_as_it_was_written_from_folded_or_pprof() {
         for formats in [&[Format::Folded][..], &[Format::Pprof, Format::Svg][..]] {
             let (_out, path) = written(formats);
-            let loaded = load(&path).unwrap();
+            let loaded = load(&Beneath::open(&path).unwrap()).unwrap();
             let written = snapshot();
             assert_eq!(
                 folded::fleet_lines(&loaded.snapshot),
@@ -267,7 +274,7 @@ mod tests {
     #[test]
     fn a_snapshot_in_svg_alone_or_with_a_bad_name_is_not_read_amiss() {
         let (_out, path) = written(&[Format::Svg]);
-        let e = load(&path).unwrap_err();
+        let e = load(&Beneath::open(&path).unwrap()).unwrap_err();
         assert!(e.contains("cannot be read back"), "{e}");
         // A root that would leave the directory is not opened: the process has no stacks.
         let (_out, path) = written(&[Format::Folded]);
@@ -277,7 +284,7 @@ mod tests {
             labels.replace("gunicorn-worker-42", "../../gunicorn-worker-42"),
         )
         .unwrap();
-        let loaded = load(&path).unwrap();
+        let loaded = load(&Beneath::open(&path).unwrap()).unwrap();
         assert!(loaded.snapshot.processes[1].samples.is_empty());
     }
 

@@ -37,6 +37,7 @@ mod task_stacks;
 mod thread_status;
 mod thread_views;
 mod top;
+mod trust;
 mod who_is_who;
 mod whole_stacks;
 

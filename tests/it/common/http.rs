@@ -18,16 +18,17 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 
 /// `GET path` over HTTP/1.0 with `Authorization: Bearer TOKEN` when given.
 pub fn http_get_with_token(port: u16, path: &str, token: Option<&str>) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
-    write!(
-        s,
-        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n{auth}\r\n"
-    )
-    .ok()?;
+    http_get_with_headers(port, path, &format!("Host: 127.0.0.1:{port}\r\n{auth}"))
+}
+
+/// `GET path` over HTTP/1.0 with exactly these header lines (each ending in CRLF).
+pub fn http_get_with_headers(port: u16, path: &str, headers: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\n{headers}\r\n").ok()?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).ok()?;
     let text = String::from_utf8_lossy(&raw).into_owned();
