@@ -517,6 +517,7 @@ fn listen_settings(o: &RunOptions) -> Result<(ListenSettings, bool), String> {
             metrics_need_token,
             tls: tls.is_some(),
             names: names.iter().map(|n| n.to_ascii_lowercase()).collect(),
+            ..Default::default()
         },
         tls,
         client_certs: files.is_some_and(|f| f.client_ca.is_some()),
@@ -621,7 +622,9 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("pyfleet-listen-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let token = dir.join("token");
-        std::fs::write(&token, "0123456789abcdef0123\n").unwrap();
+        std::fs::write(&token, "3f1c9a7e5b2d4c6a8e0f1b3d5a7c9e1f\n").unwrap();
+        std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
         let config = dir.join("pyfleet.toml");
         std::fs::write(
             &config,

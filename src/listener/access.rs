@@ -1,14 +1,25 @@
 //! Who may read what the listener serves.
 //!
-//! Contract. With a token ([`Token::from_file`]), every request for stacks
-//! (`/debug/pprof/*`, the fleet page and its windows), and `/metrics` when
+//! Contract. With a token ([`Token::from_file`]: a file only its owner may read, of at least
+//! [`MIN_TOKEN_CHARS`] characters and [`MIN_TOKEN_DISTINCT`] distinct ones), every request for
+//! stacks (`/debug/pprof/*`, the fleet page and its windows), and `/metrics` when
 //! [`Access::metrics_need_token`] is set, must carry `Authorization: Bearer <token>`, or the
-//! [`SESSION_COOKIE`] a browser is given at `/login` for the token; anything else is answered
-//! 401 with one line (the page itself with the login form). The cookie holds a digest of the
-//! token, never the token, and is `HttpOnly`, `SameSite=Strict` (and `Secure` over TLS). The
-//! check takes the same time whatever the request carries: both sides are hashed (SHA-256)
-//! and the digests compared in constant time, so neither the token's bytes nor its length can
-//! be found by timing. Client certificates, when the listener requires them, are checked by the TLS
+//! session cookie a browser is given at `/login` for the token; anything else is answered 401
+//! with one line (the page itself with the login form). The token check takes the same time
+//! whatever the request carries: both sides are hashed (SHA-256) and the digests compared in
+//! constant time, so neither the token's bytes nor its length can be found by timing.
+//!
+//! A session is this daemon's alone: the cookie holds when it expires and an HMAC (SHA-256)
+//! of that and of the token's digest under a key drawn at random when the daemon starts, so
+//! it cannot be computed offline, is refused by every other daemon (same token or not), ends
+//! after [`SESSION_SECONDS`] (`Max-Age`) and with a change of token. It is `HttpOnly`,
+//! `SameSite=Strict`, and under TLS `Secure` and named `__Host-pyfleet_session` (no other
+//! port or host can set it). A browser sends it to every port of the host, so a request it
+//! admits must not come from another origin: one whose `Sec-Fetch-Site` says `same-site` or
+//! `cross-site` is refused, and the API routes that take samples or list the fleet
+//! ([`Page::Api`]) also need the header [`PAGE_HEADER`], which the page's `fetch` sets and an
+//! `<img>` or a form of another page cannot (another origin's `fetch` setting it needs a CORS
+//! preflight pyfleet never grants). Sign-in attempts are throttled ([`LOGINS_PER_SECOND`]). Client certificates, when the listener requires them, are checked by the TLS
 //! handshake before any request is read (`crate::tls`). Health and readiness never need a
 //! credential: they say nothing about the targets.
 //!
@@ -28,12 +39,24 @@ use std::net::SocketAddr;
 use std::path::Path;
 use subtle::ConstantTimeEq;
 
-/// Fewest characters a token may have: 16 random characters or more are not guessed.
-pub const MIN_TOKEN_CHARS: usize = 16;
+/// Fewest characters a token may have (`openssl rand -hex 16` gives 32).
+pub const MIN_TOKEN_CHARS: usize = 32;
+/// Fewest distinct characters a token may have (32 random hex characters have about 14):
+/// a long run of one character is not a secret.
+pub const MIN_TOKEN_DISTINCT: usize = 8;
+/// How long a browser's session lasts.
+pub const SESSION_SECONDS: u64 = 12 * 3600;
+/// The header the fleet page's requests carry (see the module documentation).
+pub const PAGE_HEADER: &str = "x-pyfleet-page";
+/// Sign-in attempts taken per second, in all (more are answered 429).
+pub const LOGINS_PER_SECOND: u32 = 5;
 /// Most bytes a token file may hold.
 pub const MAX_TOKEN_BYTES: usize = 4096;
-/// The cookie that stands for the token in a browser.
+/// The cookie that stands for the token in a browser, over plain HTTP.
 pub const SESSION_COOKIE: &str = "pyfleet_session";
+/// The cookie over TLS: the `__Host-` prefix makes the browser refuse one set by another
+/// host or port, or without `Secure` and `Path=/`.
+pub const TLS_SESSION_COOKIE: &str = "__Host-pyfleet_session";
 
 /// A bearer token, kept only as its digest.
 #[derive(Clone)]
@@ -60,6 +83,7 @@ impl Token {
         if meta.len() > MAX_TOKEN_BYTES as u64 {
             return Err(bad(format!("more than {MAX_TOKEN_BYTES} bytes")));
         }
+        let group_or_others = std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o077;
         let text = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
         let token = text.strip_suffix(b"\n").unwrap_or(&text);
         let token = token.strip_suffix(b"\r").unwrap_or(token);
@@ -73,6 +97,18 @@ impl Token {
                 "a token needs at least {MIN_TOKEN_CHARS} characters (e.g. `openssl rand -hex 32`)"
             )));
         }
+        let distinct = token.iter().collect::<std::collections::HashSet<_>>().len();
+        if distinct < MIN_TOKEN_DISTINCT {
+            return Err(bad(format!(
+                "a token needs random characters, at least {MIN_TOKEN_DISTINCT} different ones \
+                 (e.g. `openssl rand -hex 32`)"
+            )));
+        }
+        if group_or_others != 0 {
+            return Err(bad(
+                "others may read it: a token file is its owner's alone (`chmod 600` it)".into(),
+            ));
+        }
         Ok(Token::new(token))
     }
 
@@ -85,21 +121,12 @@ impl Token {
         Token::new(given) == *self
     }
 
-    /// The session cookie's value for this token: a digest of the token's digest, in hex.
-    pub fn session(&self) -> String {
-        let mut input = b"pyfleet session\0".to_vec();
-        input.extend_from_slice(self.0.as_ref());
-        digest(&SHA256, &input)
-            .as_ref()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
-    }
-
-    /// Whether `headers` carry this token's session cookie.
-    fn admits_session(&self, headers: &HeaderMap) -> bool {
-        let given = session_cookie(headers).unwrap_or(b"");
-        Token::new(given) == Token::new(self.session().as_bytes())
+    /// What a session of this token signs, for one that ends at `expires` (Unix seconds).
+    fn session_message(&self, expires: u64) -> Vec<u8> {
+        let mut message = b"pyfleet session\0".to_vec();
+        message.extend_from_slice(self.0.as_ref());
+        message.extend_from_slice(&expires.to_be_bytes());
+        message
     }
 
     /// Whether `headers` carry this token as `Authorization: Bearer <token>`.
@@ -114,17 +141,80 @@ impl Token {
     }
 }
 
-/// The value of the [`SESSION_COOKIE`] among `headers`' cookies, if any.
-fn session_cookie(headers: &HeaderMap) -> Option<&[u8]> {
+/// The value of cookie `name` among `headers`' cookies, if any.
+fn session_cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a [u8]> {
     headers
         .get_all(COOKIE)
         .iter()
         .flat_map(|v| v.as_bytes().split(|&b| b == b';'))
         .find_map(|pair| {
             let pair = pair.trim_ascii();
-            pair.strip_prefix(SESSION_COOKIE.as_bytes())?
-                .strip_prefix(b"=")
+            pair.strip_prefix(name.as_bytes())?.strip_prefix(b"=")
         })
+}
+
+/// The key this daemon signs its sessions with, drawn at random when it starts.
+#[derive(Clone)]
+pub struct SessionKey(std::sync::Arc<ring::hmac::Key>);
+
+impl std::fmt::Debug for SessionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SessionKey(..)")
+    }
+}
+
+impl Default for SessionKey {
+    fn default() -> Self {
+        let rng = ring::rand::SystemRandom::new();
+        // The system's randomness failing is not something to go on without.
+        let key = ring::hmac::Key::generate(ring::hmac::HMAC_SHA256, &rng)
+            .unwrap_or_else(|_| panic!("no randomness for the session key"));
+        SessionKey(std::sync::Arc::new(key))
+    }
+}
+
+/// Sign-in attempts taken in the current second, in all.
+#[derive(Debug, Default, Clone)]
+pub struct LoginThrottle(std::sync::Arc<std::sync::Mutex<(u64, u32)>>);
+
+impl LoginThrottle {
+    /// Whether one more attempt may be looked at now.
+    pub fn take(&self) -> bool {
+        let now = unix_seconds();
+        let mut slot = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.0 != now {
+            *slot = (now, 0);
+        }
+        slot.1 += 1;
+        slot.1 <= LOGINS_PER_SECOND
+    }
+}
+
+/// Whether a browser says the request comes from a page of another origin (`Sec-Fetch-Site`:
+/// `same-site` is another port or subdomain of this host, `cross-site` another site).
+fn from_another_origin(headers: &HeaderMap) -> bool {
+    headers
+        .get("sec-fetch-site")
+        .is_some_and(|v| v.as_bytes() == b"same-site" || v.as_bytes() == b"cross-site")
+}
+
+fn unix_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &[u8]) -> Option<Vec<u8>> {
+    if text.len() % 2 != 0 {
+        return None;
+    }
+    text.chunks(2)
+        .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok())
+        .collect()
 }
 
 fn strip_prefix_ignore_case<'a>(v: &'a [u8], prefix: &[u8]) -> Option<&'a [u8]> {
@@ -138,10 +228,14 @@ pub struct Access {
     pub token: Option<Token>,
     /// `/metrics` takes the token too (else it is open, as Prometheus scrapes without one).
     pub metrics_need_token: bool,
-    /// The listener speaks TLS: the session cookie is `Secure`.
+    /// The listener speaks TLS: the session cookie is `Secure`, `__Host-`.
     pub tls: bool,
     /// Host names it answers to besides IP addresses and `localhost` (lower case).
     pub names: Vec<String>,
+    /// This daemon's sessions' key.
+    pub session_key: SessionKey,
+    /// Sign-in attempts.
+    pub logins: LoginThrottle,
 }
 
 /// Whether a request whose `Host` header is `host` (`None`: none sent) is for this listener:
@@ -192,6 +286,9 @@ pub fn is_host_name(name: &str) -> bool {
 pub enum Refused {
     NoCredential,
     WrongCredential,
+    /// A session, but the request came from another origin (or an API route without the
+    /// page's header).
+    AnotherOrigin,
 }
 
 impl std::fmt::Display for Refused {
@@ -201,6 +298,10 @@ impl std::fmt::Display for Refused {
                 "a credential is needed: send Authorization: Bearer <the token> (a browser: /login)"
             }
             Refused::WrongCredential => "the credential is not valid",
+            Refused::AnotherOrigin => {
+                "a browser session is honoured for the page's own requests only (same origin, \
+                 and the API with its header); other clients send Authorization: Bearer"
+            }
         })
     }
 }
@@ -213,6 +314,7 @@ impl Refused {
             Refused::WrongCredential => {
                 "The credential this browser holds is not valid: sign in again."
             }
+            Refused::AnotherOrigin => "This request did not come from this daemon's page.",
         }
     }
 }
@@ -220,8 +322,11 @@ impl Refused {
 /// Which kind of page a path is, for access.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Page {
-    /// Stacks of the targets: `/debug/pprof/*`.
+    /// Stacks of the targets: the page, its windows, past snapshots.
     Stacks,
+    /// What takes samples or lists the fleet: `/debug/pprof/*`, `/api/*`, `/flamegraph.svg`
+    /// (a browser session also needs the page's header, see the module documentation).
+    Api,
     /// `/metrics`.
     Metrics,
     /// Health, readiness and the 404 page.
@@ -232,30 +337,82 @@ impl Access {
     /// Whether a request for `page` with `headers` may be answered.
     pub fn admit(&self, page: Page, headers: &HeaderMap) -> Result<(), Refused> {
         let needed = match page {
-            Page::Stacks => true,
+            Page::Stacks | Page::Api => true,
             Page::Metrics => self.metrics_need_token,
             Page::Open => false,
         };
-        match &self.token {
-            // Both checked (`|`, not `||`): the same work whichever was given.
-            Some(token) if needed => match token.admits(headers) | token.admits_session(headers) {
-                true => Ok(()),
-                false
-                    if headers.contains_key(AUTHORIZATION) || session_cookie(headers).is_some() =>
-                {
-                    Err(Refused::WrongCredential)
-                }
-                false => Err(Refused::NoCredential),
-            },
-            _ => Ok(()),
+        let Some(token) = self.token.as_ref().filter(|_| needed) else {
+            return Ok(());
+        };
+        // Both checked (`|`, not `||`): the same work whichever was given.
+        let bearer = token.admits(headers);
+        let session = self.admits_session(token, headers);
+        match (bearer, session) {
+            (true, _) => Ok(()),
+            (false, true) if from_another_origin(headers) => Err(Refused::AnotherOrigin),
+            (false, true) if page == Page::Api && !headers.contains_key(PAGE_HEADER) => {
+                Err(Refused::AnotherOrigin)
+            }
+            (false, true) => Ok(()),
+            (false, false)
+                if headers.contains_key(AUTHORIZATION)
+                    || session_cookie(headers, self.cookie_name()).is_some() =>
+            {
+                Err(Refused::WrongCredential)
+            }
+            (false, false) => Err(Refused::NoCredential),
         }
     }
 
-    /// The `Set-Cookie` value that gives a browser the session of `token`.
+    /// The session cookie's name on this listener.
+    fn cookie_name(&self) -> &'static str {
+        match self.tls {
+            true => TLS_SESSION_COOKIE,
+            false => SESSION_COOKIE,
+        }
+    }
+
+    /// A session of `token` that ends at `expires` (Unix seconds): `EXPIRES.HMAC` in hex.
+    fn session_value(&self, token: &Token, expires: u64) -> String {
+        let tag = ring::hmac::sign(&self.session_key.0, &token.session_message(expires));
+        format!("{expires}.{}", hex(tag.as_ref()))
+    }
+
+    /// Whether `headers` carry a live session of `token` this daemon gave.
+    fn admits_session(&self, token: &Token, headers: &HeaderMap) -> bool {
+        let Some(given) = session_cookie(headers, self.cookie_name()) else {
+            return false;
+        };
+        let Some((expires, tag)) = given
+            .iter()
+            .position(|&b| b == b'.')
+            .map(|dot| (&given[..dot], &given[dot + 1..]))
+        else {
+            return false;
+        };
+        let Some(expires) = std::str::from_utf8(expires)
+            .ok()
+            .and_then(|e| e.parse::<u64>().ok())
+        else {
+            return false;
+        };
+        let now = unix_seconds();
+        if expires <= now || expires > now + SESSION_SECONDS {
+            return false;
+        }
+        let Some(tag) = unhex(tag) else {
+            return false;
+        };
+        ring::hmac::verify(&self.session_key.0, &token.session_message(expires), &tag).is_ok()
+    }
+
+    /// The `Set-Cookie` value that gives a browser a session of `token`.
     pub fn session_cookie(&self, token: &Token) -> String {
+        let expires = unix_seconds() + SESSION_SECONDS;
         format!(
-            "{SESSION_COOKIE}={}; Path=/; HttpOnly; SameSite=Strict{}",
-            token.session(),
+            "{}={}; Path=/; Max-Age={SESSION_SECONDS}; HttpOnly; SameSite=Strict{}",
+            self.cookie_name(),
+            self.session_value(token, expires),
             if self.tls { "; Secure" } else { "" }
         )
     }
@@ -296,9 +453,7 @@ mod tests {
         let token = Token::new(b"0123456789abcdef0123");
         let mut access = Access {
             token: Some(token),
-            metrics_need_token: false,
-            tls: false,
-            names: Vec::new(),
+            ..Default::default()
         };
         let right = headers(Some("Bearer 0123456789abcdef0123"));
         let lower = headers(Some("bearer 0123456789abcdef0123"));
@@ -306,15 +461,14 @@ mod tests {
         let prefix = headers(Some("Bearer 0123456789abcdef012"));
         let basic = headers(Some("Basic MDEyMzQ1Njc4OWFiY2RlZjAxMjM="));
         let none = headers(None);
-        assert_eq!(access.admit(Page::Stacks, &right), Ok(()));
-        assert_eq!(access.admit(Page::Stacks, &lower), Ok(()));
-        for h in [&wrong, &prefix, &basic] {
-            assert_eq!(access.admit(Page::Stacks, h), Err(Refused::WrongCredential));
+        for page in [Page::Stacks, Page::Api] {
+            assert_eq!(access.admit(page, &right), Ok(()));
+            assert_eq!(access.admit(page, &lower), Ok(()));
+            for h in [&wrong, &prefix, &basic] {
+                assert_eq!(access.admit(page, h), Err(Refused::WrongCredential));
+            }
+            assert_eq!(access.admit(page, &none), Err(Refused::NoCredential));
         }
-        assert_eq!(
-            access.admit(Page::Stacks, &none),
-            Err(Refused::NoCredential)
-        );
         assert_eq!(access.admit(Page::Metrics, &none), Ok(()));
         assert_eq!(access.admit(Page::Open, &none), Ok(()));
         access.metrics_need_token = true;
@@ -324,69 +478,187 @@ mod tests {
         );
         assert_eq!(access.admit(Page::Metrics, &right), Ok(()));
         assert_eq!(access.admit(Page::Open, &none), Ok(()));
-        // A browser's session cookie, among others; a wrong one, or the token itself as one.
-        let token = access.token.clone().unwrap();
-        let cookie = |v: &str| {
-            let mut h = HeaderMap::new();
-            h.insert(COOKIE, HeaderValue::from_str(v).unwrap());
-            h
-        };
-        let session = cookie(&format!("theme=dark; {SESSION_COOKIE}={}", token.session()));
-        assert_eq!(access.admit(Page::Stacks, &session), Ok(()));
-        for wrong in [
-            format!("{SESSION_COOKIE}=0123456789abcdef0123"),
-            format!("{SESSION_COOKIE}={}0", token.session()),
-        ] {
-            assert_eq!(
-                access.admit(Page::Stacks, &cookie(&wrong)),
-                Err(Refused::WrongCredential),
-                "{wrong}"
-            );
-        }
-        assert_eq!(
-            access.admit(Page::Stacks, &cookie("theme=dark")),
-            Err(Refused::NoCredential)
-        );
-        assert!(!token.session().contains("0123456789abcdef0123"));
-        assert!(token.is(b"0123456789abcdef0123") && !token.is(b"0123456789abcdef012"));
-        let set = access.session_cookie(&token);
-        assert!(
-            set.contains("HttpOnly") && set.contains("SameSite=Strict") && !set.contains("Secure")
-        );
-        access.tls = true;
-        assert!(access.session_cookie(&token).ends_with("; Secure"));
+        assert!(token_is_checked(&access));
         // No token: everything is open (the exposure rule decides whether that may start).
         let open = Access::default();
         assert_eq!(open.admit(Page::Stacks, &none), Ok(()));
     }
 
+    fn token_is_checked(access: &Access) -> bool {
+        let token = access.token.clone().unwrap();
+        token.is(b"0123456789abcdef0123") && !token.is(b"0123456789abcdef012")
+    }
+
+    /// The value of the cookie a `Set-Cookie` line sets.
+    fn set_value(set: &str) -> String {
+        set.split(';')
+            .next()
+            .unwrap()
+            .split_once('=')
+            .unwrap()
+            .1
+            .to_string()
+    }
+
+    #[test]
+    fn sessions_are_this_daemons_alone_expire_and_stay_with_the_page() {
+        let token = Token::new(b"0123456789abcdef0123");
+        let access = Access {
+            token: Some(token.clone()),
+            ..Default::default()
+        };
+        let with = |cookie: &str, extra: &[(&str, &str)]| {
+            let mut h = HeaderMap::new();
+            h.insert(COOKIE, HeaderValue::from_str(cookie).unwrap());
+            for (k, v) in extra {
+                h.insert(
+                    hyper::header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    HeaderValue::from_str(v).unwrap(),
+                );
+            }
+            h
+        };
+        let set = access.session_cookie(&token);
+        assert!(
+            set.contains("HttpOnly")
+                && set.contains("SameSite=Strict")
+                && set.contains(&format!("Max-Age={SESSION_SECONDS}"))
+                && !set.contains("Secure"),
+            "{set}"
+        );
+        let value = set_value(&set);
+        assert!(!value.contains("0123456789abcdef0123"));
+        let session = format!("theme=dark; {SESSION_COOKIE}={value}");
+        assert_eq!(access.admit(Page::Stacks, &with(&session, &[])), Ok(()));
+        // The page's own requests: same origin, and the API with its header.
+        let page = [("sec-fetch-site", "same-origin"), (PAGE_HEADER, "1")];
+        assert_eq!(access.admit(Page::Api, &with(&session, &page)), Ok(()));
+        assert_eq!(
+            access.admit(Page::Api, &with(&session, &page[..1])),
+            Err(Refused::AnotherOrigin),
+            "an <img> or a link of the page's: no header"
+        );
+        for site in ["same-site", "cross-site"] {
+            let from = [("sec-fetch-site", site), (PAGE_HEADER, "1")];
+            for p in [Page::Stacks, Page::Api] {
+                assert_eq!(
+                    access.admit(p, &with(&session, &from)),
+                    Err(Refused::AnotherOrigin),
+                    "{site}"
+                );
+            }
+        }
+        // Another daemon with the same token: its own key, so this session is not its.
+        let other = Access {
+            token: Some(token.clone()),
+            ..Default::default()
+        };
+        assert_eq!(
+            other.admit(Page::Stacks, &with(&session, &[])),
+            Err(Refused::WrongCredential)
+        );
+        // Expired, stretched past its lifetime, forged, or the token's old digest scheme.
+        let now = unix_seconds();
+        let mut refused = vec![
+            access.session_value(&token, now - 1),
+            access.session_value(&token, now + SESSION_SECONDS + 60),
+            format!("{}.{}", now + 60, "00".repeat(32)),
+            format!("{}0", value),
+            "0123456789abcdef0123".to_string(),
+            String::new(),
+        ];
+        let (expires, tag) = value.split_once('.').unwrap();
+        refused.push(format!("{}.{tag}", expires.parse::<u64>().unwrap() + 1));
+        for v in refused {
+            assert_eq!(
+                access.admit(Page::Stacks, &with(&format!("{SESSION_COOKIE}={v}"), &[])),
+                Err(Refused::WrongCredential),
+                "{v}"
+            );
+        }
+        // Another token: its sessions end.
+        let changed = Access {
+            token: Some(Token::new(b"another-token-0123456789abcdefXYZ")),
+            session_key: access.session_key.clone(),
+            ..Default::default()
+        };
+        assert_eq!(
+            changed.admit(Page::Stacks, &with(&session, &[])),
+            Err(Refused::WrongCredential)
+        );
+        // Under TLS: Secure, and the __Host- name (the plain one is not looked at).
+        let tls = Access {
+            tls: true,
+            ..access.clone()
+        };
+        let set = tls.session_cookie(&token);
+        assert!(
+            set.starts_with(TLS_SESSION_COOKIE) && set.ends_with("; Secure"),
+            "{set}"
+        );
+        let tls_session = format!("{TLS_SESSION_COOKIE}={}", set_value(&set));
+        assert_eq!(tls.admit(Page::Stacks, &with(&tls_session, &[])), Ok(()));
+        assert_eq!(
+            tls.admit(Page::Stacks, &with(&session, &[])),
+            Err(Refused::NoCredential)
+        );
+    }
+
+    #[test]
+    fn sign_in_attempts_are_throttled() {
+        let throttle = LoginThrottle::default();
+        let taken = (0..100).filter(|_| throttle.take()).count();
+        // Within one second, LOGINS_PER_SECOND; across a second's turn, at most twice that.
+        assert!(
+            (LOGINS_PER_SECOND as usize..=2 * LOGINS_PER_SECOND as usize).contains(&taken),
+            "{taken}"
+        );
+    }
+
     #[test]
     fn token_files_are_checked() {
-        let dir = std::env::temp_dir().join(format!("pyfleet-token-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("token");
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
         let read = |content: &[u8]| {
             std::fs::write(&file, content).unwrap();
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
             Token::from_file(&file, "--listen-token-file")
         };
-        let good = read(b"0123456789abcdef0123\n").unwrap();
-        assert_eq!(good, Token::new(b"0123456789abcdef0123"));
-        assert!(read(b"0123456789abcdef0123\r\n").is_ok());
-        for bad in [
-            &b"short\n"[..],
-            b"has a space in it, long enough",
-            b"two\nlines of token text",
-            b"",
+        let hex32 = b"3f1c9a7e5b2d4c6a8e0f1b3d5a7c9e1f";
+        let good = read(&[&hex32[..], b"\n"].concat()).unwrap();
+        assert_eq!(good, Token::new(hex32));
+        assert!(read(&[&hex32[..], b"\r\n"].concat()).is_ok());
+        for (bad, says) in [
+            (&b"short\n"[..], "32 characters"),
+            (b"0123456789abcdef0123\n", "32 characters"),
+            (
+                b"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n",
+                "different ones",
+            ),
+            (b"abababababababababababababababababab", "different ones"),
+            (b"has a space in it, long enough to be one", "visible ASCII"),
+            (
+                b"two\nlines of token text, long enough to be one",
+                "visible ASCII",
+            ),
+            (b"", "32 characters"),
         ] {
             let e = read(bad).unwrap_err();
             assert!(
-                e.starts_with("--listen-token-file ") && !e.contains('\n'),
+                e.starts_with("--listen-token-file ") && !e.contains('\n') && e.contains(says),
                 "{e}"
             );
         }
-        let e = Token::from_file(&dir.join("absent"), "--listen-token-file").unwrap_err();
+        // Readable by others: refused, whatever it holds.
+        std::fs::write(&file, hex32).unwrap();
+        for mode in [0o644, 0o640, 0o604] {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+            let e = Token::from_file(&file, "--listen-token-file").unwrap_err();
+            assert!(e.contains("chmod 600"), "{mode:o}: {e}");
+        }
+        let e = Token::from_file(&dir.path().join("absent"), "--listen-token-file").unwrap_err();
         assert!(e.contains("absent") && !e.contains('\n'), "{e}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The daemon's HTTP listeners: its site (`--metrics-addr`: metrics, profiles, health) and,
 //! when asked, one for the probes alone (`--health-addr`); what each answers is in
-//! [`routes`], who may read it in [`access`].
+//! [`routes`], who may read it in [`access`], what every response carries in [`headers`].
 //!
 //! Bounded whatever its clients do: a listener holds at most its [`Limits`] of connections
 //! (in all, and from one address: [`slots`]); a connection past them is closed at once. The
@@ -11,6 +11,7 @@
 
 pub mod access;
 pub mod fleet_page;
+pub mod headers;
 pub mod http;
 pub mod routes;
 pub mod slots;

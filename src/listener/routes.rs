@@ -175,9 +175,25 @@ impl Pages {
     }
 }
 
-/// The answer to `req`. A profile request stores its seconds in `granted` (the connection is
-/// kept that much longer).
+/// The answer to `req`, with the headers every response carries (`headers`). A profile
+/// request stores its seconds in `granted` (the connection is kept that much longer).
 pub async fn respond(
+    pages: &Pages,
+    granted: &AtomicU64,
+    req: Request<Incoming>,
+) -> Response<Full<Bytes>> {
+    let response = answer(pages, granted, req).await;
+    let (parts, body) = response.into_parts();
+    let bytes = http_body_util::BodyExt::collect(body)
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let mut response = Response::from_parts(parts, Full::new(bytes.clone()));
+    super::headers::secure(&mut response, &bytes);
+    response
+}
+
+async fn answer(
     pages: &Pages,
     granted: &AtomicU64,
     req: Request<Incoming>,
@@ -187,11 +203,11 @@ pub async fn respond(
         "/metrics" => Page::Metrics,
         // The form that takes the token: it shows nothing of the targets.
         "/login" => Page::Open,
-        p if p.starts_with("/debug/pprof/") => Page::Stacks,
+        // What takes samples or lists the fleet.
+        p if p.starts_with("/debug/pprof/") => Page::Api,
+        "/api/fleet" | "/api/window" | "/flamegraph.svg" | "/api/snapshots" => Page::Api,
         // The fleet page names processes and shows their stacks.
-        "/" | "/api/fleet" | "/api/window" | "/flamegraph.svg" | "/api/snapshots" | "/diff.svg" => {
-            Page::Stacks
-        }
+        "/" | "/diff.svg" => Page::Stacks,
         p if p.starts_with("/snapshots/") || p.starts_with("/windows/") => Page::Stacks,
         _ => Page::Open,
     };
@@ -357,6 +373,12 @@ async fn login(access: &Access, req: Request<Incoming>) -> Response<Full<Bytes>>
                 .strip_prefix(b"token=")
                 .map(|t| t.trim_ascii_end())
                 .unwrap_or(b"");
+            if !access.logins.take() {
+                return text(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "too many sign-in attempts: try again in a second\n".into(),
+                );
+            }
             match token.is(given) {
                 true => see_other("/", Some(access.session_cookie(token))),
                 false => super::fleet_page::login_page(

@@ -44,9 +44,9 @@ fn the_fleet_page_lists_the_workers_and_shows_a_workers_flamegraph() {
     hostile.wait_for_file("ready", Duration::from_secs(30));
     let out = tempdir("pyfleet-page-");
     // The daemon wants a token: the browser signs in with it at /login.
-    let token = "fleet-page-token-0123456789";
+    let token = "fleet-page-token-0123456789abcdef";
     let token_file = out.path().join("token");
-    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    write_token_file(&token_file, token);
     let daemon = Running::start(
         pyfleet_command(&[
             "run",

@@ -128,7 +128,7 @@ fn profiles_off_loopback_need_a_credential() {
     };
     let dir = tempdir("pyfleet-listener-");
     let token_file = dir.path().join("token");
-    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    write_token_file(&token_file, TOKEN);
     let out = dir.path().join("out");
     let out_arg = out.to_str().unwrap();
 
@@ -154,7 +154,7 @@ fn profiles_off_loopback_need_a_credential() {
         "--out",
         out_arg,
     ]);
-    assert_error_contract(&weak, Some("16 characters"));
+    assert_error_contract(&weak, Some("32 characters"));
     assert!(!out.exists(), "a refused start created {}", out.display());
 
     let target = busy_target(dir.path());
@@ -263,10 +263,25 @@ fn profiles_off_loopback_need_a_credential() {
         code == "303" && cookie.starts_with("pyfleet_session=") && !cookie.contains(TOKEN),
         "{code} {headers}"
     );
-    let (code, body) = status(&["-H", &format!("Cookie: {cookie}")], "/api/fleet");
+    // The page's own request carries its header; another page's (an <img>, a link, a form)
+    // cannot.
+    let (code, body) = status(
+        &[
+            "-H",
+            &format!("Cookie: {cookie}"),
+            "-H",
+            "X-Pyfleet-Page: 1",
+        ],
+        "/api/fleet",
+    );
     assert!(
         code == "200" && body.contains("\"processes\""),
         "/api/fleet with the session cookie: {code} {body}"
+    );
+    let (code, _) = status(&["-H", &format!("Cookie: {cookie}")], "/api/fleet");
+    assert_eq!(
+        code, "401",
+        "/api/fleet with the cookie but not the page's header"
     );
     // Health says nothing of the targets: open.
     assert_eq!(status(&[], "/healthz").0, "200");

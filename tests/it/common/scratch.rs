@@ -40,3 +40,12 @@ pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
 }
+
+/// Writes `token` (and a newline) to `path`, readable by its owner only, as a token file must
+/// be.
+pub fn write_token_file(path: &std::path::Path, token: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, format!("{token}\n")).expect("write the token file");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .expect("chmod the token file");
+}

@@ -206,7 +206,7 @@ fn daemonset_validates_against_kubernetes_schemas() {
         .collect();
     let mut refused = pyfleet_args.clone();
     refused.extend(["--listen-token-file".into(), empty.display().to_string()]);
-    assert_error_contract(&pyfleet(&refused), Some("16 characters"));
+    assert_error_contract(&pyfleet(&refused), Some("32 characters"));
     pyfleet_args.extend([
         "--listen-token-file".into(),
         listen_token(tmp.path()).display().to_string(),
