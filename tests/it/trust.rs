@@ -1,6 +1,8 @@
-//! pyfleet as root beside users who are not (#52): each test plays the attacker, another local
-//! user (here `nobody`, uid 65534) who plants what they can where they can write, and fails
-//! on a build that lets them through.
+//! pyfleet as root beside users who are not (#52): each test plays the attacker and fails on
+//! a build that lets them through. Another local user (here `nobody`, uid 65534) plants links
+//! where they can write (`--out`, `record -o`); a web page points a DNS name of its own at the
+//! loopback listener; a page on another port of the host rides a signed-in browser's session,
+//! and a session is replayed to a second daemon with the same token.
 
 use crate::common::*;
 use std::fs;
@@ -197,4 +199,125 @@ fn a_rebound_host_name_gets_nothing_from_the_listener() {
     send_signal(daemon.pid(), libc::SIGTERM);
     let run = daemon.finish();
     assert!(run.success(), "{}", run.describe());
+}
+
+/// `POST /login` with `token` on `port`: the session cookie (`NAME=VALUE`) it sets, if any.
+fn sign_in(port: u16, token: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    let form = format!("token={token}\r\n");
+    write!(
+        s,
+        "POST /login HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n\
+         Content-Length: {}\r\n\r\n{form}",
+        form.len()
+    )
+    .ok()?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).ok()?;
+    raw.lines().find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        name.eq_ignore_ascii_case("set-cookie")
+            .then(|| value.trim().split(';').next().unwrap_or("").to_string())
+    })
+}
+
+/// `GET path` on `port` with `headers` (CRLF-ended lines): the status and the response's
+/// head (its header lines), if it answered.
+fn get_head(port: u16, path: &str, headers: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n{headers}\r\n").ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let head = text.split("\r\n\r\n").next()?.to_ascii_lowercase();
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, head))
+}
+
+/// A browser signed in to one daemon: its session is that daemon's alone (a second daemon
+/// with the same token refuses it), and it is honoured only for the page's own requests (a
+/// page on another port of the host, `Sec-Fetch-Site: same-site`, gets nothing; an `<img>` of
+/// it has no page header for the API). Every answer, refusals too, carries the headers that
+/// keep a browser from sniffing, caching or framing it.
+#[test]
+fn a_session_is_one_daemons_and_its_pages_alone() {
+    let _machine = shared();
+    let dir = tempdir("pyfleet-trust-session-");
+    let token = "7d3e9b1a5c8f2e4d6b0a9c7e5f3d1b8a";
+    let token_file = dir.path().join("token");
+    write_token_file(&token_file, token);
+    let daemon = |name: &str| {
+        let port = free_port();
+        let out = dir.path().join(name);
+        let running = start_pyfleet(&[
+            "run",
+            "--out",
+            out.to_str().unwrap(),
+            "--match",
+            "pyfleet-no-such-process",
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+            "--listen-token-file",
+            token_file.to_str().unwrap(),
+        ]);
+        wait_until(
+            Duration::from_secs(30),
+            "the daemon to be ready",
+            || http_get(port, "/readyz").is_some_and(|(status, _)| status == 200),
+            String::new,
+        );
+        (port, running)
+    };
+    let (a, first) = daemon("a");
+    let (b, second) = daemon("b");
+    let cookie = sign_in(a, token).expect("a session cookie from /login");
+    assert!(
+        cookie.starts_with("pyfleet_session=") && !cookie.contains(token),
+        "{cookie}"
+    );
+    assert_eq!(sign_in(a, "0000000000000000ffffffffffffffff"), None);
+    let page = format!("Cookie: {cookie}\r\nSec-Fetch-Site: same-origin\r\nX-Pyfleet-Page: 1\r\n");
+    let status = |port: u16, path: &str, headers: &str| get_head(port, path, headers).map(|h| h.0);
+    assert_eq!(status(a, "/api/fleet", &page), Some(200));
+    assert_eq!(status(a, "/", &page), Some(200));
+    // The same cookie at the other daemon, which holds the same token.
+    assert_eq!(status(b, "/api/fleet", &page), Some(401));
+    assert_eq!(status(b, "/", &page), Some(401));
+    // A page on another port of this host, and an <img> of it.
+    let other_port =
+        format!("Cookie: {cookie}\r\nSec-Fetch-Site: same-site\r\nX-Pyfleet-Page: 1\r\n");
+    assert_eq!(status(a, "/api/fleet", &other_port), Some(401));
+    assert_eq!(status(a, "/api/window?seconds=1", &other_port), Some(401));
+    let img = format!("Cookie: {cookie}\r\nSec-Fetch-Site: same-origin\r\n");
+    assert_eq!(status(a, "/api/window?seconds=1", &img), Some(401));
+    assert_eq!(status(a, "/flamegraph.svg?seconds=1", &img), Some(401));
+    // The token itself, from any client: as before.
+    let bearer = format!("Authorization: Bearer {token}\r\n");
+    assert_eq!(status(b, "/api/fleet", &bearer), Some(200));
+    // What every answer carries.
+    for (path, headers) in [
+        ("/", page.as_str()),
+        ("/api/fleet", ""),
+        ("/metrics", ""),
+        ("/nothing", ""),
+    ] {
+        let (_, head) = get_head(a, path, headers).expect("an answer");
+        for needed in [
+            "x-content-type-options: nosniff",
+            "cache-control: no-store",
+            "content-security-policy: default-src 'none'",
+            "frame-ancestors 'none'",
+        ] {
+            assert!(head.contains(needed), "{path}: no {needed:?} in\n{head}");
+        }
+    }
+    for running in [first, second] {
+        send_signal(running.pid(), libc::SIGTERM);
+        let run = running.finish();
+        assert!(run.success(), "{}", run.describe());
+    }
 }
