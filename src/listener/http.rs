@@ -77,8 +77,12 @@ pub fn filter_request(query: &str) -> Result<PullFilter, String> {
     Ok(filter)
 }
 
-pub fn with_type(status: StatusCode, body: Vec<u8>, kind: &'static str) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
+pub fn with_type(
+    status: StatusCode,
+    body: impl Into<Bytes>,
+    kind: &'static str,
+) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body.into()));
     *response.status_mut() = status;
     response
         .headers_mut()

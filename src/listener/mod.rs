@@ -7,7 +7,8 @@
 //! TLS handshake and the request's head must arrive within [`HEADER_TIMEOUT`], and a
 //! connection lives at most [`CONNECTION_TIMEOUT`] (and the profile's seconds, for a profile
 //! request); one request per connection. The probes' listener has slots of its own, so no
-//! client of the site can take them.
+//! client of the site can take them. Renderings run off the runtime's workers, at most
+//! `routes::RENDERINGS` at once, so no request's CPU work delays another's answer.
 
 pub mod access;
 pub mod fleet_page;

@@ -285,7 +285,9 @@ async fn answer(
                 Ok((seconds, filter)) => {
                     granted.store(seconds, Ordering::Relaxed);
                     match take_window(pull, seconds, filter).await {
-                        Ok(w) if path == "/flamegraph.svg" => rendered(&w, Format::Svg),
+                        Ok(w) if path == "/flamegraph.svg" => {
+                            rendered(Arc::new(w), Format::Svg).await
+                        }
                         Ok(w) => kept(pull, w),
                         Err(refused) => refused,
                     }
@@ -299,7 +301,7 @@ async fn answer(
                 .and_then(|(id, file)| Some((id.parse::<u64>().ok()?, windows::format_of(file)?)))
                 .and_then(|(id, format)| Some((pull.windows.get(id)?, format)));
             match window {
-                Some((w, format)) => rendered(&w, format),
+                Some((w, format)) => rendered(w, format).await,
                 None => text(
                     StatusCode::NOT_FOUND,
                     "no such window: the page keeps its last few\n".into(),
@@ -408,7 +410,7 @@ async fn profile(pull: &Pull, seconds: u64, filter: PullFilter) -> Response<Full
         Ok(w) => w,
         Err(refused) => return refused,
     };
-    let mut response = rendered(&window, Format::Pprof);
+    let mut response = rendered(Arc::new(window), Format::Pprof).await;
     if response.status() == StatusCode::OK {
         response.headers_mut().insert(
             hyper::header::CONTENT_DISPOSITION,
@@ -455,12 +457,48 @@ fn kept(pull: &Pull, window: Window) -> Response<Full<Bytes>> {
     )
 }
 
-/// `window` in `format`.
-fn rendered(window: &Window, format: Format) -> Response<Full<Bytes>> {
-    match window.render(format) {
+/// Renderings (CPU work, seconds for a large window) running at once, off the runtime's
+/// workers (see [`rendered`]).
+pub const RENDERINGS: usize = 2;
+
+/// What may render now: at most [`RENDERINGS`], in all (the listener's windows and the past
+/// windows of `snapshot_files` alike).
+pub static RENDERING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(RENDERINGS);
+
+/// The answer of a request that wants a rendering when [`RENDERING`] has no room: 503, to be
+/// asked again.
+pub fn busy_rendering() -> Response<Full<Bytes>> {
+    let mut response = text(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("{RENDERINGS} renderings are under way: ask again in a moment\n"),
+    );
+    response
+        .headers_mut()
+        .insert(hyper::header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
+/// `window` in `format`: kept already, or rendered on the blocking pool behind [`RENDERING`]
+/// (503 when it is full), so that the runtime's workers stay free for probes and scrapes.
+async fn rendered(window: Arc<Window>, format: Format) -> Response<Full<Bytes>> {
+    let answer = |r: Result<Bytes, String>| match r {
         Ok(body) => with_type(StatusCode::OK, body, windows::content_type(format)),
         Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
+    };
+    if let Some(kept) = window.rendered(format) {
+        return answer(kept);
     }
+    let Ok(permit) = RENDERING.try_acquire() else {
+        return busy_rendering();
+    };
+    let done = tokio::task::spawn_blocking(move || {
+        let r = window.render(format);
+        drop(permit);
+        r
+    })
+    .await
+    .unwrap_or_else(|e| Err(e.to_string()));
+    answer(done)
 }
 
 /// `/api/fleet`: the supervisor's processes with the exporter's counters, as JSON.

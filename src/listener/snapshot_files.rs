@@ -122,10 +122,18 @@ pub fn diff(out: &Beneath, base: &str, new: &str, filter: &PullFilter) -> Result
 /// The answer to GET `path` (`/api/snapshots`, `/diff.svg`, `/snapshots/...`) with `query`,
 /// of the snapshots in `out` (`None`: the daemon writes none). Reads on a blocking thread.
 pub async fn respond(out: Option<Arc<Beneath>>, path: &str, query: &str) -> Response<Full<Bytes>> {
+    // Reading and rendering a snapshot is a rendering: at most `RENDERINGS` at once.
+    let Ok(permit) = super::routes::RENDERING.try_acquire() else {
+        return super::routes::busy_rendering();
+    };
     let (path, query) = (path.to_string(), query.to_string());
-    let answer = tokio::task::spawn_blocking(move || answer(out.as_deref(), &path, &query))
-        .await
-        .unwrap_or_else(|e| Err((StatusCode::INTERNAL_SERVER_ERROR, e.to_string())));
+    let answer = tokio::task::spawn_blocking(move || {
+        let a = answer(out.as_deref(), &path, &query);
+        drop(permit);
+        a
+    })
+    .await
+    .unwrap_or_else(|e| Err((StatusCode::INTERNAL_SERVER_ERROR, e.to_string())));
     match answer {
         Ok((body, kind)) => with_type(StatusCode::OK, body, kind),
         Err((status, why)) => text(status, format!("{why}\n")),
@@ -163,7 +171,7 @@ fn answer(out: Option<&Beneath>, path: &str, query: &str) -> Answer {
         let body = window
             .render(format)
             .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e))?;
-        return Ok((body, windows::content_type(format)));
+        return Ok((body.to_vec(), windows::content_type(format)));
     }
     match self::file(out, name, file) {
         Ok(served) => Ok(served),

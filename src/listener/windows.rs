@@ -9,6 +9,7 @@
 //! `output::format::render`. Work per request: one window's rendering, or one snapshot read.
 
 use crate::output::format::{self, Format, RenderContext};
+use hyper::body::Bytes;
 use pyfleet_actors::{PullFilter, Snapshot};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -22,6 +23,8 @@ pub const KEPT: usize = 8;
 pub struct Window {
     pub snapshot: Snapshot,
     pub ctx: RenderContext,
+    /// Its flamegraph once rendered: the page shows it, and may ask again and again.
+    svg: std::sync::OnceLock<Result<Bytes, String>>,
 }
 
 impl Window {
@@ -37,15 +40,32 @@ impl Window {
             (None, Some(s)) => format!("service {s}"),
             (None, None) => "the fleet".to_string(),
         };
-        Window { snapshot, ctx }
+        Window {
+            snapshot,
+            ctx,
+            svg: std::sync::OnceLock::new(),
+        }
     }
 
     pub fn samples(&self) -> u64 {
         self.snapshot.processes.iter().map(|p| p.total()).sum()
     }
 
-    pub fn render(&self, format: Format) -> Result<Vec<u8>, String> {
-        format::render(format, &self.snapshot, &self.ctx)
+    /// The window in `format`; the flamegraph rendered once, then kept. Blocking (CPU).
+    pub fn render(&self, format: Format) -> Result<Bytes, String> {
+        let render = || format::render(format, &self.snapshot, &self.ctx).map(Bytes::from);
+        match format {
+            Format::Svg => self.svg.get_or_init(render).clone(),
+            _ => render(),
+        }
+    }
+
+    /// The window in `format` if that costs nothing now (kept already).
+    pub fn rendered(&self, format: Format) -> Option<Result<Bytes, String>> {
+        match format {
+            Format::Svg => self.svg.get().cloned(),
+            _ => None,
+        }
     }
 }
 
@@ -165,7 +185,7 @@ mod tests {
         };
         let w = Window::of(snapshot(), &by_service, RenderContext::default());
         assert_eq!((w.ctx.title.as_str(), w.samples()), ("service api", 7));
-        let folded = String::from_utf8(w.render(Format::Folded).unwrap()).unwrap();
+        let folded = String::from_utf8(w.render(Format::Folded).unwrap().to_vec()).unwrap();
         assert!(folded.contains("alpha") && folded.contains("beta") && !folded.contains("gamma"));
         for f in Format::ALL {
             let file = format!("window.{}", f.extension());
