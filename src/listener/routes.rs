@@ -347,6 +347,8 @@ fn profile_request(query: &str) -> Result<(u64, PullFilter), String> {
 
 /// Most bytes of a `/login` request's body.
 const MAX_LOGIN_BYTES: usize = 8192;
+/// Time a `/login` request's body has to arrive (a slow one would hold its connection).
+pub const LOGIN_BODY_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// `/login`: the form (GET), or the token it sent (POST, `text/plain`: `token=<token>`); the
 /// right token is answered with the session cookie and a way back to the page.
@@ -359,15 +361,19 @@ async fn login(access: &Access, req: Request<Incoming>) -> Response<Full<Bytes>>
     match *req.method() {
         Method::GET => super::fleet_page::login_page(StatusCode::OK, ""),
         Method::POST => {
-            let body = match http_body_util::Limited::new(req.into_body(), MAX_LOGIN_BYTES)
-                .collect()
-                .await
-            {
-                Ok(b) => b.to_bytes(),
-                Err(_) => {
+            let body = http_body_util::Limited::new(req.into_body(), MAX_LOGIN_BYTES).collect();
+            let body = match tokio::time::timeout(LOGIN_BODY_TIMEOUT, body).await {
+                Ok(Ok(b)) => b.to_bytes(),
+                Ok(Err(_)) => {
                     return text(
                         StatusCode::PAYLOAD_TOO_LARGE,
                         "a login is one short form\n".into(),
+                    )
+                }
+                Err(_) => {
+                    return text(
+                        StatusCode::REQUEST_TIMEOUT,
+                        "a login's form is sent at once\n".into(),
                     )
                 }
             };

@@ -242,7 +242,8 @@ fn get_head(port: u16, path: &str, headers: &str) -> Option<(u16, String)> {
 /// with the same token refuses it), and it is honoured only for the page's own requests (a
 /// page on another port of the host, `Sec-Fetch-Site: same-site`, gets nothing; an `<img>` of
 /// it has no page header for the API). Every answer, refusals too, carries the headers that
-/// keep a browser from sniffing, caching or framing it.
+/// keep a browser from sniffing, caching or framing it. A sign-in form that trickles in is cut
+/// off after 2 s.
 #[test]
 fn a_session_is_one_daemons_and_its_pages_alone() {
     let _machine = shared();
@@ -314,6 +315,26 @@ fn a_session_is_one_daemons_and_its_pages_alone() {
         ] {
             assert!(head.contains(needed), "{path}: no {needed:?} in\n{head}");
         }
+    }
+    // A sign-in whose form trickles in (a slot held for the connection's 30 s, before): it
+    // gets 2 s.
+    {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", a)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let started = std::time::Instant::now();
+        write!(
+            s,
+            "POST /login HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Length: 40\r\n\r\ntoken="
+        )
+        .unwrap();
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        assert!(
+            answer.starts_with("HTTP/1.0 408") && started.elapsed() < Duration::from_secs(5),
+            "after {:?}: {answer:?}",
+            started.elapsed()
+        );
     }
     for running in [first, second] {
         send_signal(running.pid(), libc::SIGTERM);
