@@ -3,7 +3,9 @@
 //! [`routes`], who may read it in [`access`], what every response carries in [`headers`].
 //!
 //! Bounded whatever its clients do: a listener holds at most its [`Limits`] of connections
-//! (in all, and from one address: [`slots`]); a connection past them is closed at once. The
+//! (in all, and from one peer: [`slots`]); a connection past them takes the slot of the
+//! oldest one whose request is not yet being answered (which is closed), or is closed at once
+//! when every slot is being answered. The
 //! TLS handshake and the request's head must arrive within [`HEADER_TIMEOUT`], and a
 //! connection lives at most [`CONNECTION_TIMEOUT`] (and the profile's seconds, for a profile
 //! request); one request per connection. The probes' listener has slots of its own, so no
@@ -74,24 +76,34 @@ pub async fn serve(
         let pages = pages.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
-            match tls {
-                None => serve_connection(stream, pages).await,
-                Some(acceptor) => {
-                    let handshake = tokio::time::timeout(HEADER_TIMEOUT, acceptor.accept(stream));
-                    // A failed handshake (no client certificate, a wrong one, not TLS) is the
-                    // client's to see; nothing is served.
-                    if let Ok(Ok(stream)) = handshake.await {
-                        serve_connection(stream, pages).await;
+            let answering = slot.answering_flag();
+            let serve = async {
+                match tls {
+                    None => serve_connection(stream, pages, answering).await,
+                    Some(acceptor) => {
+                        let handshake =
+                            tokio::time::timeout(HEADER_TIMEOUT, acceptor.accept(stream));
+                        // A failed handshake (no client certificate, a wrong one, not TLS) is
+                        // the client's to see; nothing is served.
+                        if let Ok(Ok(stream)) = handshake.await {
+                            serve_connection(stream, pages, answering).await;
+                        }
                     }
                 }
+            };
+            // A connection whose slot a newcomer took is closed.
+            tokio::select! {
+                _ = serve => {}
+                _ = slot.evicted() => {}
             }
             drop(slot);
         });
     }
 }
 
-/// One request on `io`, within the connection's time.
-async fn serve_connection<S>(io: S, pages: Pages)
+/// One request on `io`, within the connection's time; `answering` is set once its request's
+/// head has arrived (the slot is no longer evicted).
+async fn serve_connection<S>(io: S, pages: Pages, answering: slots::AnsweringFlag)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -100,6 +112,7 @@ where
     let granted = extra.clone();
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let (pages, granted) = (pages.clone(), granted.clone());
+        answering.set();
         async move {
             let response = routes::respond(&pages, &granted, req).await;
             Ok::<_, Infallible>(response)

@@ -461,3 +461,65 @@ fn a_rendering_flood_leaves_the_probes_answered() {
     let run = daemon.finish();
     assert!(run.success(), "{}", run.describe());
 }
+
+/// Any local user may bind any 127/8 address: slow clients from eight of them (eight
+/// connections each, sending half a request and nothing more) hold what the site's slots
+/// allow, and four more from four addresses on the probes' listener, yet every one of 24
+/// scrapes and 20 probes made meanwhile is answered: local addresses are one peer, and a
+/// newcomer takes the slot of the oldest connection whose request has not come. (Before, 0 of
+/// 24 scrapes were answered.)
+#[test]
+fn slow_clients_from_many_local_addresses_keep_no_scrape_out() {
+    let _machine = shared();
+    let dir = tempdir("pyfleet-trust-slow-");
+    let (site, health) = (free_port(), free_port());
+    let daemon = start_pyfleet(&[
+        "run",
+        "--match",
+        "pyfleet-no-such-process",
+        "--metrics-addr",
+        &format!("127.0.0.1:{site}"),
+        "--health-addr",
+        &format!("127.0.0.1:{health}"),
+        "--out",
+        dir.path().join("out").to_str().unwrap(),
+    ]);
+    wait_until(
+        Duration::from_secs(20),
+        "the daemon's readiness",
+        || http_get(health, "/readyz").is_some_and(|(s, _)| s == 200),
+        String::new,
+    );
+    let python = any_interpreter().path;
+    let script = targets_dir().join("../tools/slow_clients.py");
+    let mut groups = Vec::new();
+    for (port, sources, each) in [(site, 10..18, "8"), (health, 20..24, "4")] {
+        for source in sources {
+            let counted = dir.path().join(format!("held-{port}-{source}"));
+            let args = [
+                script.to_str().unwrap().to_string(),
+                port.to_string(),
+                format!("127.0.0.{source}"),
+                each.to_string(),
+                counted.to_str().unwrap().to_string(),
+                "30".to_string(),
+            ];
+            groups.push((Proc::spawn("slow clients", &python, &args), counted));
+        }
+    }
+    for (proc, counted) in groups.iter_mut() {
+        proc.wait_for_path(counted, Duration::from_secs(20));
+    }
+    let answered = |port: u16, path: &str, n: usize| {
+        (0..n)
+            .filter(|_| http_get(port, path).is_some_and(|(s, _)| s == 200))
+            .count()
+    };
+    let scrapes = answered(site, "/metrics", 24);
+    let probes = answered(health, "/healthz", 20);
+    assert_eq!((scrapes, probes), (24, 20), "scrapes and probes answered");
+    drop(groups);
+    send_signal(daemon.pid(), libc::SIGTERM);
+    let run = daemon.finish();
+    assert!(run.success(), "{}", run.describe());
+}
