@@ -432,7 +432,11 @@ mod tests {
             Err(std::io::ErrorKind::NotFound)
         );
         // A file that is not executable, and a directory.
-        assert!(executable("/etc/hostname").is_err());
-        assert!(executable("/etc").is_err());
+        let dir = tempfile::tempdir().unwrap();
+        let plain = dir.path().join("plain");
+        std::fs::write(&plain, "not a program").unwrap();
+        std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(executable(plain.to_str().unwrap()).is_err());
+        assert!(executable(dir.path().to_str().unwrap()).is_err());
     }
 }

@@ -29,6 +29,44 @@ fn files_in(dir: &Path) -> Vec<String> {
     found
 }
 
+/// `pyfleet run ARGS` on loopback (snapshots in `dir/NAME`, its site on a free port, no
+/// process matched unless ARGS say), once `/readyz` answers on `ready_port` (the site's
+/// unless ARGS give `--health-addr`): the daemon and its site's port.
+fn loopback_daemon(dir: &Path, name: &str, args: &[&str], health: Option<u16>) -> (Running, u16) {
+    let port = free_port();
+    let out = dir.join(name);
+    let mut all = vec![
+        "run".to_string(),
+        "--out".into(),
+        out.to_str().unwrap().into(),
+        "--metrics-addr".into(),
+        format!("127.0.0.1:{port}"),
+    ];
+    if !args.contains(&"--pid") {
+        all.extend(["--match".into(), "pyfleet-no-such-process".into()]);
+    }
+    if let Some(h) = health {
+        all.extend(["--health-addr".into(), format!("127.0.0.1:{h}")]);
+    }
+    all.extend(args.iter().map(|a| a.to_string()));
+    let daemon = start_pyfleet(&all);
+    let ready = health.unwrap_or(port);
+    wait_until(
+        Duration::from_secs(30),
+        "the daemon to be ready",
+        || http_get(ready, "/readyz").is_some_and(|(status, _)| status == 200),
+        String::new,
+    );
+    (daemon, port)
+}
+
+/// Stops a daemon of [`loopback_daemon`]'s with SIGTERM: it must end well.
+fn stop_daemon(daemon: Running) {
+    send_signal(daemon.pid(), libc::SIGTERM);
+    let run = daemon.finish();
+    assert!(run.success(), "{}", run.describe());
+}
+
 /// The daemon's `--out` must be its own and private: one owned by another user, one others
 /// may write in, or one reached through a symbolic link another user owns is refused at
 /// start with one line that says so, and nothing is written through the link.
@@ -140,26 +178,12 @@ fn record_writes_through_no_link_another_user_planted() {
 fn a_rebound_host_name_gets_nothing_from_the_listener() {
     let _machine = shared();
     let dir = tempdir("pyfleet-trust-host-");
-    let (port, health) = (free_port(), free_port());
-    let out = dir.path().join("out");
-    let daemon = start_pyfleet(&[
-        "run",
-        "--out",
-        out.to_str().unwrap(),
-        "--match",
-        "pyfleet-no-such-process",
-        "--metrics-addr",
-        &format!("127.0.0.1:{port}"),
-        "--health-addr",
-        &format!("127.0.0.1:{health}"),
-        "--listen-name",
-        "pyfleet.internal.example",
-    ]);
-    wait_until(
-        Duration::from_secs(30),
-        "the daemon to answer",
-        || http_get(port, "/healthz").is_some_and(|(status, _)| status == 200),
-        String::new,
+    let health = free_port();
+    let (daemon, port) = loopback_daemon(
+        dir.path(),
+        "out",
+        &["--listen-name", "pyfleet.internal.example"],
+        Some(health),
     );
     let status = |port: u16, path: &str, host: &str| {
         http_get_with_headers(port, path, &format!("Host: {host}\r\n")).map(|(s, _)| s)
@@ -196,9 +220,7 @@ fn a_rebound_host_name_gets_nothing_from_the_listener() {
         assert_eq!(status(port, "/metrics", host), Some(200), "Host {host}");
     }
     assert_eq!(status(health, "/healthz", "127.0.0.1"), Some(200));
-    send_signal(daemon.pid(), libc::SIGTERM);
-    let run = daemon.finish();
-    assert!(run.success(), "{}", run.describe());
+    stop_daemon(daemon);
 }
 
 /// `POST /login` with `token` on `port`: the session cookie (`NAME=VALUE`) it sets, if any.
@@ -251,26 +273,9 @@ fn a_session_is_one_daemons_and_its_pages_alone() {
     let token = "7d3e9b1a5c8f2e4d6b0a9c7e5f3d1b8a";
     let token_file = dir.path().join("token");
     write_token_file(&token_file, token);
+    let token_arg = ["--listen-token-file", token_file.to_str().unwrap()];
     let daemon = |name: &str| {
-        let port = free_port();
-        let out = dir.path().join(name);
-        let running = start_pyfleet(&[
-            "run",
-            "--out",
-            out.to_str().unwrap(),
-            "--match",
-            "pyfleet-no-such-process",
-            "--metrics-addr",
-            &format!("127.0.0.1:{port}"),
-            "--listen-token-file",
-            token_file.to_str().unwrap(),
-        ]);
-        wait_until(
-            Duration::from_secs(30),
-            "the daemon to be ready",
-            || http_get(port, "/readyz").is_some_and(|(status, _)| status == 200),
-            String::new,
-        );
+        let (running, port) = loopback_daemon(dir.path(), name, &token_arg, None);
         (port, running)
     };
     let (a, first) = daemon("a");
@@ -336,11 +341,8 @@ fn a_session_is_one_daemons_and_its_pages_alone() {
             started.elapsed()
         );
     }
-    for running in [first, second] {
-        send_signal(running.pid(), libc::SIGTERM);
-        let run = running.finish();
-        assert!(run.success(), "{}", run.describe());
-    }
+    stop_daemon(first);
+    stop_daemon(second);
 }
 
 /// A token holder floods the listener with renderings of a large window (many distinct
@@ -368,30 +370,23 @@ fn a_rendering_flood_leaves_the_probes_answered() {
         &["4000", "32"],
     );
     target.wait_for_file("ready", READY_TIMEOUT);
-    let port = free_port();
-    let out = dir.path().join("out");
-    let daemon = start_pyfleet(&[
-        "run",
-        "--pid",
-        &target.pid().to_string(),
-        "--rate",
-        "400",
-        "--max-cpu",
-        "100",
-        "--out",
-        out.to_str().unwrap(),
-        "--metrics-addr",
-        &format!("127.0.0.1:{port}"),
-        "--listen-token-file",
-        token_file.to_str().unwrap(),
-    ]);
-    let bearer = format!("Authorization: Bearer {token}\r\n");
-    wait_until(
-        Duration::from_secs(30),
-        "the daemon to be ready",
-        || http_get(port, "/readyz").is_some_and(|(status, _)| status == 200),
-        String::new,
+    let pid = target.pid().to_string();
+    let (daemon, port) = loopback_daemon(
+        dir.path(),
+        "out",
+        &[
+            "--pid",
+            &pid,
+            "--rate",
+            "400",
+            "--max-cpu",
+            "100",
+            "--listen-token-file",
+            token_file.to_str().unwrap(),
+        ],
+        None,
     );
+    let bearer = format!("Authorization: Bearer {token}\r\n");
     let (status, body) = http_get_with_headers(
         port,
         "/api/window?seconds=8",
@@ -457,9 +452,7 @@ fn a_rendering_flood_leaves_the_probes_answered() {
         p95 < Duration::from_millis(250),
         "p95 {p95:?} (max {max:?})"
     );
-    send_signal(daemon.pid(), libc::SIGTERM);
-    let run = daemon.finish();
-    assert!(run.success(), "{}", run.describe());
+    stop_daemon(daemon);
 }
 
 /// Any local user may bind any 127/8 address: slow clients from eight of them (eight
@@ -472,24 +465,8 @@ fn a_rendering_flood_leaves_the_probes_answered() {
 fn slow_clients_from_many_local_addresses_keep_no_scrape_out() {
     let _machine = shared();
     let dir = tempdir("pyfleet-trust-slow-");
-    let (site, health) = (free_port(), free_port());
-    let daemon = start_pyfleet(&[
-        "run",
-        "--match",
-        "pyfleet-no-such-process",
-        "--metrics-addr",
-        &format!("127.0.0.1:{site}"),
-        "--health-addr",
-        &format!("127.0.0.1:{health}"),
-        "--out",
-        dir.path().join("out").to_str().unwrap(),
-    ]);
-    wait_until(
-        Duration::from_secs(20),
-        "the daemon's readiness",
-        || http_get(health, "/readyz").is_some_and(|(s, _)| s == 200),
-        String::new,
-    );
+    let health = free_port();
+    let (daemon, site) = loopback_daemon(dir.path(), "out", &[], Some(health));
     let python = any_interpreter().path;
     let script = targets_dir().join("../tools/slow_clients.py");
     let mut groups = Vec::new();
@@ -519,7 +496,5 @@ fn slow_clients_from_many_local_addresses_keep_no_scrape_out() {
     let probes = answered(health, "/healthz", 20);
     assert_eq!((scrapes, probes), (24, 20), "scrapes and probes answered");
     drop(groups);
-    send_signal(daemon.pid(), libc::SIGTERM);
-    let run = daemon.finish();
-    assert!(run.success(), "{}", run.describe());
+    stop_daemon(daemon);
 }
