@@ -10,9 +10,11 @@
 //!   asks the kernel to kill it, and the program it becomes, when pyfleet dies
 //!   (`PR_SET_PDEATHSIG`), so no signal to pyfleet, at any instant, leaves the program stopped
 //!   or running without pyfleet. Nothing is ever stopped with SIGSTOP.
-//! - Signal dispositions are a shell's: a signal pyfleet handles (see [`StopSignals`]) reaches
-//!   the program at its default (exec resets handlers); a signal ignored when pyfleet started
-//!   (`nohup`, a non-interactive shell's background job) stays ignored, by pyfleet and by the
+//! - Signal dispositions are an interactive shell's for a job it runs: SIGINT and SIGTERM,
+//!   which pyfleet always takes (see [`StopSignals`]), reach the program at their default (exec
+//!   resets handlers), even when pyfleet was started with them ignored (a script's background
+//!   job): a program that ignored SIGINT while pyfleet waited for it to end on one would never
+//!   end. SIGHUP ignored when pyfleet started (`nohup`) stays ignored, by pyfleet and by the
 //!   program.
 //! - While it runs, SIGTERM is passed on at once; SIGINT and SIGHUP, which a terminal sends
 //!   to the whole process group, are passed on only if the program has not ended
@@ -331,9 +333,9 @@ fn become_user(uid: u32, gid: u32) -> nix::Result<Vec<(&'static str, OsString)>>
     Ok(environment)
 }
 
-/// The signals that end a recording with a program, as streams, installed before the program
-/// is started (so it gets them at their default). A signal ignored when pyfleet started is not
-/// taken (it stays ignored, for the program too).
+/// The signals that end a recording or a run, as streams, installed before a program is started
+/// (so it gets them at their default). SIGINT and SIGTERM are always taken; SIGHUP ignored when
+/// pyfleet started (`nohup`) is not (it stays ignored, for the program too).
 pub struct StopSignals {
     streams: Vec<(Signal, tokio::signal::unix::Signal)>,
 }
@@ -349,7 +351,7 @@ impl StopSignals {
             (Signal::SIGTERM, SignalKind::terminate()),
             (Signal::SIGHUP, SignalKind::hangup()),
         ] {
-            if (sig == Signal::SIGHUP && !hangup) || ignored.contains(&sig) {
+            if sig == Signal::SIGHUP && (!hangup || ignored.contains(&sig)) {
                 continue;
             }
             let stream = signal(kind).with_context(|| format!("cannot handle {}", sig.as_str()))?;

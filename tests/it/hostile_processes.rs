@@ -331,7 +331,7 @@ fn the_metrics_listener_bounds_its_clients() {
     let get = |path: &str| -> Option<String> {
         let mut s = TcpStream::connect(&addr).ok()?;
         s.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
-        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
+        write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
         let mut text = String::new();
         s.read_to_string(&mut text).ok()?;
         Some(text)

@@ -355,9 +355,9 @@ fn a_session_is_one_daemons_and_its_pages_alone() {
 /// kept in BENCHMARKS.md).
 #[test]
 fn a_rendering_flood_leaves_the_probes_answered() {
+    let _machine = alone();
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
-    let _machine = alone();
     let dir = tempdir("pyfleet-trust-render-");
     let token = "5e2b8d1f4a7c0e3b6d9f2a5c8e1b4d7f";
     let token_file = dir.path().join("token");
