@@ -337,43 +337,43 @@ fn become_user(uid: u32, gid: u32) -> nix::Result<Vec<(&'static str, OsString)>>
 /// (so it gets them at their default). SIGINT and SIGTERM are always taken; SIGHUP ignored when
 /// pyfleet started (`nohup`) is not (it stays ignored, for the program too).
 pub struct StopSignals {
-    streams: Vec<(Signal, tokio::signal::unix::Signal)>,
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+    hangup: Option<tokio::signal::unix::Signal>,
 }
 
 impl StopSignals {
     /// Takes SIGINT, SIGTERM and, with `hangup`, SIGHUP. Needs the async runtime's context.
     pub fn install(hangup: bool) -> Result<StopSignals> {
         use tokio::signal::unix::{signal, SignalKind};
-        let ignored = ignored_at_start();
-        let mut streams = Vec::new();
-        for (sig, kind) in [
-            (Signal::SIGINT, SignalKind::interrupt()),
-            (Signal::SIGTERM, SignalKind::terminate()),
-            (Signal::SIGHUP, SignalKind::hangup()),
-        ] {
-            if sig == Signal::SIGHUP && (!hangup || ignored.contains(&sig)) {
-                continue;
-            }
-            let stream = signal(kind).with_context(|| format!("cannot handle {}", sig.as_str()))?;
-            streams.push((sig, stream));
-        }
-        Ok(StopSignals { streams })
+        let take = |kind: SignalKind, sig: Signal| {
+            signal(kind).with_context(|| format!("cannot handle {}", sig.as_str()))
+        };
+        let hangup_ignored = pyfleet::host::ignored_signals()
+            .is_some_and(|mask| mask & (1u64 << (Signal::SIGHUP as i32 - 1)) != 0);
+        Ok(StopSignals {
+            interrupt: take(SignalKind::interrupt(), Signal::SIGINT)?,
+            terminate: take(SignalKind::terminate(), Signal::SIGTERM)?,
+            hangup: match hangup && !hangup_ignored {
+                true => Some(take(SignalKind::hangup(), Signal::SIGHUP)?),
+                false => None,
+            },
+        })
     }
 
-    /// The next signal to arrive (never, when none is taken).
+    /// The next signal to arrive.
     pub async fn next(&mut self) -> Signal {
-        let arrivals = self.streams.iter_mut().map(|(sig, stream)| {
-            let sig = *sig;
-            Box::pin(async move {
-                stream.recv().await;
-                sig
-            })
-        });
-        let arrivals: Vec<_> = arrivals.collect();
-        if arrivals.is_empty() {
-            return std::future::pending().await;
+        let hangup = async {
+            match self.hangup.as_mut() {
+                Some(stream) => stream.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = self.interrupt.recv() => Signal::SIGINT,
+            _ = self.terminate.recv() => Signal::SIGTERM,
+            _ = hangup => Signal::SIGHUP,
         }
-        futures_select_first(arrivals).await
     }
 
     /// A signal that arrived already, if any (without waiting).
@@ -384,37 +384,6 @@ impl StopSignals {
             _ = std::future::ready(()) => None,
         }
     }
-}
-
-/// The first of `futures` to finish.
-async fn futures_select_first<F: std::future::Future<Output = Signal> + Unpin>(
-    mut futures: Vec<F>,
-) -> Signal {
-    std::future::poll_fn(|cx| {
-        for f in futures.iter_mut() {
-            if let std::task::Poll::Ready(sig) = std::pin::Pin::new(f).poll(cx) {
-                return std::task::Poll::Ready(sig);
-            }
-        }
-        std::task::Poll::Pending
-    })
-    .await
-}
-
-/// The signals this process ignores (its `SigIgn` mask in /proc/self/status), among SIGINT,
-/// SIGTERM and SIGHUP.
-fn ignored_at_start() -> Vec<Signal> {
-    let mask = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            let hex = s.lines().find_map(|l| l.strip_prefix("SigIgn:"))?.trim();
-            u64::from_str_radix(hex, 16).ok()
-        })
-        .unwrap_or(0);
-    [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP]
-        .into_iter()
-        .filter(|&s| mask & (1u64 << (s as i32 - 1)) != 0)
-        .collect()
 }
 
 #[cfg(test)]

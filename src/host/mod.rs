@@ -35,14 +35,21 @@ pub const CAP_BPF: u32 = 39;
 /// The inode number of the host's (initial) pid namespace (`PROC_PID_INIT_INO`).
 pub const HOST_PID_NAMESPACE_INODE: u64 = 0xEFFF_FFFC;
 
+/// A hexadecimal bit set of this process's /proc/self/status (`CapEff:`, `SigIgn:`).
+fn own_status_bits(key: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let hex = status.lines().find_map(|l| l.strip_prefix(key))?.trim();
+    u64::from_str_radix(hex, 16).ok()
+}
+
 /// This process's effective capabilities (`CapEff` of /proc/self/status) as a bit set.
 pub fn effective_capabilities() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let hex = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))?
-        .trim();
-    u64::from_str_radix(hex, 16).ok()
+    own_status_bits("CapEff:")
+}
+
+/// The signals this process ignores (`SigIgn` of /proc/self/status): bit N-1 for signal N.
+pub fn ignored_signals() -> Option<u64> {
+    own_status_bits("SigIgn:")
 }
 
 /// Whether this process holds capability `cap` (`None`: its status could not be read).

@@ -139,10 +139,17 @@ impl Beneath {
 
     /// What `relative` is, if it is there (a link is `Other`, never followed).
     pub fn kind(&self, relative: &Path) -> Option<Kind> {
-        let (dir, name) = self.parent_of(relative).ok()?;
-        let st =
-            nix::sys::stat::fstatat(&dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
-        Some(kind_of(&st))
+        self.stat(relative).ok().map(|st| kind_of(&st))
+    }
+
+    /// `relative`'s metadata, the link itself for a link.
+    fn stat(&self, relative: &Path) -> io::Result<FileStat> {
+        let (dir, name) = self.parent_of(relative)?;
+        Ok(nix::sys::stat::fstatat(
+            &dir,
+            name,
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )?)
     }
 
     /// Creates the new file `relative` (never an existing one) with exactly `mode`'s file
@@ -185,8 +192,7 @@ impl Beneath {
     pub fn remove_all(&self, relative: &Path) -> io::Result<()> {
         use nix::unistd::UnlinkatFlags;
         let (dir, name) = self.parent_of(relative)?;
-        let st = nix::sys::stat::fstatat(&dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)?;
-        if kind_of(&st) == Kind::Directory {
+        if self.kind(relative) == Some(Kind::Directory) {
             let inner = self.subdirectory(relative)?;
             for (entry, _) in inner.entries()? {
                 inner.remove_all(Path::new(&entry))?;
@@ -217,12 +223,7 @@ impl Beneath {
                 Some(nix::dir::Type::Directory) => Kind::Directory,
                 Some(nix::dir::Type::File) => Kind::File,
                 Some(_) => Kind::Other,
-                None => nix::sys::stat::fstatat(
-                    &self.fd,
-                    name.as_os_str(),
-                    nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-                )
-                .map_or(Kind::Other, |st| kind_of(&st)),
+                None => self.kind(Path::new(&name)).unwrap_or(Kind::Other),
             };
             found.push((name, kind));
         }
@@ -231,10 +232,7 @@ impl Beneath {
 
     /// The size of regular file `relative` (0 for anything else).
     pub fn file_len(&self, relative: &Path) -> u64 {
-        let Ok((dir, name)) = self.parent_of(relative) else {
-            return 0;
-        };
-        nix::sys::stat::fstatat(&dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+        self.stat(relative)
             .ok()
             .filter(|st| kind_of(st) == Kind::File)
             .map_or(0, |st| st.st_size as u64)

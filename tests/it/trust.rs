@@ -7,12 +7,24 @@
 use crate::common::*;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// Makes `path` (a symbolic link itself, not what it points to) nobody's.
-fn give_link_to_nobody(path: &Path) {
-    std::os::unix::fs::lchown(path, Some(65534), Some(65534)).expect("lchown");
+/// In `dir` (opened to all): `theirs`, a directory of nobody's; `victim`, a root-only
+/// directory; and `theirs/link`, nobody's symbolic link to `victim`, as the other user would
+/// plant it. The three paths.
+fn plant_a_link(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o755)).unwrap();
+    let theirs = dir.join("theirs");
+    fs::create_dir(&theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    let victim = dir.join("victim");
+    fs::create_dir(&victim).unwrap();
+    fs::set_permissions(&victim, fs::Permissions::from_mode(0o700)).unwrap();
+    let planted = theirs.join("link");
+    std::os::unix::fs::symlink(&victim, &planted).unwrap();
+    std::os::unix::fs::lchown(&planted, Some(65534), Some(65534)).expect("lchown");
+    (theirs, victim, planted)
 }
 
 /// Files in `dir`, recursively (none when it cannot be read).
@@ -78,21 +90,10 @@ fn an_out_directory_another_user_owns_can_write_or_planted_is_refused() {
         return;
     }
     let dir = tempdir("pyfleet-trust-out-");
-    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    let theirs = dir.path().join("theirs");
-    fs::create_dir(&theirs).unwrap();
-    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    let (theirs, victim, planted) = plant_a_link(dir.path());
     let open_to_all = dir.path().join("open");
     fs::create_dir(&open_to_all).unwrap();
     fs::set_permissions(&open_to_all, fs::Permissions::from_mode(0o777)).unwrap();
-    // Root's own directory, which the other user points a link of theirs at, from a directory
-    // of theirs.
-    let victim = dir.path().join("victim");
-    fs::create_dir(&victim).unwrap();
-    fs::set_permissions(&victim, fs::Permissions::from_mode(0o700)).unwrap();
-    let planted = theirs.join("link");
-    std::os::unix::fs::symlink(&victim, &planted).unwrap();
-    give_link_to_nobody(&planted);
 
     for (out, says) in [
         (theirs.clone(), "belongs to uid 65534"),
@@ -127,16 +128,7 @@ fn record_writes_through_no_link_another_user_planted() {
         return;
     }
     let dir = tempdir("pyfleet-trust-record-");
-    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    let theirs = dir.path().join("theirs");
-    fs::create_dir(&theirs).unwrap();
-    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
-    let victim = dir.path().join("victim");
-    fs::create_dir(&victim).unwrap();
-    fs::set_permissions(&victim, fs::Permissions::from_mode(0o700)).unwrap();
-    let planted = theirs.join("reports");
-    std::os::unix::fs::symlink(&victim, &planted).unwrap();
-    give_link_to_nobody(&planted);
+    let (_, victim, planted) = plant_a_link(dir.path());
     let interp = any_interpreter();
     let mut target = Proc::python(&interp.label, &interp.path, "profiled.py", &["ready", "0"]);
     target.wait_for_file("ready", READY_TIMEOUT);
