@@ -153,6 +153,11 @@ pub struct RunOptions {
     /// [default: run until stopped].
     #[arg(long, value_name = "DURATION")]
     pub duration: Option<Seconds>,
+    /// Run as this user (a name or a uid) once the kernel capture and the listeners are open,
+    /// keeping only the four capabilities pyfleet uses; --out must be this user's (or is
+    /// created theirs) [default: stay pyfleet's user, with only those capabilities].
+    #[arg(long, value_name = "USER")]
+    pub user: Option<String>,
     /// Push profiles to Grafana Pyroscope at this URL (http[s]://host:port; see docs/reference.md)
     /// [default: no push]. Authentication and tenant: the config file's [pyroscope] table.
     #[arg(long = "pyroscope", value_name = "URL")]
@@ -271,6 +276,8 @@ pub struct RunSettings {
     pub health_addr: Option<SocketAddr>,
     pub duration: Option<Duration>,
     pub push: Option<PushSettings>,
+    /// `--user`, as given (looked up by the command, before anything starts).
+    pub user: Option<String>,
 }
 
 fn seconds(name: &str, v: Option<Seconds>, default: f64) -> Result<Duration, String> {
@@ -347,6 +354,7 @@ impl RunOptions {
             listen_names: self.listen_names,
             listen: file.listen,
             duration: self.duration.or(file.duration),
+            user: self.user.or(file.user),
             pyroscope_url: self.pyroscope_url,
             push_interval: self.push_interval,
             pyroscope: file.pyroscope,
@@ -421,6 +429,7 @@ impl RunOptions {
                 None => None,
             },
             push,
+            user: o.user,
         })
     }
 }

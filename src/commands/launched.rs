@@ -275,7 +275,7 @@ pub fn gate(args: &[OsString]) -> ! {
     let pipe = std::fs::File::open(format!("/proc/{parent}/fd/{fd}"));
     let mut environment = Vec::new();
     if let Some((uid, gid)) = user {
-        match become_user(uid, gid) {
+        match super::privileges::become_user(uid, gid) {
             Ok(vars) => environment = vars,
             Err(e) => quit(
                 GATE_CANNOT_EXEC,
@@ -310,27 +310,30 @@ pub fn gate(args: &[OsString]) -> ! {
     )
 }
 
-/// Becomes user `uid` of group `gid` with that user's groups, as `sudo -u` would: root's
-/// privileges are gone for good. The user's HOME, USER and LOGNAME for the program (none for
-/// a uid without a name).
-fn become_user(uid: u32, gid: u32) -> nix::Result<Vec<(&'static str, OsString)>> {
-    use nix::unistd::{Gid, Uid, User};
-    let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));
-    let mut environment = Vec::new();
-    match User::from_uid(uid)? {
-        Some(user) => {
-            let name =
-                std::ffi::CString::new(user.name.as_bytes()).map_err(|_| nix::Error::EINVAL)?;
-            nix::unistd::initgroups(&name, gid)?;
-            environment.push(("HOME", user.dir.into_os_string()));
-            environment.push(("USER", OsString::from(&user.name)));
-            environment.push(("LOGNAME", OsString::from(user.name)));
+/// The stop signals (SIGINT, SIGTERM, SIGHUP) blocked on the main thread from the daemon's
+/// first step until [`StopSignals`] takes them: one that arrives meanwhile waits for it (the
+/// daemon then ends as asked, once running), and the threads made meanwhile (the async
+/// runtime's, which inherit the mask) never take one: every signal reaches the main thread.
+pub struct HeldSignals(nix::sys::signal::SigSet);
+
+impl HeldSignals {
+    pub fn hold() -> Result<HeldSignals> {
+        use nix::sys::signal::{pthread_sigmask, SigSet, SigmaskHow};
+        let mut set = SigSet::empty();
+        for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+            set.add(sig);
         }
-        None => nix::unistd::setgroups(&[])?,
+        pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&set), None)
+            .context("cannot hold the stop signals")?;
+        Ok(HeldSignals(set))
     }
-    nix::unistd::setresgid(gid, gid, gid)?;
-    nix::unistd::setresuid(uid, uid, uid)?;
-    Ok(environment)
+
+    /// Lets the held signals in, once [`StopSignals`] is installed (on the main thread).
+    pub fn release(self) -> Result<()> {
+        use nix::sys::signal::{pthread_sigmask, SigmaskHow};
+        pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&self.0), None)
+            .context("cannot take the stop signals")
+    }
 }
 
 /// The signals that end a recording or a run, as streams, installed before a program is started

@@ -31,6 +31,7 @@ pub mod dump;
 pub mod fleet_runtime;
 pub mod launched;
 pub mod list;
+pub mod privileges;
 pub mod record;
 pub mod run;
 pub mod top;

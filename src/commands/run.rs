@@ -3,8 +3,9 @@
 //! directory (`output::snapshot_dir`) and the Prometheus exporter, and runs until SIGINT,
 //! SIGTERM or the end of `--duration`, when a final snapshot is written.
 
-use super::launched::{Launched, StopSignals};
-use anyhow::{anyhow, Context, Result};
+use super::launched::{HeldSignals, Launched, StopSignals};
+use super::privileges::{self, RunAs};
+use anyhow::{anyhow, bail, Context, Result};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use metrics_util::MetricKindMask;
 use pyfleet::config::RunOptions;
@@ -59,10 +60,20 @@ pub fn run(opts: RunOptions) -> Result<()> {
     let mut settings = opts
         .resolve(std::process::id() as i32)
         .map_err(|e| anyhow!(e))?;
-    let writer = SnapshotDir::open(
+    let launching = !settings.sampling.command.is_empty();
+    let user = match (&settings.user, launching) {
+        (Some(_), true) => bail!(
+            "--user goes with the daemon, not with a program after --: `run -- COMMAND` keeps \
+             pyfleet's privileges to start the program as you and pass signals on to it"
+        ),
+        (Some(spec), false) => Some(RunAs::parse(spec)?),
+        (None, _) => None,
+    };
+    let writer = SnapshotDir::open_for(
         &settings.out,
         settings.retention,
         settings.sampling.file_mode,
+        user.as_ref().map(RunAs::owner),
     )
     .map_err(|e| anyhow!(e))?
     .with_formats(&settings.snapshot_formats)
@@ -80,6 +91,41 @@ pub fn run(opts: RunOptions) -> Result<()> {
     };
     config.validate().map_err(|e| anyhow!("{e}"))?;
 
+    // What needs privileges is opened first, on this thread alone: a SIGTERM meanwhile waits,
+    // and ends the daemon once it runs, with its last snapshot.
+    let held = HeldSignals::hold()?;
+    // Bound first, so that a port in use is a startup error, not a log line later.
+    let bind = |addr: std::net::SocketAddr, option: &str| {
+        std::net::TcpListener::bind(addr)
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .with_context(|| format!("cannot listen on {option} {addr}"))
+    };
+    let metrics_listener = settings
+        .metrics_addr
+        .map(|addr| bind(addr, "--metrics-addr"))
+        .transpose()?;
+    let health_listener = settings
+        .health_addr
+        .map(|addr| bind(addr, "--health-addr"))
+        .transpose()?;
+    let (capture, how) = settings
+        .sampling
+        .capture
+        .start(
+            settings.sampling.rate.base_hz(),
+            settings.sampling.mode != pyfleet_policies::Mode::Cpu,
+        )
+        .map_err(|e| anyhow!(e))?;
+    if settings.sampling.switch_log {
+        super::fleet_runtime::start_switch_log();
+    }
+    pyfleet::process::runstate::raise_open_file_limit();
+    // Then the daemon keeps only what it uses; its threads, all made after, the same.
+    let kept = match launching {
+        true => None,
+        false => Some(privileges::keep_only_what_is_used(user.as_ref())?),
+    };
+
     let runtime = super::fleet_runtime::runtime()?;
     // Set once the fleet runs: /debug/pprof/profile takes its profiles through it.
     let profiler = Arc::new(std::sync::OnceLock::new());
@@ -91,15 +137,12 @@ pub fn run(opts: RunOptions) -> Result<()> {
         windows: Default::default(),
     };
     let result: Result<Option<i32>> = runtime.block_on(async move {
-        // Taken first: a SIGTERM while the daemon starts ends it once it runs, with its last
-        // snapshot, not by the signal's default. With a program to start, SIGHUP too (see
-        // `launched`).
-        let mut signals = StopSignals::install(!settings.sampling.command.is_empty())?;
-        if let Some(addr) = settings.metrics_addr {
-            // Bound first, so that a port in use is a startup error, not a log line later.
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("cannot listen on --metrics-addr {addr}"))?;
+        // With a program to start, SIGHUP too (see `launched`).
+        let mut signals = StopSignals::install(launching)?;
+        held.release()?;
+        if let Some(listener) = metrics_listener {
+            let listener = tokio::net::TcpListener::from_std(listener)
+                .context("cannot listen on --metrics-addr")?;
             let recorder = PrometheusBuilder::new()
                 .idle_timeout(MetricKindMask::ALL, Some(config.metrics_idle_timeout()))
                 // Real histogram buckets (not a summary), so rates and quantiles aggregate
@@ -151,10 +194,9 @@ pub fn run(opts: RunOptions) -> Result<()> {
                 }
             });
         }
-        if let Some(addr) = settings.health_addr {
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("cannot listen on --health-addr {addr}"))?;
+        if let Some(listener) = health_listener {
+            let listener = tokio::net::TcpListener::from_std(listener)
+                .context("cannot listen on --health-addr")?;
             let probes = pyfleet::listener::Pages::Health {
                 ready: profiler.clone(),
             };
@@ -165,14 +207,6 @@ pub fn run(opts: RunOptions) -> Result<()> {
                 probes,
             ));
         }
-        let (capture, how) = settings
-            .sampling
-            .capture
-            .start(
-                settings.sampling.rate.base_hz(),
-                settings.sampling.mode != pyfleet_policies::Mode::Cpu,
-            )
-            .map_err(|e| anyhow!(e))?;
         // A program to start (the signals that end the run are taken already, so it gets them
         // at their default): started held at its gate (it runs once the fleet is ready), and
         // profiled by its pid and its Python descendants.
@@ -200,7 +234,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
             parts.join(", ")
         };
         eprintln!(
-            "pyfleet: profiling {what} at {} Hz ({} mode{}); {how}; snapshots ({}) every {} s in {}; metrics {}{}{}",
+            "pyfleet: profiling {what} at {} Hz ({} mode{}); {how}; snapshots ({}) every {} s in {}; metrics {}{}{}; {}",
             settings.sampling.rate.base_hz(),
             settings.sampling.mode,
             if settings.sampling.read_only { ", read-only" } else { "" },
@@ -233,12 +267,12 @@ pub fn run(opts: RunOptions) -> Result<()> {
                     p.interval.as_secs_f64()
                 ))
                 .unwrap_or_default(),
+            match &kept {
+                Some(kept) => kept.to_string(),
+                None => "keeps its privileges for the program it starts".to_string(),
+            },
         );
         super::fleet_runtime::warn_without_ptrace("profiled");
-        pyfleet::process::runstate::raise_open_file_limit();
-        if settings.sampling.switch_log {
-            super::fleet_runtime::start_switch_log();
-        }
         tokio::spawn(export_capture_state(how, capture.clone()));
         for &pid in &settings.sampling.pids {
             use pyfleet::discovery::Probed;

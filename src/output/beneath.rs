@@ -78,8 +78,12 @@ impl Beneath {
     /// That the directory is pyfleet's own: owned by its user, and neither group nor others
     /// may write in it. Else why not, and what to do, in one line.
     pub fn require_private(&self) -> Result<(), String> {
+        self.require_private_to(nix::unistd::geteuid().as_raw())
+    }
+
+    /// [`Beneath::require_private`] for the user pyfleet is about to become (`--user`).
+    pub fn require_private_to(&self, me: u32) -> Result<(), String> {
         let st = nix::sys::stat::fstat(&self.fd).map_err(|e| e.to_string())?;
-        let me = nix::unistd::geteuid().as_raw();
         if st.st_uid != me {
             return Err(format!(
                 "it belongs to uid {}, not to pyfleet's user (uid {me}): give a directory of \
@@ -94,6 +98,16 @@ impl Beneath {
                 st.st_mode & 0o7777
             ));
         }
+        Ok(())
+    }
+
+    /// Makes the directory `owner`'s (one pyfleet just created, for the user it becomes).
+    pub fn give_to(&self, owner: super::Owner) -> io::Result<()> {
+        nix::unistd::fchown(
+            &self.fd,
+            Some(nix::unistd::Uid::from_raw(owner.uid)),
+            Some(nix::unistd::Gid::from_raw(owner.gid)),
+        )?;
         Ok(())
     }
 

@@ -77,9 +77,25 @@ impl SnapshotDir {
         retention: RetentionPolicy,
         file_mode: FileMode,
     ) -> Result<Self, String> {
+        Self::open_for(out, retention, file_mode, None)
+    }
+
+    /// [`SnapshotDir::open`] for a daemon that becomes `owner` once started (`--user`): `out`
+    /// must be theirs, and is made theirs when created here.
+    pub fn open_for(
+        out: &Path,
+        retention: RetentionPolicy,
+        file_mode: FileMode,
+        owner: Option<crate::output::Owner>,
+    ) -> Result<Self, String> {
         let fail = |what: &str, e: String| format!("unusable --out {}: {what}{e}", out.display());
+        let existed = Beneath::open(out).is_ok();
         let dir = Beneath::open_or_create(out, file_mode).map_err(|e| fail("", e.to_string()))?;
-        dir.require_private().map_err(|e| fail("", e))?;
+        if let (Some(owner), false) = (owner, existed) {
+            dir.give_to(owner).map_err(|e| fail("", e.to_string()))?;
+        }
+        let me = owner.map_or_else(|| nix::unistd::geteuid().as_raw(), |o| o.uid);
+        dir.require_private_to(me).map_err(|e| fail("", e))?;
         let probe = PathBuf::from(format!("{PARTIAL}probe-{}", std::process::id()));
         dir.create_new(&probe, file_mode)
             .map_err(|e| fail("cannot write in it: ", e.to_string()))?;

@@ -490,3 +490,118 @@ fn slow_clients_from_many_local_addresses_keep_no_scrape_out() {
     drop(groups);
     stop_daemon(daemon);
 }
+
+/// The capabilities pyfleet uses, as /proc/PID/status shows a set: CAP_DAC_READ_SEARCH (2),
+/// CAP_SYS_PTRACE (19), CAP_PERFMON (38), CAP_BPF (39).
+const USED_CAPABILITIES: u64 = 1 << 2 | 1 << 19 | 1 << 38 | 1 << 39;
+
+/// Each thread of `pid`: its name and the lines of its status this test looks at (`Uid`,
+/// the five capability sets, `NoNewPrivs`), tabs made spaces.
+fn thread_credentials(pid: i32) -> Vec<(String, std::collections::BTreeMap<String, String>)> {
+    let mut threads = Vec::new();
+    for task in fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let path = task.path();
+        let (Ok(name), Ok(status)) = (
+            fs::read_to_string(path.join("comm")),
+            fs::read_to_string(path.join("status")),
+        ) else {
+            continue;
+        };
+        let fields = status
+            .lines()
+            .filter_map(|l| l.split_once(':'))
+            .filter(|(k, _)| {
+                [
+                    "Uid",
+                    "Gid",
+                    "CapInh",
+                    "CapPrm",
+                    "CapEff",
+                    "CapBnd",
+                    "CapAmb",
+                    "NoNewPrivs",
+                ]
+                .contains(k)
+            })
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    v.split_whitespace().collect::<Vec<_>>().join(" "),
+                )
+            })
+            .collect();
+        threads.push((name.trim().to_string(), fields));
+    }
+    threads
+}
+
+/// Started as root, the daemon keeps, in every one of its threads, exactly the four
+/// capabilities it uses (permitted and effective), nothing inheritable, ambient or in the
+/// bounding set, and no_new_privs; with `--user nobody` it runs as uid 65534 too, its `--out`
+/// created nobody's, and still profiles a root process with the kernel capture. A build that
+/// keeps root's capabilities (CapEff 000001ffffffffff) fails here.
+#[test]
+fn the_daemon_keeps_only_the_capabilities_it_uses_in_every_thread() {
+    let _machine = shared();
+    if !is_root() {
+        eprintln!("skipped: the drop from root's capabilities needs a daemon started as root");
+        return;
+    }
+    let interp = any_interpreter();
+    let mut target = Proc::python(&interp.label, &interp.path, "profiled.py", &["ready", "60"]);
+    target.wait_for_file("ready", Duration::from_secs(30));
+    let pid = target.pid().to_string();
+    let tmp = tempdir("pyfleet-privileges-");
+    for (name, user, uid) in [
+        ("as-root", None, "0"),
+        ("as-nobody", Some("nobody"), "65534"),
+    ] {
+        let mut args = vec!["--pid", pid.as_str(), "--snapshot-interval", "1"];
+        args.extend(user.map(|u| ["--user", u]).into_iter().flatten());
+        let (daemon, _) = loopback_daemon(tmp.path(), name, &args, None);
+        let out = tmp.path().join(name);
+        wait_until(
+            Duration::from_secs(20),
+            "a snapshot with the target's stacks",
+            || {
+                snapshot_dirs(&out).iter().any(|d| {
+                    fs::read_to_string(d.join("all.folded"))
+                        .is_ok_and(|f| f.contains("pyfleet_hot_leaf"))
+                })
+            },
+            String::new,
+        );
+        let threads = thread_credentials(daemon.pid());
+        assert!(threads.len() >= 3, "{threads:?}");
+        let used = format!("{USED_CAPABILITIES:016x}");
+        let none = format!("{:016x}", 0);
+        for (thread, fields) in &threads {
+            let field = |k: &str| fields.get(k).map(String::as_str).unwrap_or("?");
+            let held = format!("{name}: thread {thread}: {fields:?}");
+            assert_eq!(field("CapEff"), used, "{held}");
+            assert_eq!(field("CapPrm"), used, "{held}");
+            for set in ["CapInh", "CapAmb", "CapBnd"] {
+                assert_eq!(field(set), none, "{set}: {held}");
+            }
+            assert_eq!(field("NoNewPrivs"), "1", "{held}");
+            assert_eq!(field("Uid"), [uid; 4].join(" "), "{held}");
+        }
+        let owner = std::os::unix::fs::MetadataExt::uid(&fs::metadata(&out).unwrap());
+        assert_eq!(
+            owner.to_string(),
+            uid,
+            "{name}: --out is not the daemon user's"
+        );
+        send_signal(daemon.pid(), libc::SIGTERM);
+        let run = daemon.finish();
+        assert!(run.success(), "{}", run.describe());
+        let first = run.stderr.lines().next().unwrap_or("");
+        assert!(
+            first.contains("stacks from the kernel capture")
+                && first.contains(&format!("runs as uid {uid} with only cap_dac_read_search, cap_sys_ptrace, cap_perfmon, cap_bpf")),
+            "{}",
+            run.describe()
+        );
+    }
+    target.kill();
+}
