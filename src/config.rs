@@ -223,6 +223,21 @@ pub struct ListenSettings {
     pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
     /// Clients must present a certificate from the client CA.
     pub client_certs: bool,
+    /// The token of pyfleet's state directory, for a loopback listener given no credential.
+    pub own_token: OwnToken,
+}
+
+/// Whether the listener uses the token of pyfleet's state directory (`listener::own_token`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum OwnToken {
+    /// A token file or client certificates were given, `--insecure-listen` was, or the
+    /// listener is not loopback-only (which needs a credential given, see `check_exposure`).
+    #[default]
+    NotUsed,
+    /// To be loaded (or drawn) by the daemon when it starts: [`ListenSettings::take_own_token`].
+    Wanted,
+    /// Loaded from `file`; drawn there at this start or not.
+    Kept { file: PathBuf, drawn_now: bool },
 }
 
 impl ListenSettings {
@@ -230,7 +245,15 @@ impl ListenSettings {
     /// client certificate; /metrics open)`.
     pub fn describe(&self) -> String {
         let mut needs = Vec::new();
-        if self.access.token.is_some() {
+        let own;
+        if let OwnToken::Kept { file, drawn_now } = &self.own_token {
+            own = format!(
+                "the token in {}{}",
+                file.display(),
+                if *drawn_now { ", drawn now" } else { "" }
+            );
+            needs.push(own.as_str());
+        } else if self.access.token.is_some() {
             needs.push("the token");
         }
         if self.client_certs {
@@ -248,6 +271,19 @@ impl ListenSettings {
             "(profiles need {}; /metrics {metrics})",
             needs.join(" and ")
         )
+    }
+}
+
+impl ListenSettings {
+    /// Loads the state directory's token when the listener wants it (drawing one if there is
+    /// none): a side effect, so the daemon does it as it starts, not when settings are read.
+    pub fn take_own_token(&mut self) -> Result<(), String> {
+        if self.own_token == OwnToken::Wanted {
+            let (token, file, drawn_now) = crate::listener::own_token::load_or_create()?;
+            self.access.token = Some(token);
+            self.own_token = OwnToken::Kept { file, drawn_now };
+        }
+        Ok(())
     }
 }
 
@@ -398,7 +434,7 @@ impl RunOptions {
             DEFAULT_METRICS_ADDR,
         )?;
         let health_addr = address("health-addr", o.health_addr.as_deref(), "off")?;
-        let (listen, insecure) = listen_settings(&o)?;
+        let (listen, insecure) = listen_settings(&o, metrics_addr)?;
         if let Some(addr) = metrics_addr {
             crate::listener::access::check_exposure(
                 addr,
@@ -479,8 +515,12 @@ fn address(name: &str, given: Option<&str>, default: &str) -> Result<Option<Sock
 
 /// The `--listen-*` options and the `[listen]` table, checked (the command line wins), and
 /// whether serving profiles without a credential was allowed.
-fn listen_settings(o: &RunOptions) -> Result<(ListenSettings, bool), String> {
+fn listen_settings(
+    o: &RunOptions,
+    addr: Option<SocketAddr>,
+) -> Result<(ListenSettings, bool), String> {
     let table = o.listen.clone().unwrap_or_default();
+    let insecure = o.insecure_listen || table.insecure;
     let token = match o.listen_token_file.as_ref().or(table.token_file.as_ref()) {
         Some(f) => Some(crate::listener::access::Token::from_file(
             f,
@@ -488,6 +528,7 @@ fn listen_settings(o: &RunOptions) -> Result<(ListenSettings, bool), String> {
         )?),
         None => None,
     };
+    let token_given = token.is_some();
     let metrics_need_token = o.listen_metrics_token || table.metrics_token;
     if metrics_need_token && token.is_none() {
         return Err("--listen-metrics-token goes with --listen-token-file FILE".to_string());
@@ -528,10 +569,30 @@ fn listen_settings(o: &RunOptions) -> Result<(ListenSettings, bool), String> {
             names: names.iter().map(|n| n.to_ascii_lowercase()).collect(),
             ..Default::default()
         },
+        client_certs: files.as_ref().is_some_and(|f| f.client_ca.is_some()),
+        own_token: match settings_need_own_token(
+            token_given,
+            files.is_some_and(|f| f.client_ca.is_some()),
+            insecure,
+            addr,
+        ) {
+            true => OwnToken::Wanted,
+            false => OwnToken::NotUsed,
+        },
         tls,
-        client_certs: files.is_some_and(|f| f.client_ca.is_some()),
     };
-    Ok((settings, o.insecure_listen || table.insecure))
+    Ok((settings, insecure))
+}
+
+/// Whether a listener at `addr` uses the state directory's token: one on loopback given no
+/// credential, unless `--insecure-listen`.
+fn settings_need_own_token(
+    token_given: bool,
+    client_certs: bool,
+    insecure: bool,
+    addr: Option<SocketAddr>,
+) -> bool {
+    !token_given && !client_certs && !insecure && addr.is_some_and(|a| a.ip().is_loopback())
 }
 
 /// `--pyroscope`, `--push-interval` and the `[pyroscope]` table, checked (the command line

@@ -79,6 +79,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
     .with_formats(&settings.snapshot_formats)
     .by_function(settings.sampling.by_function)
     .with_sampling(settings.sampling.mode, settings.sampling.rate.base_hz());
+    settings.listen.take_own_token().map_err(|e| anyhow!(e))?;
     let mut config = FleetConfig {
         scan_interval: settings.scan_interval,
         snapshot_interval: settings.snapshot_interval,

@@ -66,7 +66,9 @@ pub struct TopOptions {
     /// Show what a running daemon samples, from its listener (`--metrics-addr`): HOST:PORT.
     #[arg(long, value_name = "ADDR", conflicts_with_all = ["pids", "bare_pids", "matches", "mode", "rate", "capture"])]
     pub connect: Option<String>,
-    /// With --connect: a file holding the listener's bearer token.
+    /// With --connect: a file holding the listener's bearer token [default: the token a
+    /// daemon of this user keeps in its state directory, e.g. /var/lib/pyfleet/listen-token
+    /// for root, when there is one].
     #[arg(long, value_name = "FILE", requires = "connect")]
     pub token_file: Option<PathBuf>,
 }
@@ -100,8 +102,12 @@ pub fn run(o: TopOptions) -> Result<()> {
     // Mistakes first, each its own line, terminal or not.
     let plan = match &o.connect {
         Some(addr) => {
-            let token = match &o.token_file {
-                Some(path) => Some(read_token(path)?),
+            let token = match o
+                .token_file
+                .clone()
+                .or_else(pyfleet::listener::own_token::existing_file)
+            {
+                Some(path) => Some(read_token(&path)?),
                 None => None,
             };
             Plan::Daemon(Remote::new(addr, token).map_err(|e| anyhow!(e))?)

@@ -16,6 +16,7 @@ pub mod access;
 pub mod fleet_page;
 pub mod headers;
 pub mod http;
+pub mod own_token;
 pub mod routes;
 pub mod slots;
 pub mod snapshot_files;

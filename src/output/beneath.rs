@@ -201,6 +201,20 @@ impl Beneath {
         Ok(())
     }
 
+    /// Renames `from` to `to` in this directory unless `to` exists (then `AlreadyExists`):
+    /// the way to publish a file fully written, when another writer may be publishing its own.
+    pub fn rename_new(&self, from: &OsStr, to: &OsStr) -> io::Result<()> {
+        let (from, to) = (single_name(from)?, single_name(to)?);
+        nix::fcntl::renameat2(
+            &self.fd,
+            from,
+            &self.fd,
+            to,
+            nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+        )?;
+        Ok(())
+    }
+
     /// Removes `relative` and, for a directory, everything in it; never following a link (a
     /// link is removed itself).
     pub fn remove_all(&self, relative: &Path) -> io::Result<()> {

@@ -85,6 +85,9 @@ fn gunicorn_fleet_under_load_with_a_killed_worker() {
             out.to_str().unwrap(),
             "--metrics-addr",
             &metrics_addr,
+            // Go's pprof fetches the URL itself and sends no token (docs/reference.md): this
+            // loopback listener serves without one, as asked.
+            "--insecure-listen",
         ]),
         Duration::from_secs(60),
     );

@@ -89,8 +89,11 @@ fn top_in_tmux(exe: std::path::PathBuf, args: &str, exit_file: &Path) -> Tmux {
         socket: format!("pyfleet-top-{}-{n}", std::process::id()),
         top: None,
     };
+    // The tests' state directory, as every pyfleet they start has it: `--connect` reads the
+    // daemon's token there.
     let command = format!(
-        "'{}' top {args}; echo $? > '{}'; sleep 600",
+        "STATE_DIRECTORY='{}' '{}' top {args}; echo $? > '{}'; sleep 600",
+        harness_state_dir().display(),
         pyfleet_exe().display(),
         exit_file.display()
     );

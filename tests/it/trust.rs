@@ -605,3 +605,106 @@ fn the_daemon_keeps_only_the_capabilities_it_uses_in_every_thread() {
     }
     target.kill();
 }
+
+/// On loopback too, stacks need a credential: a daemon given none draws a token into its
+/// state directory (private, the token file 0600) and says where; a request without it gets
+/// 401 for every stack route, and another local user (nobody) cannot read the file. The
+/// holder of the file gets the stacks, a second daemon uses the same token, and
+/// `--insecure-listen` is the explicit way back to an open loopback listener. A build that
+/// serves loopback without a credential fails here.
+#[test]
+fn a_local_user_without_the_token_gets_no_stacks_on_loopback() {
+    let _machine = shared();
+    let Some(setpriv) = tool("setpriv", SETUP_DEPLOY_TOOLS) else {
+        return;
+    };
+    let tmp = tempdir("pyfleet-own-token-");
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let state = tmp.path().join("state");
+    let start = |name: &str, extra: &[&str]| {
+        let port = free_port();
+        let out = tmp.path().join(name);
+        let mut args = vec![
+            "run",
+            "--match",
+            "pyfleet-no-such-process",
+            "--out",
+            out.to_str().unwrap(),
+            "--metrics-addr",
+        ];
+        let addr = format!("127.0.0.1:{port}");
+        args.push(&addr);
+        args.extend_from_slice(extra);
+        let mut cmd = pyfleet_command(&args);
+        cmd.env("STATE_DIRECTORY", &state);
+        let daemon = Running::start(cmd, PYFLEET_TIMEOUT);
+        wait_until(
+            Duration::from_secs(30),
+            "the daemon to be ready",
+            || http_get_with_token(port, "/readyz", None).is_some_and(|(s, _)| s == 200),
+            String::new,
+        );
+        (daemon, port)
+    };
+    let stack_routes = [
+        "/",
+        "/api/fleet",
+        "/debug/pprof/profile?seconds=1",
+        "/flamegraph.svg?seconds=1",
+    ];
+
+    let (first, port) = start("first", &[]);
+    let file = state.join("listen-token");
+    let meta = fs::metadata(&file).expect("the daemon drew no token");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    assert_eq!(
+        fs::metadata(&state).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    let token = fs::read_to_string(&file).unwrap().trim().to_string();
+    assert!(token.len() >= 64, "{token}");
+    for route in stack_routes {
+        let (status, _) = http_get_with_token(port, route, None).unwrap();
+        assert_eq!(status, 401, "{route} without a credential");
+    }
+    // Another local user: the token is not theirs to read.
+    let cat = run_with_timeout(
+        as_nobody(&setpriv, Path::new("/bin/cat"), &[file.to_str().unwrap()]),
+        Duration::from_secs(10),
+    );
+    assert!(
+        !cat.success() && !cat.stdout.contains(&token),
+        "{}",
+        cat.describe()
+    );
+    let (status, body) = http_get_with_token(port, "/api/fleet", Some(&token)).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = http_get_with_token(port, "/metrics", None).unwrap();
+    assert_eq!(status, 200, "/metrics stays open to scrapers");
+
+    // A second daemon keeps the token drawn; --insecure-listen opens loopback, as asked.
+    let (second, second_port) = start("second", &[]);
+    let (insecure, insecure_port) = start("insecure", &["--insecure-listen"]);
+    assert_eq!(fs::read_to_string(&file).unwrap().trim(), token);
+    let (status, _) = http_get_with_token(second_port, "/api/fleet", Some(&token)).unwrap();
+    assert_eq!(status, 200);
+    let (status, _) = http_get_with_token(insecure_port, "/api/fleet", None).unwrap();
+    assert_eq!(status, 200);
+    let mut lines = Vec::new();
+    for daemon in [first, second, insecure] {
+        send_signal(daemon.pid(), libc::SIGTERM);
+        let run = daemon.finish();
+        assert!(run.success(), "{}", run.describe());
+        lines.push(run.stderr.lines().next().unwrap_or("").to_string());
+    }
+    let named = format!("profiles need the token in {}", file.display());
+    assert!(
+        lines[0].contains(&format!("{named}, drawn now")),
+        "{lines:?}"
+    );
+    assert!(
+        lines[1].contains(&named) && !lines[1].contains("drawn now"),
+        "{lines:?}"
+    );
+    assert!(lines[2].contains("(no credential needed)"), "{lines:?}");
+}

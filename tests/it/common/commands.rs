@@ -234,7 +234,8 @@ fn command_of<S: AsRef<OsStr>>(exe: PathBuf, args: &[S]) -> Command {
     let mut cmd = Command::new(exe);
     cmd.args(args)
         .env_remove("RUST_LOG")
-        .env_remove("RUST_BACKTRACE");
+        .env_remove("RUST_BACKTRACE")
+        .env("STATE_DIRECTORY", super::harness_state_dir());
     cmd
 }
 

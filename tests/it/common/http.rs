@@ -11,9 +11,11 @@ pub fn free_port() -> u16 {
         .expect("no free port")
 }
 
-/// `GET path` over HTTP/1.0: (status, body), or None if the connection fails.
+/// `GET path` over HTTP/1.0 as a holder of the tests' state-directory token (what a daemon
+/// on loopback given no credential asks for): (status, body), or None if the connection
+/// fails.
 pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    http_get_with_token(port, path, None)
+    http_get_with_token(port, path, Some(&super::harness_token()))
 }
 
 /// `GET path` over HTTP/1.0 with `Authorization: Bearer TOKEN` when given.

@@ -49,3 +49,33 @@ pub fn write_token_file(path: &std::path::Path, token: &str) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .expect("chmod the token file");
 }
+
+/// The state directory every pyfleet the tests start is given (`STATE_DIRECTORY`, see
+/// `pyfleet::listener::own_token`): private, holding the token a loopback listener given no
+/// credential asks for, written here once before any daemon starts.
+pub fn harness_state_dir() -> &'static Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("pyfleet-state");
+        fs::create_dir_all(&dir).expect("cannot create the tests' state directory");
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).expect("chmod state");
+        let token = dir.join("listen-token");
+        if fs::read_to_string(&token).map_or(true, |t| t.trim().len() < 32) {
+            write_token_file(
+                &token,
+                &format!("{}{}", unique_token("state"), "0123456789abcdef"),
+            );
+        }
+        dir
+    })
+}
+
+/// The token of [`harness_state_dir`]: what a loopback daemon of the tests asks for when
+/// given no credential.
+pub fn harness_token() -> String {
+    fs::read_to_string(harness_state_dir().join("listen-token"))
+        .expect("the tests' listen token")
+        .trim()
+        .to_string()
+}
