@@ -220,7 +220,12 @@ pub struct ListenFile {
 pub struct ListenSettings {
     pub access: crate::listener::access::Access,
     /// The listener's TLS, when it speaks TLS.
-    pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+    pub tls: Option<crate::tls::ServerSlot>,
+    /// The files its TLS was read from, read again when they change.
+    pub tls_files: Option<crate::tls::ServerFiles>,
+    /// The file its token was read from (given, or the state directory's), read again when
+    /// it changes.
+    pub token_file: Option<PathBuf>,
     /// Clients must present a certificate from the client CA.
     pub client_certs: bool,
     /// The token of pyfleet's state directory, for a loopback listener given no credential.
@@ -280,7 +285,8 @@ impl ListenSettings {
     pub fn take_own_token(&mut self) -> Result<(), String> {
         if self.own_token == OwnToken::Wanted {
             let (token, file, drawn_now) = crate::listener::own_token::load_or_create()?;
-            self.access.token = Some(token);
+            self.access.token = crate::listener::access::TokenSlot::new(Some(token));
+            self.token_file = Some(file.clone());
             self.own_token = OwnToken::Kept { file, drawn_now };
         }
         Ok(())
@@ -521,6 +527,7 @@ fn listen_settings(
 ) -> Result<(ListenSettings, bool), String> {
     let table = o.listen.clone().unwrap_or_default();
     let insecure = o.insecure_listen || table.insecure;
+    let token_file = o.listen_token_file.clone().or(table.token_file.clone());
     let token = match o.listen_token_file.as_ref().or(table.token_file.as_ref()) {
         Some(f) => Some(crate::listener::access::Token::from_file(
             f,
@@ -563,7 +570,7 @@ fn listen_settings(
     }
     let settings = ListenSettings {
         access: crate::listener::access::Access {
-            token,
+            token: crate::listener::access::TokenSlot::new(token),
             metrics_need_token,
             tls: tls.is_some(),
             names: names.iter().map(|n| n.to_ascii_lowercase()).collect(),
@@ -572,14 +579,16 @@ fn listen_settings(
         client_certs: files.as_ref().is_some_and(|f| f.client_ca.is_some()),
         own_token: match settings_need_own_token(
             token_given,
-            files.is_some_and(|f| f.client_ca.is_some()),
+            files.as_ref().is_some_and(|f| f.client_ca.is_some()),
             insecure,
             addr,
         ) {
             true => OwnToken::Wanted,
             false => OwnToken::NotUsed,
         },
-        tls,
+        tls: tls.map(crate::tls::ServerSlot::new),
+        tls_files: files,
+        token_file,
     };
     Ok((settings, insecure))
 }
@@ -677,7 +686,7 @@ mod tests {
         assert!(!s.sampling.read_only);
         assert_eq!(s.snapshot_formats, vec![Format::Folded, Format::Svg]);
         assert_eq!(s.health_addr, None);
-        assert!(s.listen.access.token.is_none() && s.listen.tls.is_none());
+        assert!(!s.listen.access.token.is_some() && s.listen.tls.is_none());
     }
 
     #[test]

@@ -22,6 +22,25 @@ pub struct ServerFiles {
     pub client_ca: Option<std::path::PathBuf>,
 }
 
+/// The listener's TLS configuration, shared by its connections and replaced when its files
+/// are reloaded (`listener::reload`): each handshake takes the configuration of its moment.
+#[derive(Clone, Debug)]
+pub struct ServerSlot(Arc<std::sync::RwLock<Arc<ServerConfig>>>);
+
+impl ServerSlot {
+    pub fn new(config: Arc<ServerConfig>) -> ServerSlot {
+        ServerSlot(Arc::new(std::sync::RwLock::new(config)))
+    }
+
+    pub fn current(&self) -> Arc<ServerConfig> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn set(&self, config: Arc<ServerConfig>) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = config;
+    }
+}
+
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }

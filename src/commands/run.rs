@@ -140,7 +140,22 @@ pub fn run(opts: RunOptions) -> Result<()> {
     let result: Result<Option<i32>> = runtime.block_on(async move {
         // With a program to start, SIGHUP too (see `launched`).
         let mut signals = StopSignals::install(launching)?;
+        // SIGHUP, when it does not end the run, reads the listener's credentials again.
+        let hangup = match launching {
+            true => None,
+            false => Some(
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+                    .context("cannot handle SIGHUP")?,
+            ),
+        };
         held.release()?;
+        let reloader = pyfleet::listener::reload::Reloader::new(
+            settings.listen.token_file.clone(),
+            settings.listen.access.token.clone(),
+            settings.listen.tls_files.clone(),
+            settings.listen.tls.clone(),
+        );
+        tokio::spawn(reloader.run(hangup));
         if let Some(listener) = metrics_listener {
             let listener = tokio::net::TcpListener::from_std(listener)
                 .context("cannot listen on --metrics-addr")?;

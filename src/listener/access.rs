@@ -222,10 +222,45 @@ fn strip_prefix_ignore_case<'a>(v: &'a [u8], prefix: &[u8]) -> Option<&'a [u8]> 
         .then(|| &v[prefix.len()..])
 }
 
+/// The listener's token, shared by every connection and replaced when its file is reloaded
+/// (`listener::reload`): a request is judged by the token of the moment it arrives.
+#[derive(Clone, Default)]
+pub struct TokenSlot(std::sync::Arc<std::sync::RwLock<Option<Token>>>);
+
+impl std::fmt::Debug for TokenSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "TokenSlot({})",
+            if self.is_some() { "set" } else { "none" }
+        )
+    }
+}
+
+impl TokenSlot {
+    pub fn new(token: Option<Token>) -> TokenSlot {
+        TokenSlot(std::sync::Arc::new(std::sync::RwLock::new(token)))
+    }
+
+    /// The token now.
+    pub fn current(&self) -> Option<Token> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn is_some(&self) -> bool {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+
+    /// Replaces the token: sessions of the previous one end with it.
+    pub fn set(&self, token: Token) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Some(token);
+    }
+}
+
 /// What a listener asks of its clients.
 #[derive(Debug, Clone, Default)]
 pub struct Access {
-    pub token: Option<Token>,
+    pub token: TokenSlot,
     /// `/metrics` takes the token too (else it is open, as Prometheus scrapes without one).
     pub metrics_need_token: bool,
     /// The listener speaks TLS: the session cookie is `Secure`, `__Host-`.
@@ -341,12 +376,12 @@ impl Access {
             Page::Metrics => self.metrics_need_token,
             Page::Open => false,
         };
-        let Some(token) = self.token.as_ref().filter(|_| needed) else {
+        let Some(token) = self.token.current().filter(|_| needed) else {
             return Ok(());
         };
         // Both checked (`|`, not `||`): the same work whichever was given.
         let bearer = token.admits(headers);
-        let session = self.admits_session(token, headers);
+        let session = self.admits_session(&token, headers);
         match (bearer, session) {
             (true, _) => Ok(()),
             (false, true) if from_another_origin(headers) => Err(Refused::AnotherOrigin),
@@ -452,7 +487,7 @@ mod tests {
     fn stacks_need_the_token_and_metrics_only_when_asked() {
         let token = Token::new(b"0123456789abcdef0123");
         let mut access = Access {
-            token: Some(token),
+            token: TokenSlot::new(Some(token)),
             ..Default::default()
         };
         let right = headers(Some("Bearer 0123456789abcdef0123"));
@@ -485,7 +520,7 @@ mod tests {
     }
 
     fn token_is_checked(access: &Access) -> bool {
-        let token = access.token.clone().unwrap();
+        let token = access.token.current().unwrap();
         token.is(b"0123456789abcdef0123") && !token.is(b"0123456789abcdef012")
     }
 
@@ -504,7 +539,7 @@ mod tests {
     fn sessions_are_this_daemons_alone_expire_and_stay_with_the_page() {
         let token = Token::new(b"0123456789abcdef0123");
         let access = Access {
-            token: Some(token.clone()),
+            token: TokenSlot::new(Some(token.clone())),
             ..Default::default()
         };
         let with = |cookie: &str, extra: &[(&str, &str)]| {
@@ -550,7 +585,7 @@ mod tests {
         }
         // Another daemon with the same token: its own key, so this session is not its.
         let other = Access {
-            token: Some(token.clone()),
+            token: TokenSlot::new(Some(token.clone())),
             ..Default::default()
         };
         assert_eq!(
@@ -578,7 +613,7 @@ mod tests {
         }
         // Another token: its sessions end.
         let changed = Access {
-            token: Some(Token::new(b"another-token-0123456789abcdefXYZ")),
+            token: TokenSlot::new(Some(Token::new(b"another-token-0123456789abcdefXYZ"))),
             session_key: access.session_key.clone(),
             ..Default::default()
         };

@@ -17,6 +17,7 @@ pub mod fleet_page;
 pub mod headers;
 pub mod http;
 pub mod own_token;
+pub mod reload;
 pub mod routes;
 pub mod slots;
 pub mod snapshot_files;
@@ -54,12 +55,11 @@ pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
 /// most `limits` connections.
 pub async fn serve(
     listener: TcpListener,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<crate::tls::ServerSlot>,
     limits: Limits,
     pages: Pages,
 ) {
     let slots = slots::Slots::new(limits);
-    let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -75,7 +75,10 @@ pub async fn serve(
             continue;
         };
         let pages = pages.clone();
-        let tls = tls.clone();
+        // The configuration of this moment: a reload changes the next handshakes.
+        let tls = tls
+            .as_ref()
+            .map(|slot| tokio_rustls::TlsAcceptor::from(slot.current()));
         tokio::spawn(async move {
             let answering = slot.answering_flag();
             let serve = async {

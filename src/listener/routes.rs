@@ -354,7 +354,7 @@ pub const LOGIN_BODY_TIMEOUT: Duration = Duration::from_secs(2);
 /// right token is answered with the session cookie and a way back to the page.
 async fn login(access: &Access, req: Request<Incoming>) -> Response<Full<Bytes>> {
     use http_body_util::BodyExt;
-    let Some(token) = &access.token else {
+    let Some(token) = access.token.current() else {
         // Nothing to sign in to.
         return see_other("/", None);
     };
@@ -388,7 +388,7 @@ async fn login(access: &Access, req: Request<Incoming>) -> Response<Full<Bytes>>
                 );
             }
             match token.is(given) {
-                true => see_other("/", Some(access.session_cookie(token))),
+                true => see_other("/", Some(access.session_cookie(&token))),
                 false => super::fleet_page::login_page(
                     StatusCode::UNAUTHORIZED,
                     "That is not this daemon's token.",

@@ -708,3 +708,111 @@ fn a_local_user_without_the_token_gets_no_stacks_on_loopback() {
     );
     assert!(lines[2].contains("(no credential needed)"), "{lines:?}");
 }
+
+/// Writes `text` to `path` as an operator (or a Secret's update) replaces a file: a new file,
+/// 0600, renamed over the old one.
+fn replace_file(path: &Path, text: &[u8]) {
+    let fresh = path.with_extension("new");
+    fs::write(&fresh, text).unwrap();
+    fs::set_permissions(&fresh, fs::Permissions::from_mode(0o600)).unwrap();
+    fs::rename(&fresh, path).unwrap();
+}
+
+/// The listener's token and certificate are read again on SIGHUP and when their files change,
+/// without a restart: the old token is refused and the new one taken, a broken file leaves the
+/// previous credential serving (and says so), and the certificate a new handshake gets is the
+/// new file's. A build that reads its credentials once (or dies of SIGHUP) fails here.
+#[test]
+fn credentials_are_read_again_on_sighup_and_when_their_files_change() {
+    let _machine = shared();
+    let Some(curl) = tool("curl", SETUP_DEPLOY_TOOLS) else {
+        return;
+    };
+    let tmp = tempdir("pyfleet-reload-");
+    let Some(ca) = TestCa::make(tmp.path()) else {
+        return;
+    };
+    let (cert, key) = (tmp.path().join("listen.pem"), tmp.path().join("listen.key"));
+    fs::copy(&ca.server_cert, &cert).unwrap();
+    fs::copy(&ca.server_key, &key).unwrap();
+    let token_file = tmp.path().join("token");
+    let tokens =
+        ["a", "b", "c"].map(|t| format!("{t}-{}-0123456789abcdef0123456789", unique_token("r")));
+    write_token_file(&token_file, &tokens[0]);
+    let (daemon, port) = loopback_daemon(
+        tmp.path(),
+        "out",
+        &[
+            "--listen-token-file",
+            token_file.to_str().unwrap(),
+            "--listen-tls-cert",
+            cert.to_str().unwrap(),
+            "--listen-tls-key",
+            key.to_str().unwrap(),
+        ],
+        Some(free_port()),
+    );
+    // curl's status code for /api/fleet with `token`, trusting the test CA (000: no answer,
+    // the certificate refused).
+    let status = |token: &str, trust: &[&str]| {
+        let mut cmd = std::process::Command::new(&curl);
+        cmd.args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
+            .args(trust)
+            .args(["-H", &format!("Authorization: Bearer {token}")])
+            .arg(format!("https://127.0.0.1:{port}/api/fleet"));
+        run_with_timeout(cmd, Duration::from_secs(20))
+            .stdout
+            .trim()
+            .to_string()
+    };
+    let trusted = ["--cacert", ca.ca.to_str().unwrap()];
+    assert_eq!(status(&tokens[0], &trusted), "200");
+    assert_eq!(status(&tokens[1], &trusted), "401");
+
+    // SIGHUP: the new token at once, the old one refused; the daemon runs on.
+    replace_file(&token_file, format!("{}\n", tokens[1]).as_bytes());
+    send_signal(daemon.pid(), libc::SIGHUP);
+    wait_until(
+        Duration::from_secs(10),
+        "the token of SIGHUP",
+        || status(&tokens[1], &trusted) == "200" && status(&tokens[0], &trusted) == "401",
+        String::new,
+    );
+    // A changed file, without a signal; then a broken one, which leaves the last serving.
+    replace_file(&token_file, format!("{}\n", tokens[2]).as_bytes());
+    wait_until(
+        Duration::from_secs(15),
+        "the token of the changed file",
+        || status(&tokens[2], &trusted) == "200" && status(&tokens[1], &trusted) == "401",
+        String::new,
+    );
+    replace_file(&token_file, b"short\n");
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(
+        status(&tokens[2], &trusted),
+        "200",
+        "a broken file took the token away"
+    );
+
+    // Another certificate (the rogue CA's): new handshakes get it, so the test CA no longer
+    // vouches for the listener, which still serves.
+    fs::copy(&ca.rogue_key, &key).unwrap();
+    fs::copy(&ca.rogue_cert, &cert).unwrap();
+    wait_until(
+        Duration::from_secs(15),
+        "the new certificate",
+        || status(&tokens[2], &trusted) == "000" && status(&tokens[2], &["-k"]) == "200",
+        String::new,
+    );
+    send_signal(daemon.pid(), libc::SIGTERM);
+    let run = daemon.finish();
+    assert!(run.success(), "{}", run.describe());
+    for said in [
+        "SIGHUP: the listener's token is read again from",
+        "a credential's file changed: the listener's token is read again from",
+        "the previous token stays",
+        "the listener's certificate is read again from",
+    ] {
+        assert!(run.stderr.contains(said), "{said}\n{}", run.describe());
+    }
+}
