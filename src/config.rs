@@ -145,6 +145,11 @@ pub struct RunOptions {
     #[arg(long)]
     #[serde(skip)]
     pub insecure_listen: bool,
+    /// Take the token over plain HTTP on an address other hosts reach, on a network you trust
+    /// (refused otherwise: give the listener TLS). Config file: [listen] token-over-http.
+    #[arg(long)]
+    #[serde(skip)]
+    pub listen_token_over_http: bool,
     /// The config file's [listen] table.
     #[arg(skip)]
     #[serde(rename = "listen")]
@@ -211,6 +216,8 @@ pub struct ListenFile {
     pub client_ca: Option<PathBuf>,
     /// Serve profiles off loopback without a credential.
     pub insecure: bool,
+    /// Take the token off loopback over plain HTTP (a network the operator trusts).
+    pub token_over_http: bool,
     /// Host names the listener answers to besides IP addresses and `localhost`.
     pub names: Vec<String>,
 }
@@ -393,6 +400,7 @@ impl RunOptions {
             listen_tls_key: self.listen_tls_key,
             listen_client_ca: self.listen_client_ca,
             insecure_listen: self.insecure_listen,
+            listen_token_over_http: self.listen_token_over_http,
             listen_names: self.listen_names,
             listen: file.listen,
             duration: self.duration.or(file.duration),
@@ -444,9 +452,14 @@ impl RunOptions {
         if let Some(addr) = metrics_addr {
             crate::listener::access::check_exposure(
                 addr,
-                listen.access.token.is_some(),
-                listen.client_certs,
-                insecure,
+                crate::listener::access::Guards {
+                    token: listen.access.token.is_some(),
+                    tls: listen.tls.is_some(),
+                    client_certs: listen.client_certs,
+                    insecure,
+                    token_over_http: o.listen_token_over_http
+                        || o.listen.as_ref().is_some_and(|t| t.token_over_http),
+                },
             )?;
         }
         let push = push_settings(&o)?;
@@ -708,7 +721,7 @@ mod tests {
         std::fs::write(
             &config,
             format!(
-                "metrics-addr = \"0.0.0.0:9464\"\n[listen]\ntoken-file = \"{}\"\nmetrics-token = true\n",
+                "metrics-addr = \"0.0.0.0:9464\"\n[listen]\ntoken-file = \"{}\"\nmetrics-token = true\ntoken-over-http = true\n",
                 token.display()
             ),
         )
@@ -900,6 +913,7 @@ mod tests {
             "listen-tls-key",
             "listen-client-ca",
             "insecure-listen",
+            "listen-token-over-http",
             "listen-name",
             "pyroscope",
             "push-interval",

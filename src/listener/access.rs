@@ -453,20 +453,43 @@ impl Access {
     }
 }
 
+/// What guards a listener, as [`check_exposure`] looks at it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Guards {
+    /// A token is asked.
+    pub token: bool,
+    /// The listener speaks TLS.
+    pub tls: bool,
+    /// Clients need a certificate of the client CA (TLS too).
+    pub client_certs: bool,
+    /// `--insecure-listen`: stacks served without a credential, as asked.
+    pub insecure: bool,
+    /// `--listen-token-over-http`: the token may cross the network in the clear, as asked.
+    pub token_over_http: bool,
+}
+
 /// The startup rule (see the module doc): `Err` is the one line that refuses to start.
-pub fn check_exposure(
-    addr: SocketAddr,
-    has_token: bool,
-    has_client_certs: bool,
-    insecure: bool,
-) -> Result<(), String> {
-    if addr.ip().is_loopback() || has_token || has_client_certs || insecure {
+pub fn check_exposure(addr: SocketAddr, guards: Guards) -> Result<(), String> {
+    if addr.ip().is_loopback() || guards.client_certs {
+        return Ok(());
+    }
+    if guards.token {
+        if guards.tls || guards.token_over_http {
+            return Ok(());
+        }
+        return Err(format!(
+            "--metrics-addr {addr} is reachable from other hosts and its token would cross the \
+             network in the clear, for anyone on the path to take: give --listen-tls-cert and \
+             --listen-tls-key, or --listen-token-over-http on a network you trust"
+        ));
+    }
+    if guards.insecure {
         return Ok(());
     }
     Err(format!(
         "--metrics-addr {addr} is reachable from other hosts and would serve every profiled \
-         process's stacks to anyone: give --listen-token-file FILE (or TLS with \
-         --listen-client-ca), or --insecure-listen to serve them anyway"
+         process's stacks to anyone: give --listen-token-file FILE (with TLS) or TLS with \
+         --listen-client-ca, or --insecure-listen to serve them anyway"
     ))
 }
 
@@ -701,13 +724,51 @@ mod tests {
         let wide: SocketAddr = "0.0.0.0:9464".parse().unwrap();
         let other: SocketAddr = "127.0.0.2:9464".parse().unwrap();
         let v6: SocketAddr = "[::1]:9464".parse().unwrap();
-        assert!(check_exposure(other, false, false, false).is_ok());
-        assert!(check_exposure(v6, false, false, false).is_ok());
-        let e = check_exposure(wide, false, false, false).unwrap_err();
+        let none = Guards::default();
+        assert!(check_exposure(other, none).is_ok());
+        assert!(check_exposure(v6, none).is_ok());
+        let e = check_exposure(wide, none).unwrap_err();
         assert!(e.contains("--listen-token-file") && !e.contains('\n'));
-        assert!(check_exposure(wide, true, false, false).is_ok());
-        assert!(check_exposure(wide, false, true, false).is_ok());
-        assert!(check_exposure(wide, false, false, true).is_ok());
+        let token = Guards {
+            token: true,
+            ..none
+        };
+        // A token in the clear off loopback only when asked; with TLS always.
+        let e = check_exposure(wide, token).unwrap_err();
+        assert!(e.contains("--listen-tls-cert") && !e.contains('\n'), "{e}");
+        let e = check_exposure(
+            wide,
+            Guards {
+                insecure: true,
+                ..token
+            },
+        )
+        .unwrap_err();
+        assert!(e.contains("--listen-token-over-http"), "{e}");
+        assert!(check_exposure(wide, Guards { tls: true, ..token }).is_ok());
+        assert!(check_exposure(
+            wide,
+            Guards {
+                token_over_http: true,
+                ..token
+            }
+        )
+        .is_ok());
+        assert!(check_exposure(v6, token).is_ok());
+        let certs = Guards {
+            tls: true,
+            client_certs: true,
+            ..none
+        };
+        assert!(check_exposure(wide, certs).is_ok());
+        assert!(check_exposure(
+            wide,
+            Guards {
+                insecure: true,
+                ..none
+            }
+        )
+        .is_ok());
     }
 
     #[test]

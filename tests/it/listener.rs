@@ -155,15 +155,28 @@ fn profiles_off_loopback_need_a_credential() {
         out_arg,
     ]);
     assert_error_contract(&weak, Some("32 characters"));
+    // A good token, but in the clear off loopback: refused unless asked for.
+    let clear = pyfleet(&[
+        "run",
+        "--metrics-addr",
+        "0.0.0.0:9",
+        "--listen-token-file",
+        token_file.to_str().unwrap(),
+        "--out",
+        out_arg,
+    ]);
+    assert_error_contract(&clear, Some("--listen-tls-cert"));
     assert!(!out.exists(), "a refused start created {}", out.display());
 
     let target = busy_target(dir.path());
     let pid = target.pid().to_string();
+    // Plain HTTP, as asked (the network namespace is the trusted network).
     let Some(daemon) = Isolated::start(&[
         "--pid",
         &pid,
         "--listen-token-file",
         token_file.to_str().unwrap(),
+        "--listen-token-over-http",
         "--listen-metrics-token",
         "--duration",
         "60",

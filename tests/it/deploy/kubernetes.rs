@@ -33,16 +33,20 @@ fn daemonset_validates_against_kubernetes_schemas() {
     let secret_file = deploy("kubernetes/listen-token-secret.yaml");
     let secret = yaml_documents(&venv, &secret_file).remove(0);
     assert_eq!(secret["kind"], "Secret");
+    let tls_secret_file = deploy("kubernetes/listen-tls-secret.yaml");
+    let tls_secret = yaml_documents(&venv, &tls_secret_file).remove(0);
+    assert_eq!(tls_secret["type"], "kubernetes.io/tls");
     for version in ["1.29.0", "1.33.0"] {
         let mut cmd = Command::new(&validate);
         cmd.args(["--strict", "--kubernetes-version", version])
             .arg(&file)
-            .arg(&secret_file);
+            .arg(&secret_file)
+            .arg(&tls_secret_file);
         let out = run(cmd);
         assert!(out.success(), "{}", out.describe());
         let all = format!("{}{}", out.stdout, out.stderr);
         let passed = all.lines().filter(|l| l.contains(" passed ")).count();
-        assert_eq!(passed, kinds.len() + 1, "{}", out.describe());
+        assert_eq!(passed, kinds.len() + 2, "{}", out.describe());
         assert!(
             !all.contains("ERROR") && !all.contains("WARN"),
             "{}",
@@ -189,6 +193,35 @@ fn daemonset_validates_against_kubernetes_schemas() {
         Some(Path::new(mount["mountPath"].as_str().unwrap()).join(&key))
     );
     assert_eq!(config["listen"]["metrics-token"].as_bool(), Some(true));
+    // TLS from the kubernetes.io/tls Secret, mounted root's alone where the config reads it:
+    // off loopback pyfleet takes its token over TLS only.
+    let tls_mount = c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "listen-tls")
+        .unwrap_or_else(|| panic!("no listen-tls mount: {}", c["volumeMounts"]));
+    let tls_volume = spec["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "listen-tls")
+        .unwrap();
+    assert_eq!(
+        tls_volume["secret"]["secretName"],
+        tls_secret["metadata"]["name"]
+    );
+    assert_eq!(tls_volume["secret"]["defaultMode"], json!(0o400));
+    for (key, file) in [("tls-cert", "tls.crt"), ("tls-key", "tls.key")] {
+        assert!(tls_secret["stringData"].get(file).is_some(), "{tls_secret}");
+        assert_eq!(
+            config["listen"][key].as_str().map(PathBuf::from),
+            Some(Path::new(tls_mount["mountPath"].as_str().unwrap()).join(file))
+        );
+    }
+    let Some(ca) = TestCa::make(tmp.path()) else {
+        return;
+    };
     // As shipped, the Secret holds no token: pyfleet would not start with it.
     let empty = tmp.path().join("empty-token");
     fs::write(&empty, secret["stringData"][&key].as_str().unwrap()).unwrap();
@@ -210,6 +243,10 @@ fn daemonset_validates_against_kubernetes_schemas() {
     pyfleet_args.extend([
         "--listen-token-file".into(),
         listen_token(tmp.path()).display().to_string(),
+        "--listen-tls-cert".into(),
+        ca.server_cert.display().to_string(),
+        "--listen-tls-key".into(),
+        ca.server_key.display().to_string(),
         "--out".into(),
         out_dir.display().to_string(),
         "--pid".into(),
@@ -222,6 +259,7 @@ fn daemonset_validates_against_kubernetes_schemas() {
     assert!(
         out.stderr.contains(&metrics)
             && first_line(&out).contains("at 100 Hz (cpu mode)")
+            && first_line(&out).contains(&format!("metrics on https://{metrics}/metrics"))
             && first_line(&out).contains("(profiles need the token; /metrics the token)")
             && first_line(&out).contains(&format!("probes on http://{health}/healthz")),
         "{}",
@@ -378,9 +416,17 @@ fn daemonset_capabilities_and_seccomp_profile_capture_a_gunicorn_fleet() {
             a => a.into(),
         });
     }
+    // The pod's Secrets, as files of this test: the token, and TLS from a test CA.
+    let (Some(ca), Some(curl)) = (TestCa::make(tmp.path()), deploy_tool("curl")) else {
+        return;
+    };
     args.extend([
         "--listen-token-file".into(),
         listen_token(tmp.path()).into(),
+        "--listen-tls-cert".into(),
+        ca.server_cert.clone().into(),
+        "--listen-tls-key".into(),
+        ca.server_key.clone().into(),
     ]);
     for pid in std::iter::once(fleet.pid()).chain(workers.iter().copied()) {
         args.extend(["--pid".into(), pid.to_string().into()]);
@@ -423,7 +469,23 @@ fn daemonset_capabilities_and_seccomp_profile_capture_a_gunicorn_fleet() {
         "a seccomp filter"
     );
 
-    let page = || metrics_page(metrics_port);
+    // `GET path` over TLS, trusting the test CA, with `token` when given: (status, body).
+    let https = |path: &str, token: Option<&str>| {
+        let mut cmd = Command::new(&curl);
+        cmd.args(["-s", "-w", "\n%{http_code}", "--cacert"])
+            .arg(&ca.ca)
+            .args(
+                token
+                    .map(|t| ["-H".to_string(), format!("Authorization: Bearer {t}")])
+                    .into_iter()
+                    .flatten(),
+            )
+            .arg(format!("https://127.0.0.1:{metrics_port}{path}"));
+        let out = run_with_timeout(cmd, Duration::from_secs(20)).stdout;
+        let (body, status) = out.rsplit_once('\n').unwrap_or(("", "000"));
+        (status.trim().to_string(), body.to_string())
+    };
+    let page = || https("/metrics", Some(LISTEN_TOKEN)).1;
     wait_until(
         Duration::from_secs(10),
         "pyfleet_capture_info{stacks=\"kernel\"} 1 on /metrics",
@@ -449,10 +511,7 @@ fn daemonset_capabilities_and_seccomp_profile_capture_a_gunicorn_fleet() {
             || format!("{:?}", status()),
         );
     }
-    assert_eq!(
-        http_get(metrics_port, "/metrics").map(|(s, _)| s),
-        Some(401)
-    );
+    assert_eq!(https("/metrics", None).0, "401");
     let ticks_before: Vec<u64> = workers.iter().map(|w| cpu_ticks(*w)).collect();
     // Requests that burn CPU in the workers (fib_work under render_page), three at a time
     // for two workers, from the moment it samples until it is done, at most 1,200 of them
