@@ -71,6 +71,10 @@ pub struct TopOptions {
     /// for root, when there is one].
     #[arg(long, value_name = "FILE", requires = "connect")]
     pub token_file: Option<PathBuf>,
+    /// With --connect https://HOST:PORT: the CA certificates (PEM) the listener's certificate
+    /// must come from [default: the system's].
+    #[arg(long, value_name = "FILE", requires = "connect")]
+    pub ca_file: Option<PathBuf>,
 }
 
 /// The fleet's snapshots, handed to the screen.
@@ -110,7 +114,17 @@ pub fn run(o: TopOptions) -> Result<()> {
                 Some(path) => Some(read_token(&path)?),
                 None => None,
             };
-            Plan::Daemon(Remote::new(addr, token).map_err(|e| anyhow!(e))?)
+            let tls = match Remote::is_https(addr) {
+                true => Some(
+                    pyfleet::tls::client_config(o.ca_file.as_deref(), "--ca-file")
+                        .map_err(|e| anyhow!(e))?,
+                ),
+                false if o.ca_file.is_some() => {
+                    bail!("--ca-file goes with --connect https://HOST:PORT")
+                }
+                false => None,
+            };
+            Plan::Daemon(Remote::new(addr, token, tls).map_err(|e| anyhow!(e))?)
         }
         None => Plan::Fleet(Box::new(sampling(&o)?)),
     };

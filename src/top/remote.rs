@@ -2,14 +2,16 @@
 //! profiles of one second (`/debug/pprof/profile?seconds=1`, with a bearer token when given)
 //! and turned back into snapshots (`output::pprof::snapshot`).
 //!
-//! Plain HTTP only (the listener's TLS wants a client certificate this does not present).
-//! Bounded: an answer of at most [`MAX_ANSWER`] bytes, within the pull's seconds and
-//! [`ANSWER_GRACE`].
+//! Plain HTTP (`HOST:PORT`, `http://HOST:PORT`) or TLS (`https://HOST:PORT`: the listener's
+//! certificate verified against the CA file given, or the system's, for the host named);
+//! no client certificate is presented. Bounded: an answer of at most [`MAX_ANSWER`] bytes,
+//! within the pull's seconds and [`ANSWER_GRACE`].
 
 use crate::output::pprof;
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper::body::Bytes;
 use pyfleet_actors::Snapshot;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Longest answer read.
@@ -21,31 +23,61 @@ pub const ANSWER_GRACE: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone)]
 pub struct Remote {
     authority: String,
+    /// The host of the authority, for TLS's server name.
+    host: String,
     token: Option<String>,
+    /// With `https://`: the TLS client configuration.
+    tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl Remote {
-    /// `HOST:PORT` or `http://HOST:PORT`; `token`: the bearer token the listener asks for.
-    pub fn new(addr: &str, token: Option<String>) -> Result<Remote, String> {
-        let authority = match addr.split_once("://") {
-            None => addr,
-            Some(("http", rest)) => rest.trim_end_matches('/'),
+    /// `HOST:PORT`, `http://HOST:PORT` or `https://HOST:PORT`; `token`: the bearer token the
+    /// listener asks for; `tls`: the TLS client configuration an `https` address needs.
+    pub fn new(
+        addr: &str,
+        token: Option<String>,
+        tls: Option<Arc<rustls::ClientConfig>>,
+    ) -> Result<Remote, String> {
+        let (authority, https) = match addr.split_once("://") {
+            None => (addr, false),
+            Some(("http", rest)) => (rest.trim_end_matches('/'), false),
+            Some(("https", rest)) => (rest.trim_end_matches('/'), true),
             Some((scheme, _)) => {
                 return Err(format!(
-                    "--connect {addr}: {scheme} is not supported (plain http only; on a TLS \
-                     listener, use its /debug/pprof/profile with a client certificate)"
+                    "--connect {}: {} is not a scheme of the listener's (http or https)",
+                    addr.escape_debug(),
+                    scheme.escape_debug()
                 ))
             }
         };
-        if authority.is_empty() || authority.contains('/') || !authority.contains(':') {
+        let host = authority
+            .rsplit_once(':')
+            .map(|(host, _)| host.trim_start_matches('[').trim_end_matches(']'))
+            .unwrap_or("");
+        if authority.contains('/') || host.is_empty() {
             return Err(format!(
-                "--connect {addr}: give the daemon's listener as HOST:PORT (its --metrics-addr)"
+                "--connect {}: give the daemon's listener as HOST:PORT (its --metrics-addr)",
+                addr.escape_debug()
             ));
         }
+        let tls = match (https, tls) {
+            (true, Some(config)) => Some(config),
+            (true, None) => {
+                return Err(format!("--connect {addr}: https needs a TLS configuration"))
+            }
+            (false, _) => None,
+        };
         Ok(Remote {
             authority: authority.to_string(),
+            host: host.to_string(),
             token,
+            tls,
         })
+    }
+
+    /// Whether the address asked for TLS.
+    pub fn is_https(addr: &str) -> bool {
+        addr.starts_with("https://")
     }
 
     pub fn authority(&self) -> &str {
@@ -67,6 +99,26 @@ impl Remote {
         let stream = tokio::net::TcpStream::connect(&self.authority)
             .await
             .map_err(|e| at(&e))?;
+        match &self.tls {
+            None => self.get_on(stream, seconds).await,
+            Some(config) => {
+                let name = rustls::pki_types::ServerName::try_from(self.host.clone())
+                    .map_err(|e| at(&e))?;
+                let stream = tokio_rustls::TlsConnector::from(config.clone())
+                    .connect(name, stream)
+                    .await
+                    .map_err(|e| at(&e))?;
+                self.get_on(stream, seconds).await
+            }
+        }
+    }
+
+    /// The profile's request on an open connection (plain or TLS), its answer.
+    async fn get_on<S>(&self, stream: S, seconds: u64) -> Result<Vec<u8>, String>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let at = |e: &dyn std::fmt::Display| format!("{}: {e}", self.authority);
         let (mut sender, connection) =
             hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
                 .await
@@ -111,21 +163,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_address_is_host_and_port_over_plain_http() {
+    fn an_address_is_host_and_port_over_http_or_https() {
         assert_eq!(
-            Remote::new("127.0.0.1:9464", None).unwrap().authority(),
+            Remote::new("127.0.0.1:9464", None, None)
+                .unwrap()
+                .authority(),
             "127.0.0.1:9464"
         );
         assert_eq!(
-            Remote::new("http://node-3:9464/", None)
+            Remote::new("http://node-3:9464/", None, None)
                 .unwrap()
                 .authority(),
             "node-3:9464"
         );
-        assert!(Remote::new("https://node-3:9464", None)
+        assert!(Remote::new("https://node-3:9464", None, None)
             .unwrap_err()
             .contains("https"));
-        assert!(Remote::new("node-3", None).is_err());
-        assert!(Remote::new("http://node-3:9464/metrics", None).is_err());
+        let tls = crate::tls::client_config(None, "--ca-file").ok();
+        if let Some(tls) = tls {
+            let remote = Remote::new("https://[::1]:9464", None, Some(tls)).unwrap();
+            assert_eq!(
+                (remote.authority(), remote.host.as_str()),
+                ("[::1]:9464", "::1")
+            );
+        }
+        assert!(Remote::new("ftp://node-3:9464", None, None).is_err());
+        assert!(Remote::new("node-3", None, None).is_err());
+        assert!(Remote::new("http://node-3:9464/metrics", None, None).is_err());
     }
 }

@@ -283,7 +283,20 @@ fn top_without_a_terminal_or_with_a_bad_address_is_one_line() {
     for (args, says) in [
         (vec!["top", "--pid", pid.as_str()], "terminal"),
         (vec!["top", "--pid", "1"], "cannot show process 1"),
-        (vec!["top", "--connect", "https://localhost:9464"], "https"),
+        (
+            vec!["top", "--connect", "ftp://localhost:9464"],
+            "http or https",
+        ),
+        (
+            vec![
+                "top",
+                "--connect",
+                "localhost:9464",
+                "--ca-file",
+                "/etc/hostname",
+            ],
+            "--ca-file goes with --connect https://",
+        ),
         (vec!["top"], "required"),
     ] {
         let out = pyfleet(&args);
@@ -298,7 +311,9 @@ fn top_without_a_terminal_or_with_a_bad_address_is_one_line() {
 }
 
 /// `top --connect` shows what a running daemon samples: the busy target's hottest function
-/// first, pulled a second at a time from the daemon's listener.
+/// first, pulled a second at a time from the daemon's listener, over plain HTTP (with the
+/// token the daemon keeps in its state directory, which top reads itself) and over TLS (the
+/// listener's certificate verified against `--ca-file`; another CA's is refused, and said).
 #[test]
 fn top_connected_to_a_daemon_shows_its_samples() {
     // Alone: a busy target and a daemon sampling it.
@@ -308,39 +323,71 @@ fn top_connected_to_a_daemon_shows_its_samples() {
     };
     let mut t = shifting("0.8");
     let dir = tempdir("pyfleet-top-connect-");
-    let port = free_port();
-    let daemon = Running::start(
-        pyfleet_command(&[
-            "run",
-            "--pid",
-            &t.pid().to_string(),
-            "--out",
-            dir.path().join("snapshots").to_str().unwrap(),
-            "--metrics-addr",
-            &format!("127.0.0.1:{port}"),
-        ]),
-        Duration::from_secs(120),
+    let Some(ca) = TestCa::make(dir.path()) else {
+        return;
+    };
+    let (cert, key, rogue) = (
+        ca.server_cert.to_str().unwrap(),
+        ca.server_key.to_str().unwrap(),
+        ca.rogue_cert.to_str().unwrap(),
     );
-    let exit_file = dir.path().join("exit");
-    let tmux = top_in_tmux(exe, &format!("--connect 127.0.0.1:{port}"), &exit_file);
-    let shown = (0..100).find_map(|_| {
-        std::thread::sleep(Duration::from_millis(100));
+    let cases: [(&str, &[&str], String, bool); 3] = [
+        ("http", &[], String::new(), true),
+        (
+            "https",
+            &["--listen-tls-cert", cert, "--listen-tls-key", key],
+            format!(" --ca-file '{}'", ca.ca.display()),
+            true,
+        ),
+        (
+            "https",
+            &["--listen-tls-cert", cert, "--listen-tls-key", key],
+            format!(" --ca-file '{rogue}'"),
+            false,
+        ),
+    ];
+    for (i, (scheme, listen, trust, trusted)) in cases.iter().enumerate() {
+        let port = free_port();
+        let mut args = vec![
+            "run".to_string(),
+            "--pid".into(),
+            t.pid().to_string(),
+            "--out".into(),
+            dir.path()
+                .join(format!("snapshots-{i}"))
+                .display()
+                .to_string(),
+            "--metrics-addr".into(),
+            format!("127.0.0.1:{port}"),
+        ];
+        args.extend(listen.iter().map(|a| a.to_string()));
+        let daemon = Running::start(pyfleet_command(&args), Duration::from_secs(120));
+        let exit_file = dir.path().join(format!("exit-{i}"));
+        let connect = format!("--connect {scheme}://127.0.0.1:{port}{trust}");
+        let tmux = top_in_tmux(exe.clone(), &connect, &exit_file);
+        let shown = (0..100).find_map(|_| {
+            std::thread::sleep(Duration::from_millis(100));
+            let pane = tmux.pane();
+            let found = match trusted {
+                true => first_row(&pane)
+                    .is_some_and(|(own, label)| label.starts_with("alpha (") && own > 50.0),
+                false => pane.contains("last pull failed") && pane.contains("invalid peer"),
+            };
+            found.then_some(pane)
+        });
         let pane = tmux.pane();
-        first_row(&pane)
-            .filter(|(own, label)| label.starts_with("alpha (") && *own > 50.0)
-            .map(|_| pane)
-    });
-    let pane = tmux.pane();
-    tmux.run(&["send-keys", "-t", "top", "q"]);
-    let code = wait_for(|| std::fs::read_to_string(&exit_file).ok());
-    send_signal(daemon.pid(), libc::SIGTERM);
-    let out = daemon.finish();
+        tmux.run(&["send-keys", "-t", "top", "q"]);
+        let code = wait_for(|| std::fs::read_to_string(&exit_file).ok());
+        send_signal(daemon.pid(), libc::SIGTERM);
+        let out = daemon.finish();
+        assert!(
+            shown.is_some(),
+            "{connect}: the daemon's hottest function (or, another CA's, the refused \
+             certificate) within 10 s:\n{pane}\n{}",
+            out.describe()
+        );
+        assert!(pane.contains("the daemon at 127.0.0.1:"), "{pane}");
+        assert_eq!(code.as_deref().map(str::trim), Some("0"), "{}", tmux.pane());
+    }
     t.kill();
-    assert!(
-        shown.is_some(),
-        "the daemon's hottest function within 10 s:\n{pane}\n{}",
-        out.describe()
-    );
-    assert!(pane.contains("the daemon at 127.0.0.1:"), "{pane}");
-    assert_eq!(code.as_deref().map(str::trim), Some("0"), "{}", tmux.pane());
 }
