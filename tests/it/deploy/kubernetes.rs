@@ -141,18 +141,7 @@ fn daemonset_validates_against_kubernetes_schemas() {
         "{policy}"
     );
     // The token: the Secret's key, mounted where the config reads it, root's alone.
-    let mount = c["volumeMounts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["name"] == "listen-token")
-        .unwrap_or_else(|| panic!("no listen-token mount: {}", c["volumeMounts"]));
-    let volume = spec["volumes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == "listen-token")
-        .unwrap();
+    let (mount, volume) = mount_and_volume(c, spec, "listen-token");
     assert_eq!(
         volume["secret"]["secretName"], secret["metadata"]["name"],
         "{volume}"
@@ -195,18 +184,7 @@ fn daemonset_validates_against_kubernetes_schemas() {
     assert_eq!(config["listen"]["metrics-token"].as_bool(), Some(true));
     // TLS from the kubernetes.io/tls Secret, mounted root's alone where the config reads it:
     // off loopback pyfleet takes its token over TLS only.
-    let tls_mount = c["volumeMounts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["name"] == "listen-tls")
-        .unwrap_or_else(|| panic!("no listen-tls mount: {}", c["volumeMounts"]));
-    let tls_volume = spec["volumes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == "listen-tls")
-        .unwrap();
+    let (tls_mount, tls_volume) = mount_and_volume(c, spec, "listen-tls");
     assert_eq!(
         tls_volume["secret"]["secretName"],
         tls_secret["metadata"]["name"]
@@ -265,6 +243,23 @@ fn daemonset_validates_against_kubernetes_schemas() {
         "{}",
         out.describe()
     );
+}
+
+/// The container's mount of volume `name` and the pod's volume of that name.
+#[track_caller]
+fn mount_and_volume<'a>(
+    container: &'a Value,
+    pod: &'a Value,
+    name: &str,
+) -> (&'a Value, &'a Value) {
+    let named = |list: &'a Value| {
+        list.as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {list}"))
+    };
+    (named(&container["volumeMounts"]), named(&pod["volumes"]))
 }
 
 /// The container's `securityContext` and the ConfigMap's pyfleet.toml of
