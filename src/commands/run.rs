@@ -126,6 +126,9 @@ pub fn run(opts: RunOptions) -> Result<()> {
         true => None,
         false => Some(privileges::keep_only_what_is_used(user.as_ref())?),
     };
+    if user.is_some() {
+        writer.ready_to_write().map_err(|e| anyhow!(e))?;
+    }
 
     let runtime = super::fleet_runtime::runtime()?;
     // Set once the fleet runs: /debug/pprof/profile takes its profiles through it.

@@ -81,7 +81,8 @@ impl SnapshotDir {
     }
 
     /// [`SnapshotDir::open`] for a daemon that becomes `owner` once started (`--user`): `out`
-    /// must be theirs, and is made theirs when created here.
+    /// must be theirs, and is made theirs when created here; whether it can be written is
+    /// checked as them, after the change ([`SnapshotDir::ready_to_write`]).
     pub fn open_for(
         out: &Path,
         retention: RetentionPolicy,
@@ -96,17 +97,7 @@ impl SnapshotDir {
         }
         let me = owner.map_or_else(|| nix::unistd::geteuid().as_raw(), |o| o.uid);
         dir.require_private_to(me).map_err(|e| fail("", e))?;
-        let probe = PathBuf::from(format!("{PARTIAL}probe-{}", std::process::id()));
-        dir.create_new(&probe, file_mode)
-            .map_err(|e| fail("cannot write in it: ", e.to_string()))?;
-        let _ = dir.remove_all(&probe);
-        // Leftovers of a run that died mid-write.
-        for (name, _) in dir.entries().unwrap_or_default() {
-            if name.to_string_lossy().starts_with(PARTIAL) {
-                let _ = dir.remove_all(Path::new(&name));
-            }
-        }
-        Ok(SnapshotDir {
+        let opened = SnapshotDir {
             out: out.to_path_buf(),
             dir: Arc::new(dir),
             retention,
@@ -115,7 +106,31 @@ impl SnapshotDir {
             rate_hz: None,
             file_mode,
             by_function: false,
-        })
+        };
+        // For another user, checked once pyfleet is that user (`ready_to_write`).
+        if owner.is_none() {
+            opened.ready_to_write()?;
+        }
+        Ok(opened)
+    }
+
+    /// Checks that snapshots can be written here as pyfleet's user now (a probe file written
+    /// and removed), and removes what a run that died mid-write left.
+    pub fn ready_to_write(&self) -> Result<(), String> {
+        let probe = PathBuf::from(format!("{PARTIAL}probe-{}", std::process::id()));
+        self.dir.create_new(&probe, self.file_mode).map_err(|e| {
+            format!(
+                "unusable --out {}: cannot write in it: {e}",
+                self.out.display()
+            )
+        })?;
+        let _ = self.dir.remove_all(&probe);
+        for (name, _) in self.dir.entries().unwrap_or_default() {
+            if name.to_string_lossy().starts_with(PARTIAL) {
+                let _ = self.dir.remove_all(Path::new(&name));
+            }
+        }
+        Ok(())
     }
 
     /// The mode and rate the samples are taken with, for the outputs and `metadata.json`.

@@ -75,10 +75,13 @@ fn daemonset_validates_against_kubernetes_schemas() {
         .iter()
         .map(|v| format!("CAP_{}", v.as_str().unwrap()))
         .collect();
+    // The unit's four, and the three of the drop at start (the unit starts pyfleet as its
+    // user instead).
+    let mut expected = unit_capabilities(&read(&deploy("pyfleet.service")));
+    expected.extend(DROP_CAPABILITIES.map(String::from));
     assert_eq!(
-        added,
-        unit_capabilities(&read(&deploy("pyfleet.service"))),
-        "the DaemonSet and the systemd unit should add the same capabilities"
+        added, expected,
+        "the DaemonSet should add the unit's capabilities and those of the drop to its user"
     );
     assert_eq!(sc["allowPrivilegeEscalation"], json!(false));
     assert_ne!(sc["privileged"], json!(true));
@@ -176,7 +179,9 @@ fn daemonset_validates_against_kubernetes_schemas() {
     let toml_path = tmp.path().join("pyfleet.toml");
     fs::write(&toml_path, cm["data"]["pyfleet.toml"].as_str().unwrap()).unwrap();
     let config: toml::Table = toml::from_str(&read(&toml_path)).unwrap();
-    assert_eq!(config["out"].as_str(), Some("/var/lib/pyfleet"));
+    // Snapshots in a directory the daemon makes for its user, in the hostPath.
+    assert_eq!(config["out"].as_str(), Some("/var/lib/pyfleet/snapshots"));
+    assert_eq!(config["user"].as_str(), Some(DAEMONSET_UID));
     assert_eq!(
         config["listen"]["token-file"].as_str().map(PathBuf::from),
         Some(Path::new(mount["mountPath"].as_str().unwrap()).join(&key))
@@ -245,6 +250,11 @@ fn daemonset_validates_against_kubernetes_schemas() {
     );
 }
 
+/// The capabilities the DaemonSet adds for the drop to its user at start, besides the unit's.
+const DROP_CAPABILITIES: [&str; 4] = ["CAP_CHOWN", "CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"];
+/// The user the DaemonSet's daemon becomes (the ConfigMap's `user`).
+const DAEMONSET_UID: &str = "65532";
+
 /// The container's mount of volume `name` and the pod's volume of that name.
 #[track_caller]
 fn mount_and_volume<'a>(
@@ -307,7 +317,14 @@ fn daemonset_seccomp_profile_allows_what_the_daemon_calls() {
     };
     let shipped = unconditional(rules);
     let units = unconditional(of_unit["syscalls"].as_array().unwrap());
-    let beyond_the_unit: Vec<&String> = shipped.difference(&units).collect();
+    // The drop to the DaemonSet's user at start, which the unit does by DynamicUser=.
+    let drop: BTreeSet<String> = ["fchown", "setgroups", "setresgid", "setresuid"]
+        .map(String::from)
+        .into();
+    let beyond_the_unit: Vec<&String> = shipped
+        .difference(&units)
+        .filter(|c| !drop.contains(*c))
+        .collect();
     assert!(
         beyond_the_unit.is_empty(),
         "{} allows what the unit refuses: {beyond_the_unit:?}",
@@ -344,8 +361,8 @@ fn daemonset_seccomp_profile_allows_what_the_daemon_calls() {
         "setns",
         "mount",
         "chroot",
-        "setresuid",
         "setuid",
+        "setreuid",
         "init_module",
         "finit_module",
         "kexec_load",
@@ -478,26 +495,8 @@ fn daemonset_capabilities_and_seccomp_profile_capture_a_gunicorn_fleet() {
     .env_remove("RUST_BACKTRACE");
     let daemon = Running::start(cmd, Duration::from_secs(60));
 
-    // Its capabilities, once it runs pyfleet: exactly the container's.
     let pid = daemon.pid();
     wait_for_pyfleet(pid);
-    for key in ["CapEff", "CapPrm", "CapBnd"] {
-        assert_eq!(
-            status_caps(pid, key),
-            Some(mask),
-            "{key} of the daemon, for {caps:?}"
-        );
-    }
-    for key in ["CapInh", "CapAmb"] {
-        assert_eq!(status_caps(pid, key), Some(0), "{key} of the daemon");
-    }
-    assert_eq!(status_field(pid, "Uid").as_deref(), Some("0\t0\t0\t0"));
-    assert_eq!(status_field(pid, "NoNewPrivs").as_deref(), Some("1"));
-    assert_eq!(
-        status_field(pid, "Seccomp").as_deref(),
-        Some("2"),
-        "a seccomp filter"
-    );
 
     // `GET path` over TLS, trusting the test CA, with `token` when given: (status, body).
     let https = |path: &str, token: Option<&str>| {
@@ -528,6 +527,47 @@ fn daemonset_capabilities_and_seccomp_profile_capture_a_gunicorn_fleet() {
         },
         || truncate(&page(), 4000),
     );
+    // Its privileges once it runs (the drop comes before its first thread): in every thread
+    // the container's capabilities but the drop's, nothing inheritable, ambient or in the
+    // bounding set, the DaemonSet's user, no_new_privs and the seccomp filter.
+    let drop_mask = DROP_CAPABILITIES
+        .iter()
+        .fold(0u64, |m, c| m | 1 << capability_number(c));
+    let used = mask & !drop_mask;
+    assert_eq!(used.count_ones(), 4, "{caps:?}");
+    let uid = [DAEMONSET_UID; 4].join("\t");
+    let tasks: Vec<i32> = fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .filter_map(|t| t.file_name().to_str()?.parse().ok())
+        .collect();
+    assert!(tasks.len() >= 3, "{tasks:?}");
+    for tid in tasks {
+        for (key, bits) in [
+            ("CapEff", used),
+            ("CapPrm", used),
+            ("CapBnd", 0),
+            ("CapInh", 0),
+            ("CapAmb", 0),
+        ] {
+            assert_eq!(
+                status_caps(tid, key),
+                Some(bits),
+                "{key} of thread {tid}, for {caps:?}"
+            );
+        }
+        assert_eq!(
+            status_field(tid, "Uid").as_deref(),
+            Some(uid.as_str()),
+            "thread {tid}"
+        );
+        assert_eq!(status_field(tid, "NoNewPrivs").as_deref(), Some("1"));
+        assert_eq!(
+            status_field(tid, "Seccomp").as_deref(),
+            Some("2"),
+            "a seccomp filter"
+        );
+    }
     // The kubelet's probes, as the container's spec makes them: answered on their own port,
     // without the token (ready once the fleet runs); the site asks the token of a scraper
     // without it.

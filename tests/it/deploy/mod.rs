@@ -221,7 +221,11 @@ fn last_snapshot(out_dir: &Path, run: &RunOutput) -> String {
 /// Linux's number of a capability (`CAP_SYS_PTRACE` or `SYS_PTRACE`), for those deploy/ uses.
 fn capability_number(name: &str) -> u32 {
     match name.trim_start_matches("CAP_") {
+        "CHOWN" => 0,
         "DAC_READ_SEARCH" => 2,
+        "SETGID" => 6,
+        "SETUID" => 7,
+        "SETPCAP" => 8,
         "SYS_PTRACE" => 19,
         "PERFMON" => 38,
         "BPF" => 39,
