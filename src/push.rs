@@ -354,10 +354,7 @@ async fn exchange(target: &Target, request: &IngestRequest) -> Result<(), Failur
     match (target.https, &target.tls) {
         (false, _) => exchange_on(stream, target, request).await,
         (true, Some(config)) => {
-            let name = rustls::pki_types::ServerName::try_from(target.host.clone())
-                .map_err(|e| retry(&e))?;
-            let stream = tokio_rustls::TlsConnector::from(config.clone())
-                .connect(name, stream)
+            let stream = crate::tls::connect(config, &target.host, stream)
                 .await
                 .map_err(|e| retry(&e))?;
             exchange_on(stream, target, request).await

@@ -41,6 +41,21 @@ impl ServerSlot {
     }
 }
 
+/// A TLS client connection on `stream` to `host` (a name or an IP address), verified by
+/// `config` (the push's and `top --connect`'s).
+pub async fn connect(
+    config: &Arc<ClientConfig>,
+    host: &str,
+    stream: tokio::net::TcpStream,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+    let name =
+        rustls::pki_types::ServerName::try_from(host.to_string()).map_err(|e| e.to_string())?;
+    tokio_rustls::TlsConnector::from(config.clone())
+        .connect(name, stream)
+        .await
+        .map_err(|e| e.to_string())
+}
+
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }

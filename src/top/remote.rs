@@ -102,10 +102,7 @@ impl Remote {
         match &self.tls {
             None => self.get_on(stream, seconds).await,
             Some(config) => {
-                let name = rustls::pki_types::ServerName::try_from(self.host.clone())
-                    .map_err(|e| at(&e))?;
-                let stream = tokio_rustls::TlsConnector::from(config.clone())
-                    .connect(name, stream)
+                let stream = crate::tls::connect(config, &self.host, stream)
                     .await
                     .map_err(|e| at(&e))?;
                 self.get_on(stream, seconds).await
