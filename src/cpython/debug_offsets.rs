@@ -12,8 +12,8 @@
 //! frame owners, stack-reference tag bits) comes from `tables::extras`.
 
 use super::layout::{
-    BytesLayout, CodeLayout, CurrentFrame, FrameLayout, GilLayout, InterpLayout, Layout, Liveness,
-    TaskObjectsLayout, ThreadLayout, UnicodeLayout, Version,
+    BaseFrame, BytesLayout, CodeLayout, CurrentFrame, FrameLayout, GilLayout, InterpLayout, Layout,
+    Liveness, TaskObjectsLayout, ThreadLayout, UnicodeLayout, Version,
 };
 use super::tables;
 use super::AttachError;
@@ -431,10 +431,13 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
     tstate_fields.extend(holds_gil);
     tstate_fields.extend(gil_requested);
     let base_frame = match d.opt("thread_state.base_frame") {
-        Some(_) => Some(ts("base_frame")?),
+        Some(_) => Some(BaseFrame {
+            pointer: ts("base_frame")?,
+            embedded: d.get("thread_state.size")?.next_multiple_of(8),
+        }),
         None => None,
     };
-    tstate_fields.extend(base_frame);
+    tstate_fields.extend(base_frame.map(|b| b.pointer));
     let liveness = match extras.stacktop_after_instr {
         true => Liveness::RunningStacktop(fr("instr_ptr")? + 8),
         false => Liveness::ClearedCode(fr("stackpointer")?),

@@ -168,14 +168,15 @@ fn first_interp(img: &MemoryImage) -> u64 {
 /// Makes the first interpreter's thread list `n` thread states with no current frame.
 fn empty_threads(img: &mut MemoryImage, n: u64) {
     const TS: u64 = 0x4000_0000;
+    let interp = first_interp(img);
     let mut states = vec![0u8; (n * 0x100) as usize];
     for i in 0..n {
         let next = if i + 1 < n { TS + (i + 1) * 0x100 } else { 0 };
-        let at = (i * 0x100) as usize + 0x08;
-        states[at..at + 8].copy_from_slice(&next.to_le_bytes());
+        let at = (i * 0x100) as usize;
+        states[at + 0x08..at + 0x10].copy_from_slice(&next.to_le_bytes());
+        states[at + 0x10..at + 0x18].copy_from_slice(&interp.to_le_bytes());
     }
     img.map(TS, states);
-    let interp = first_interp(img);
     img.poke(interp + 0x10, &TS.to_le_bytes());
 }
 
@@ -216,6 +217,23 @@ fn hostile_thread_and_interpreter_lists_end_with_an_error() {
 }
 
 #[test]
+fn a_thread_state_of_another_interpreter_is_not_believed() {
+    // The list's second thread state names another interpreter: memory that is not (or no
+    // longer) a thread state of this one. Nothing of it is believed.
+    let (img, _) = runtime();
+    let first = img.read_u64(first_interp(&img) + 0x10).unwrap();
+    let second = img.read_u64(first + 0x08).unwrap();
+    img.poke(second + 0x10, &0x5000_0000u64.to_le_bytes());
+    let mut u = unwinder(img);
+    let err = u.sample().unwrap_err();
+    assert!(
+        matches!(err, UnwindError::BadObject { addr, .. } if addr == second),
+        "{err}"
+    );
+    assert_eq!(err.kind(), "inconsistent");
+}
+
+#[test]
 fn a_slow_target_costs_a_sample_its_deadline_at_most() {
     // 2,000 thread states read one by one at 1 ms a read: two seconds without a deadline.
     let (mut img, _) = runtime();
@@ -249,6 +267,7 @@ fn a_sample_has_a_budget() {
     let (threads, depth) = (5u64, 60_000u64);
     let mut mem = vec![0u8; (threads * depth * 0x50) as usize];
     let mut states = vec![0u8; (threads * 0x100) as usize];
+    let interp = first_interp(&img);
     for t in 0..threads {
         for i in 0..depth {
             let at = FRAMES + (t * depth + i) * 0x50;
@@ -268,12 +287,12 @@ fn a_sample_has_a_budget() {
             0
         };
         states[ts + 0x08..ts + 0x10].copy_from_slice(&next.to_le_bytes());
+        states[ts + 0x10..ts + 0x18].copy_from_slice(&interp.to_le_bytes());
         let top = FRAMES + t * depth * 0x50;
         states[ts + 0x20..ts + 0x28].copy_from_slice(&top.to_le_bytes());
     }
     img.map(FRAMES, mem);
     img.map(STATES, states);
-    let interp = first_interp(&img);
     img.poke(interp + 0x10, &STATES.to_le_bytes());
     let err = unwinder(img).sample().unwrap_err();
     assert!(matches!(err, UnwindError::Budget(_)), "{err}");

@@ -121,9 +121,20 @@ pub struct ThreadLayout {
     pub holds_gil: Option<u64>,
     /// 3.15+: `gil_requested`, an `int` set while the thread waits to take the GIL.
     pub gil_requested: Option<u64>,
-    /// 3.15+: `base_frame`, the pointer to the thread's base frame (a shim in the thread
-    /// state every chain ends at).
-    pub base_frame: Option<u64>,
+    /// 3.15+: the thread's base frame, a shim every chain ends at.
+    pub base_frame: Option<BaseFrame>,
+}
+
+/// 3.15+: where a thread state names its base frame, and where that frame lies: embedded in
+/// the thread state itself (`_PyThreadStateImpl.base_frame`, right after the public
+/// `PyThreadState`). A live thread state's pointer is its own address plus `embedded`: memory
+/// that does not say so is not a thread state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BaseFrame {
+    /// Offset of the `base_frame` pointer.
+    pub pointer: u64,
+    /// Offset of the embedded frame (`sizeof(PyThreadState)`, rounded up to 8).
+    pub embedded: u64,
 }
 
 /// `struct _PyStackChunk` (the same from 3.11 to 3.15): `previous`, `size` (bytes, header

@@ -183,3 +183,127 @@ fn garbled_reads_give_counted_errors_and_sampling_recovers() {
         target.kill();
     }
 }
+
+/// Real memory in which the interpreter's thread list starts at `fake`, an address whose
+/// reads return the first thread state's bytes (at `real`): memory that looks like a thread
+/// state in every field (a copy of one) but is not one, as a pointer read torn or a thread
+/// state freed and reused may show. Records where the sampler asks to write.
+struct Aliasing {
+    inner: ProcessMemory,
+    head_at: u64,
+    real: u64,
+    fake: u64,
+    span: u64,
+    writes: std::cell::RefCell<Vec<u64>>,
+}
+
+impl Aliasing {
+    fn source(&self, addr: u64) -> u64 {
+        match addr.checked_sub(self.fake) {
+            Some(o) if o < self.span => self.real + o,
+            _ => addr,
+        }
+    }
+
+    /// The head pointer, wherever a read covers it, names `fake`.
+    fn redirect(&self, addr: u64, buf: &mut [u8]) {
+        if let Some(o) = self.head_at.checked_sub(addr) {
+            if let Some(word) = buf.get_mut(o as usize..o as usize + 8) {
+                word.copy_from_slice(&self.fake.to_le_bytes());
+            }
+        }
+    }
+}
+
+impl RemoteMemory for Aliasing {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
+        self.inner.read(self.source(addr), buf)?;
+        self.redirect(addr, buf);
+        Ok(())
+    }
+
+    fn read_many(&self, reqs: &mut [ReadRequest<'_>]) -> Result<(), (usize, MemoryError)> {
+        for (i, r) in reqs.iter_mut().enumerate() {
+            self.read(r.addr, r.buf).map_err(|e| (i, e))?;
+        }
+        Ok(())
+    }
+
+    fn write_if(&self, addr: u64, expected: u64, value: u64) -> Result<bool, MemoryError> {
+        self.writes.borrow_mut().push(addr);
+        match self.source(addr) == addr {
+            true => self.inner.write_if(addr, expected, value),
+            // Never passed on: the test shows the sampler asked, without hurting the target.
+            false => Ok(false),
+        }
+    }
+
+    fn writable(&self) -> bool {
+        self.inner.writable()
+    }
+
+    fn stats(&self) -> &ReadStats {
+        self.inner.stats()
+    }
+}
+
+/// The 3.15 marker is the one thing pyfleet writes to a target: never where memory only looks
+/// like a thread state. The first thread state's address is swapped for another whose bytes
+/// are a copy of it (interpreter, frames, marker and all): only its base frame, embedded in
+/// the real one, tells. Every sample must fail with a counted error and ask no write there; a
+/// build that believes the copy walks its stack and writes the marker into the target's
+/// memory at the fake address.
+#[test]
+fn the_marker_is_never_written_where_memory_only_looks_like_a_thread_state() {
+    let _machine = shared();
+    let Some(interp) = interpreter("3.15") else {
+        return;
+    };
+    let mut target = Proc::python(&interp.label, &interp.path, "changing.py", &[""; 0]);
+    target.wait_for_path(&target.dir().join("ready"), Duration::from_secs(30));
+    let process = Process::new(target.pid()).expect("target process");
+    let loc = binary::locate_runtime(&process).expect("runtime");
+    let mut mem = ProcessMemory::new(target.pid());
+    let layout = cpython::detect_layout(&mem, &loc, target.pid()).expect("layout");
+    mem.bind_writes().expect("/proc/PID/mem");
+    let interp_at = mem
+        .read_u64(loc.runtime + layout.runtime_interpreters_head)
+        .expect("interpreters head");
+    let head_at = interp_at + layout.interp.threads_head;
+    let real = mem.read_u64(head_at).expect("threads head");
+    // Far enough that no read of the real thread state reaches it.
+    let span = 1 << 16;
+    let mem = Aliasing {
+        inner: mem,
+        head_at,
+        real,
+        fake: real + span,
+        span,
+        writes: Default::default(),
+    };
+    let mut sampler = Unwinder::new(target.pid(), mem, layout.clone(), &loc, Default::default());
+    let (mut failed, samples) = (0u64, 300);
+    for _ in 0..samples {
+        if let Err(e) = sampler.sample() {
+            assert!(!e.is_process_gone(), "{e}");
+            failed += 1;
+        }
+    }
+    let fake = sampler.memory().fake;
+    let asked_there: Vec<_> = sampler
+        .memory()
+        .writes
+        .borrow()
+        .iter()
+        .filter(|&&a| a.wrapping_sub(fake) < span)
+        .copied()
+        .collect();
+    assert!(
+        asked_there.is_empty(),
+        "the marker was to be written where the copy lies: {asked_there:x?}"
+    );
+    assert_eq!(failed, samples, "samples of the copy succeeded");
+    assert_eq!(sampler.stats().errors, failed, "errors not counted");
+    assert!(target.exited().is_none(), "the target died");
+    target.kill();
+}

@@ -179,6 +179,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         let ts = Tstate {
             addr: tstate,
             order: 0,
+            interp: 0,
             keep: false,
             interp_id: last.map_or(0, |s| s.interpreter_id),
             thread_id: last.map_or(0, |s| s.thread_id),

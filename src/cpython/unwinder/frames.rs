@@ -135,9 +135,14 @@ impl<M: RemoteMemory> Unwinder<M> {
             self.budget.add_bytes(planned).map_err(|e| (addr, e))?;
             o.fetch(&self.mem);
             // Which thread holds the GIL, and where, was read with the interpreter.
-            let (interp_id, order, holds_gil, waits_gil, gil) =
-                (ts.interp_id, ts.order, ts.holds_gil, ts.waits_gil, ts.gil);
-            ts = match self.tstate(&o, addr, interp_id, order, false) {
+            let (interp, order, holds_gil, waits_gil, gil) = (
+                (ts.interp, ts.interp_id),
+                ts.order,
+                ts.holds_gil,
+                ts.waits_gil,
+                ts.gil,
+            );
+            ts = match self.tstate(&o, addr, interp, order, false) {
                 Ok((t, _)) => Tstate {
                     holds_gil,
                     waits_gil,

@@ -40,7 +40,8 @@
 //! read again.
 //!
 //! The only write to the target is the 3.15 marker, at the offset the target's own
-//! `_Py_DebugOffsets` gives (validated), and never in `read_only` mode.
+//! `_Py_DebugOffsets` gives (validated), in a thread state that proves it is one (`threads`),
+//! and never in `read_only` mode.
 
 mod budget;
 mod captured;

@@ -265,9 +265,10 @@ impl<M: RemoteMemory> Unwinder<M> {
                     let m = tc.chain[j].addr;
                     if m != m_now {
                         if let Some((off, _)) = self.layout.tstate.frame_marker {
-                            // The thread state was read whole at `addr`, so this is in it.
-                            // Written only while the field still holds what this sample
-                            // read: a thread state freed since (its memory reused) is
+                            // The thread state was read whole at `addr`, so this is in it,
+                            // and it is one (its interpreter and base frame say so, see
+                            // `tstate`). Written only while the field still holds what this
+                            // sample read: a thread state freed since (its memory reused) is
                             // left alone.
                             // A write that fails costs the next sample a longer walk only.
                             let at = w.ts.addr.wrapping_add(off);

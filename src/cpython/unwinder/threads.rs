@@ -29,6 +29,9 @@ pub(super) struct Tstate {
     pub(super) addr: u64,
     /// Position in the interpreters' thread lists as walked (newest thread first).
     pub(super) order: usize,
+    /// The interpreter whose thread list holds it, as the thread state also says (0: not
+    /// read from the list, the kernel capture's).
+    pub(super) interp: u64,
     /// The thread has not run since its stack was read, and its state agrees: the stack is
     /// kept, nothing of it is read.
     pub(super) keep: bool,
@@ -203,7 +206,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                 if tstates.len() % 64 == 63 {
                     self.check_budget()?;
                 }
-                let (mut ts, next) = self.tstate(b, ta, interp_id, tstates.len(), true)?;
+                let (mut ts, next) = self.tstate(b, ta, (ia, interp_id), tstates.len(), true)?;
                 if ts.gil == GilAt::NotAsked {
                     ts.gil = gil_at;
                 }
@@ -269,19 +272,42 @@ impl<M: RemoteMemory> Unwinder<M> {
         Ok(generation)
     }
 
-    /// Parses the thread state at `ta` from `b` (reading what `b` lacks); returns it and the
-    /// next thread state's address. `may_keep`: the thread's last stack may be kept.
+    /// Parses the thread state at `ta` of the interpreter at `interp` (address, id) from `b`
+    /// (reading what `b` lacks); returns it and the next thread state's address. `may_keep`:
+    /// the thread's last stack may be kept.
+    ///
+    /// Memory that does not name `interp` as its interpreter, or (3.15+) whose base frame is
+    /// not its own, is not a live thread state of it (a pointer read torn, or a thread state
+    /// freed and reused): an error, so that nothing is believed of it and, above all, the
+    /// 3.15 marker is never written there.
     pub(super) fn tstate(
         &mut self,
         b: &ReadPlan,
         ta: u64,
-        interp_id: i64,
+        (interp, interp_id): (u64, i64),
         order: usize,
         may_keep: bool,
     ) -> Result<(Tstate, u64), UnwindError> {
         let l = &self.layout;
         let tb = self.bytes(b, Key::Tstate(ta), ta, l.tstate.size as usize)?;
         let t = Bytes(&tb);
+        let not_a_tstate = |what: &str| UnwindError::BadObject {
+            addr: ta,
+            what: format!("not a thread state of this interpreter: {what}"),
+        };
+        if t.u64(l.tstate.interp)? != interp {
+            return Err(not_a_tstate("its interpreter is another"));
+        }
+        let base_frame = match l.tstate.base_frame {
+            Some(bf) => {
+                let named = t.u64(bf.pointer)?;
+                if named != ta.wrapping_add(bf.embedded) {
+                    return Err(not_a_tstate("its base frame is not its own"));
+                }
+                named
+            }
+            None => 0,
+        };
         let mut top_unread = false;
         let mut entry_link = EntryLink::Unchecked;
         // A thread that has not run keeps its stack if its state agrees.
@@ -396,6 +422,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         let ts = Tstate {
             addr: ta,
             order,
+            interp,
             interp_id,
             thread_id: t.u64(l.tstate.thread_id)?,
             native_thread_id,
@@ -405,10 +432,7 @@ impl<M: RemoteMemory> Unwinder<M> {
             current_frame,
             top_unread,
             entry_link,
-            base_frame: match l.tstate.base_frame {
-                Some(off) => t.u64(off)?,
-                None => 0,
-            },
+            base_frame,
             chunk: match l.tstate.datastack_chunk {
                 Some(off) => t.u64(off)?,
                 None => 0,
