@@ -19,6 +19,16 @@ pub struct Cli {
     /// With no command: `run` (so `pyfleet --match gunicorn` works as written).
     #[command(flatten)]
     pub run: RunOptions,
+    /// How pyfleet's log on stderr is written: text (coloured only on a terminal) or json
+    /// (one object per line, for log collectors).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t,
+        value_name = "FORMAT"
+    )]
+    pub log_format: pyfleet::logging::LogFormat,
 }
 
 #[derive(Subcommand, Debug)]
@@ -126,12 +136,16 @@ pub enum Command {
         /// Permission bits of the file written, in octal (600: the owner only).
         #[arg(long, value_name = "MODE")]
         file_mode: Option<String>,
+        /// Compare frames line by line (by default a function is one frame, however its
+        /// lines moved between the two).
+        #[arg(long)]
+        lines: bool,
     },
     /// List the Python processes on this host: pid, parent, version, the name pyfleet gives
     /// it (in file names and metric labels), its role (master, or worker of its parent), command line.
     List {
-        /// Only processes whose command line or executable name matches this regex
-        /// (repeatable: any may match).
+        /// Only processes whose program matches this regex: its name, its executable's name,
+        /// or its command line without directories (repeatable: any may match).
         #[arg(long = "match", short = 'm', value_name = "REGEX")]
         matches: Vec<String>,
         /// Only processes whose label KEY matches REGEX, as KEY=REGEX (repeatable: every one
@@ -172,7 +186,8 @@ pub fn run(cli: Cli) -> Result<()> {
             new,
             output,
             file_mode,
-        } => commands::diff::run(&base, &new, &output, file_mode.as_deref()),
+            lines,
+        } => commands::diff::run(&base, &new, &output, file_mode.as_deref(), lines),
         Command::List {
             matches,
             match_label,

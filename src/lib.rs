@@ -10,6 +10,7 @@ pub mod discovery;
 pub mod host;
 pub mod idle_stacks;
 pub mod listener;
+pub mod logging;
 pub mod memory;
 pub mod output;
 pub mod process;

@@ -67,10 +67,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_max_level(tracing::Level::WARN)
-        .init();
+    pyfleet::logging::init(cli.log_format);
     match cli::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

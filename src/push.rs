@@ -262,6 +262,7 @@ pub fn requests(window: &Snapshot, mode: Mode, rate_hz: f64) -> Vec<IngestReques
     let ctx = RenderContext {
         title: "pyfleet".to_string(),
         rate_hz: Some(rate_hz),
+        asked_hz: None,
         mode,
         duration: window.taken_at.duration_since(window.started_at).ok(),
     };
@@ -274,12 +275,14 @@ pub fn requests(window: &Snapshot, mode: Mode, rate_hz: f64) -> Vec<IngestReques
                 processes: processes.into_iter().cloned().collect(),
             };
             let profile = crate::output::pprof::render(&part, &ctx).ok()?;
+            // The rate its samples were taken at (the budget may have lowered it).
+            let sample_rate = part.rate_hz().unwrap_or(rate_hz).round().max(1.0) as u64;
             Some(IngestRequest {
                 query: format!(
                     "name={}&from={from}&until={until}&format=pprof&sampleRate={}&spyName=pyfleet\
                      &units=samples&aggregationType=sum",
                     percent_encode(&name),
-                    rate_hz.round() as u64
+                    sample_rate
                 ),
                 profile,
             })
@@ -496,6 +499,7 @@ mod tests {
                     vec![FrameInfo::new("f", "a.py", Some(1))].into(),
                     5,
                 )],
+                sampled: std::time::Duration::ZERO,
             }
         };
         let window = Snapshot {

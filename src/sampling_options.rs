@@ -13,12 +13,18 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Default, clap::Args, Deserialize)]
 #[serde(default, rename_all = "kebab-case")]
 pub struct SamplingOptions {
-    /// Profile the Python processes whose command line or executable name matches REGEX
-    /// (repeatable: any may match), those that start later too. `run` with no --match, --pid
-    /// or --match-label profiles every Python process on the host.
+    /// Profile the Python processes whose program matches REGEX: its name (see `pyfleet
+    /// list`), its executable's name, or its command line without directories (where an
+    /// interpreter or a script is installed is left out); repeatable: any may match; those
+    /// that start later too. `run` with no --match, --pid or --match-label profiles every
+    /// Python process on the host.
     #[arg(long = "match", short = 'm', value_name = "REGEX")]
     #[serde(rename = "match")]
     pub matches: Vec<String>,
+    /// Profile the Python processes whose full command line matches REGEX, directories
+    /// included (repeatable).
+    #[arg(long, value_name = "REGEX")]
+    pub match_cmdline: Vec<String>,
     /// Never profile processes matching REGEX (repeatable; wins over --match and --pid).
     #[arg(long, value_name = "REGEX")]
     pub exclude: Vec<String>,
@@ -114,6 +120,8 @@ pub struct SamplingOptions {
 pub struct Sampling {
     pub policy: MatchPolicy,
     pub matches: Vec<String>,
+    /// The `--match-cmdline` rules.
+    pub match_cmdline: Vec<String>,
     pub pids: Vec<i32>,
     /// The `--match-label` rules.
     pub labels: Vec<String>,
@@ -169,6 +177,7 @@ impl SamplingOptions {
         let idle_given = self.idle || self.no_idle;
         SamplingOptions {
             matches: list(self.matches, file.matches),
+            match_cmdline: list(self.match_cmdline, file.match_cmdline),
             exclude: list(self.exclude, file.exclude),
             pids: list(self.pids, file.pids),
             match_label: list(self.match_label, file.match_label),
@@ -203,8 +212,10 @@ impl SamplingOptions {
         if let Some(bad) = o.pids.iter().find(|p| **p <= 0) {
             return Err(format!("--pid must be a positive process id (got {bad})"));
         }
-        let processes_named =
-            !(o.pids.is_empty() && o.matches.is_empty() && o.match_label.is_empty());
+        let processes_named = !(o.pids.is_empty()
+            && o.matches.is_empty()
+            && o.match_cmdline.is_empty()
+            && o.match_label.is_empty());
         if !o.command.is_empty() && processes_named {
             return Err(
                 "give either a program after -- or processes to profile (--pid, \
@@ -213,6 +224,7 @@ impl SamplingOptions {
             );
         }
         let policy = MatchPolicy::new(&o.matches, &o.exclude, &o.pids, Some(self_pid))
+            .and_then(|p| p.with_cmdline_rules(&o.match_cmdline))
             .map_err(|e| e.to_string())?
             .with_label_rules(&o.match_label, &o.exclude_label)
             .map_err(|e| e.to_string())?;
@@ -259,6 +271,7 @@ impl SamplingOptions {
             exclude_roles: parse_roles(&o.exclude_role)?,
             subprocesses: o.subprocesses || !o.command.is_empty(),
             matches: o.matches,
+            match_cmdline: o.match_cmdline,
             pids: o.pids,
             labels: o.match_label,
             rate,

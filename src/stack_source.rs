@@ -16,8 +16,8 @@ use crate::memory::ProcessMemory;
 use crate::task_stacks::TaskView;
 use crate::thread_frames::ThreadFrames;
 use pyfleet_actors::{
-    CapturedCounts, FrameInfo, ProcessInfo, SampleError, SampleKind, SampledThread, SourceFactory,
-    SourceStats, StackSource, ThreadStatus,
+    AttachFailure, CapturedCounts, FrameInfo, ProcessInfo, SampleError, SampleKind, SampledThread,
+    SourceFactory, SourceStats, StackSource, ThreadStatus,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -58,7 +58,7 @@ impl UnwinderFactory {
             blocking: sampling.blocking,
             capture,
             reads_if_deeper: sampling.capture == crate::capture::Capture::Auto,
-            off_cpu: OffCpu::for_mode(sampling.mode, sampling.rate.base_hz()),
+            off_cpu: OffCpu::for_mode(sampling.mode),
             threads: sampling.threads,
             leave_out_idle: sampling.leave_out_idle,
             tasks: sampling.tasks,
@@ -69,7 +69,11 @@ impl UnwinderFactory {
 impl SourceFactory for UnwinderFactory {
     type Source = UnwinderSource;
 
-    fn attach(&self, p: &ProcessInfo, needs_cpu_status: bool) -> Result<UnwinderSource, String> {
+    fn attach(
+        &self,
+        p: &ProcessInfo,
+        needs_cpu_status: bool,
+    ) -> Result<UnwinderSource, AttachFailure> {
         // In a pid namespace not the host's, the capture knows only that namespace's
         // processes: one in another (a nested container) is read from outside.
         let capture = self.capture.clone().filter(|shared| {
@@ -94,7 +98,13 @@ impl SourceFactory for UnwinderFactory {
             blocking: self.blocking,
             ..Default::default()
         };
-        let unwinder = cpython::attach(p.pid, opts).map_err(|e| e.to_string())?;
+        let unwinder = cpython::attach(p.pid, opts).map_err(|e| {
+            // What an exiting process no longer has (its memory, its maps) is no failure.
+            match crate::process::has_ended_or_is_ending(p.pid) {
+                true => AttachFailure::Ended(e.to_string()),
+                false => AttachFailure::Failed(e.to_string()),
+            }
+        })?;
         // A process whose tasks cannot be read is sampled by thread all the same (a fleet
         // may mix versions; `record --pid` refuses it before it starts).
         let tasks = self
@@ -300,7 +310,11 @@ pub struct Counted<F> {
 impl<F: SourceFactory> SourceFactory for Counted<F> {
     type Source = CountedSource<F::Source>;
 
-    fn attach(&self, p: &ProcessInfo, needs_cpu_status: bool) -> Result<Self::Source, String> {
+    fn attach(
+        &self,
+        p: &ProcessInfo,
+        needs_cpu_status: bool,
+    ) -> Result<Self::Source, AttachFailure> {
         Ok(CountedSource {
             inner: self.inner.attach(p, needs_cpu_status)?,
             counters: self.counters.clone(),

@@ -142,6 +142,11 @@ impl TaskView {
     /// its pause with `--blocking`), and counts the tasks.
     pub fn read(&mut self, unwinder: &mut Unwinder<ProcessMemory>) -> Result<(), UnwindError> {
         self.stacks.clear();
+        // By reads, each waiting task stands for the one tick (also after a capturing
+        // source turned to reads).
+        self.waiting_weight = 1;
+        self.waiting_read_at = None;
+        self.waiting_carry = 0.0;
         self.look_if_due(unwinder);
         let Some(tasks) = self.tasks.as_mut() else {
             return Ok(());

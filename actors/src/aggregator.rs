@@ -45,6 +45,8 @@ pub(crate) struct Batch {
     pub labels: Arc<Labels>,
     /// `(stack id, status, count)`, only samples the mode counts.
     pub counts: Vec<(u64, ThreadStatus, u64)>,
+    /// The time the samples in `counts` stand for (each its sampling period), nanoseconds.
+    pub sampled_ns: u64,
     /// Frames of the stack ids in `counts` not sent before in this life and epoch.
     pub new_stacks: Vec<(u64, Vec<FrameInfo>)>,
     /// The sampler's final batch: the aggregator drops the life's frame table after it.
@@ -133,6 +135,8 @@ struct ProcessWindow {
     labels: Arc<Labels>,
     entries: HashMap<(u64, u64, ThreadStatus), (Frames, u64)>,
     truncated: BTreeMap<ThreadStatus, u64>,
+    /// The time the window's samples stand for, nanoseconds.
+    sampled_ns: u64,
 }
 
 /// The counting itself, without the actor around it.
@@ -288,7 +292,9 @@ fn count(
         labels: batch.labels.clone(),
         entries: HashMap::new(),
         truncated: BTreeMap::new(),
+        sampled_ns: 0,
     });
+    window.sampled_ns = window.sampled_ns.saturating_add(batch.sampled_ns);
     if window.name != batch.name {
         window.name = batch.name.clone();
     }
@@ -351,6 +357,7 @@ fn profiles(window: BTreeMap<i32, ProcessWindow>, truncated: &Frames) -> Vec<Pro
                 role: w.role,
                 labels: (*w.labels).clone(),
                 samples,
+                sampled: Duration::from_nanos(w.sampled_ns),
             }
         })
         .collect()
@@ -452,6 +459,7 @@ mod tests {
             role: pyfleet_policies::Role::Single,
             labels: Arc::default(),
             counts,
+            sampled_ns: 0,
             new_stacks: Vec::new(),
             last: false,
         }

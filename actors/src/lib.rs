@@ -98,8 +98,8 @@ pub use self_cpu::cpu_time as own_cpu_time;
 pub use slot::sample_kind_seconds;
 pub use snapshot::{Frames, ProcessProfile, Snapshot, SnapshotWriter, WindowPusher};
 pub use source::{
-    CapturedCounts, Discovery, FrameInfo, Labels, ProcessInfo, SampleError, SampleKind,
-    SampledThread, SourceFactory, SourceStats, StackSource, ThreadStatus, LABEL_KEYS,
+    AttachFailure, CapturedCounts, Discovery, FrameInfo, Labels, ProcessInfo, SampleError,
+    SampleKind, SampledThread, SourceFactory, SourceStats, StackSource, ThreadStatus, LABEL_KEYS,
 };
 pub use status::{FleetStatus, ProcessState, ProcessStatus};
 

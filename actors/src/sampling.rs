@@ -109,6 +109,7 @@ impl SamplingPool {
                 jitter: Jitter::seeded(),
                 slots: Vec::new(),
                 tick_count: 0,
+                missed_since: 0,
                 out: Vec::new(),
                 ending: Vec::new(),
             };
@@ -229,6 +230,9 @@ struct SamplingThread {
     slots: Vec<Placed>,
     /// Ticks so far.
     tick_count: u64,
+    /// Deadlines missed after the last tick (it ran late): the next tick's samples stand for
+    /// them too.
+    missed_since: u32,
     /// Reused by every sample of every slot.
     out: Vec<SampledThread>,
     /// Slots to finish, by index, ascending; empty between uses.
@@ -315,13 +319,14 @@ impl SamplingThread {
         self.tick_count += 1;
         let tick = self.tick_count;
         let period = self.ticks.period();
+        let since_last = period.saturating_mul(1 + std::mem::take(&mut self.missed_since));
         let dormant_ticks = DORMANT_POLL.as_nanos().div_ceil(period.as_nanos().max(1));
         let dormant_ticks = u64::try_from(dormant_ticks).unwrap_or(u64::MAX).max(1);
         for (i, p) in self.slots.iter_mut().enumerate() {
             if p.next_tick > tick {
                 continue;
             }
-            if let Some(end) = p.slot.sample(&mut self.out) {
+            if let Some(end) = p.slot.sample(&mut self.out, since_last) {
                 self.ending.push((i, end));
             }
             let wait = if p.slot.dormant() { dormant_ticks } else { 1 };
@@ -329,6 +334,7 @@ impl SamplingThread {
         }
         let now = Instant::now();
         let missed = self.ticks.advance(now, self.jitter.next());
+        self.missed_since = u32::try_from(missed).unwrap_or(u32::MAX);
         if missed > 0 {
             for p in &self.slots {
                 p.slot.missed(missed);
@@ -534,17 +540,17 @@ mod tests {
         let mut out = Vec::new();
         // Sampled at ticks 0, 2, 5, 10 and 19: skipped 1, 2, 4, 8 ticks after each.
         for _ in 0..20 {
-            assert!(slot.sample(&mut out).is_none());
+            assert!(slot.sample(&mut out, Duration::from_millis(10)).is_none());
         }
         assert_eq!(calls.load(Ordering::SeqCst), 5);
         // Fast again: after the pending skips, every tick samples.
         slow.store(false, Ordering::SeqCst);
         for _ in 0..40 {
-            slot.sample(&mut out);
+            slot.sample(&mut out, Duration::from_millis(10));
         }
         let before = calls.load(Ordering::SeqCst);
         for _ in 0..10 {
-            slot.sample(&mut out);
+            slot.sample(&mut out, Duration::from_millis(10));
         }
         assert_eq!(calls.load(Ordering::SeqCst), before + 10);
     }
@@ -585,6 +591,7 @@ mod tests {
                 taken: 2,
                 failed: 0,
                 failed_kind: "",
+                period: Duration::from_millis(10),
             })
         }
         fn counts_at_batch(&self) -> bool {
@@ -629,15 +636,15 @@ mod tests {
         let (mut slot, _done, calls, ends) = collecting_slot(1, false);
         let mut out = Vec::new();
         for _ in 0..15 {
-            assert!(slot.sample(&mut out).is_none());
+            assert!(slot.sample(&mut out, Duration::from_millis(10)).is_none());
         }
         assert_eq!(calls.load(Ordering::SeqCst), 3);
         // Not due at its last three ticks, but a moment ago: not dormant yet.
         assert!(!slot.dormant());
-        slot.sample(&mut out);
+        slot.sample(&mut out, Duration::from_millis(10));
         std::thread::sleep(Duration::from_millis(40));
         for _ in 0..3 {
-            slot.sample(&mut out);
+            slot.sample(&mut out, Duration::from_millis(10));
         }
         assert_eq!(calls.load(Ordering::SeqCst), 4);
         // Not due at its last three ticks, over 30 ms: its thread looks at it less often.
@@ -657,7 +664,7 @@ mod tests {
         let (mut slot, _done, calls, _) = collecting_slot(2, true);
         let mut out = Vec::new();
         for _ in 0..3 {
-            assert!(slot.sample(&mut out).is_none());
+            assert!(slot.sample(&mut out, Duration::from_millis(10)).is_none());
         }
         // Not due yet, and no batch due: not called.
         assert!(slot

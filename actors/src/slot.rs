@@ -113,6 +113,10 @@ struct SlotWork {
     /// [`Slot::dormant`]).
     not_due: u32,
     last_due: Instant,
+    /// What a tick's sample stands for, as of the last tick (see [`Slot::sample`]).
+    tick: Duration,
+    /// Ticks skipped since the last sample (slow samples): the next one stands for them too.
+    owed_ticks: u32,
 }
 
 /// A slot whose source was not due at this many ticks in a row, for at least
@@ -203,6 +207,7 @@ impl Slot {
                     role: info.role,
                     labels: Arc::new(info.labels.clone()),
                     counts: HashMap::new(),
+                    sampled_ns: 0,
                     known: HashSet::new(),
                     max_known: settings.max_known_stacks.max(1),
                 },
@@ -217,6 +222,8 @@ impl Slot {
                 samples_called: 0,
                 not_due: 0,
                 last_due: Instant::now(),
+                tick: Duration::ZERO,
+                owed_ticks: 0,
             },
             reporter,
         };
@@ -241,8 +248,16 @@ impl Slot {
         self.reporter.done.as_ref().is_none_or(|d| d.is_closed())
     }
 
-    /// One sample, tallied. `Some` when the slot must end.
-    pub(crate) fn sample(&mut self, out: &mut Vec<SampledThread>) -> Option<SlotEnd> {
+    /// One sample, tallied; `tick`: the time since the sampling thread's last tick (its period,
+    /// more after ticks it missed): what each thread's sample stands for, with the ticks this
+    /// slot skipped since its last sample, unless the source says otherwise (the capture's).
+    /// `Some` when the slot must end.
+    pub(crate) fn sample(
+        &mut self,
+        out: &mut Vec<SampledThread>,
+        tick: Duration,
+    ) -> Option<SlotEnd> {
+        self.work.tick = tick;
         // Whether the owner abandoned the slot is asked every OWNER_CHECK_EVERY samples
         // only: it costs a cold cache line of every slot at every tick.
         self.work.samples_called = self.work.samples_called.wrapping_add(1);
@@ -266,6 +281,7 @@ impl Slot {
         out.clear();
         if w.skip > 0 {
             w.skip -= 1;
+            w.owed_ticks = w.owed_ticks.saturating_add(1);
             w.metrics.slow_skips.increment(1);
             return None;
         }
@@ -283,6 +299,8 @@ impl Slot {
             Ok(Ok(kind)) => {
                 w.consecutive_errors = 0;
                 let captured = w.source.captured_in_last();
+                let each = captured.map_or(w.tick * (1 + w.owed_ticks), |c| c.period);
+                w.owed_ticks = 0;
                 w.metrics
                     .succeeded(kind, took, captured.map_or(1, |c| c.taken));
                 if let Some(c) = captured {
@@ -295,12 +313,14 @@ impl Slot {
                     let s = thread.status;
                     w.metrics.thread_state(s, thread.samples);
                     if w.mode.counts(s.on_cpu, s.holds_gil) {
-                        w.tally.add(thread.stack, s, thread.samples);
+                        w.tally.add(thread.stack, s, thread.samples, each);
                     }
                 }
                 None
             }
             Ok(Err(e)) => {
+                // A failed sample's time is not known: it stands for nothing.
+                w.owed_ticks = 0;
                 if e.process_gone {
                     w.metrics.error(e.kind);
                     return Some(SlotEnd::ProcessGone(e.message));
@@ -460,14 +480,21 @@ struct Tally {
     role: pyfleet_policies::Role,
     labels: Arc<Labels>,
     counts: HashMap<(u64, ThreadStatus), u64>,
+    /// The time the samples in `counts` stand for, nanoseconds.
+    sampled_ns: u64,
     known: HashSet<u64>,
     max_known: usize,
 }
 
 impl Tally {
-    fn add(&mut self, stack: u64, status: ThreadStatus, samples: u32) {
+    /// `samples` more of a stack, each standing for `each`.
+    fn add(&mut self, stack: u64, status: ThreadStatus, samples: u32, each: Duration) {
         let n = self.counts.entry((stack, status)).or_default();
         *n = n.saturating_add(u64::from(samples));
+        let ns = u64::try_from(each.as_nanos()).unwrap_or(u64::MAX);
+        self.sampled_ns = self
+            .sampled_ns
+            .saturating_add(ns.saturating_mul(u64::from(samples)));
     }
 
     /// Drains the counts into a batch (keeping the map's capacity). The second value is `Err`
@@ -507,6 +534,7 @@ impl Tally {
             role: self.role,
             labels: self.labels.clone(),
             counts,
+            sampled_ns: std::mem::take(&mut self.sampled_ns),
             new_stacks,
             last,
         };

@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use crate::source::{FrameInfo, Labels, ThreadStatus};
 
@@ -41,6 +41,10 @@ pub struct ProcessProfile {
     /// highest count first. A stack of the single frame [`TRUNCATED_FUNCTION`] holds the
     /// samples that did not fit under the per-process cap of distinct stacks.
     pub samples: Vec<(ThreadStatus, Frames, u64)>,
+    /// The time `samples` stand for: each sample its sampling period when it was taken (the
+    /// sampling threads' rate in force, or the kernel capture's). Zero when not known (a
+    /// profile read back from a file that does not say).
+    pub sampled: Duration,
 }
 
 /// Function name of the frame that stands for the samples over the distinct-stack cap.
@@ -53,6 +57,31 @@ impl ProcessProfile {
     pub fn total(&self) -> u64 {
         self.samples.iter().map(|(_, _, n)| *n).sum()
     }
+
+    /// The rate its samples were taken at, on average over the window: samples per second
+    /// they stand for (`None` when that time is not known, or no sample was counted).
+    pub fn rate_hz(&self) -> Option<f64> {
+        rate_of(self.total(), self.sampled)
+    }
+}
+
+impl Snapshot {
+    /// The rate the window's samples were taken at, all processes together (see
+    /// [`ProcessProfile::rate_hz`]): what turns its counts into seconds.
+    pub fn rate_hz(&self) -> Option<f64> {
+        let (n, t) = self
+            .processes
+            .iter()
+            .filter(|p| !p.sampled.is_zero())
+            .fold((0u64, Duration::ZERO), |(n, t), p| {
+                (n.saturating_add(p.total()), t.saturating_add(p.sampled))
+            });
+        rate_of(n, t)
+    }
+}
+
+fn rate_of(samples: u64, sampled: Duration) -> Option<f64> {
+    (samples > 0 && !sampled.is_zero()).then(|| samples as f64 / sampled.as_secs_f64())
 }
 
 /// Takes each push window (see [`PushSchedule`](crate::PushSchedule)) away to a profile store.

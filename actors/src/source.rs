@@ -244,6 +244,28 @@ pub struct CapturedCounts {
     /// Samples that failed (not returned), and the kind of the first failure.
     pub failed: u64,
     pub failed_kind: &'static str,
+    /// The time each sample returned stands for (the capture's sampling period, whatever
+    /// the sampling threads' rate).
+    pub period: std::time::Duration,
+}
+
+/// Why a [`SourceFactory`] attached no source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttachFailure {
+    /// The process exited, or is exiting (what attaching reads of it is already gone): an
+    /// exit, which is never a failure nor worth a warning.
+    Ended(String),
+    /// Anything else: a failure, for the restart policy.
+    Failed(String),
+}
+
+impl std::fmt::Display for AttachFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AttachFailure::Ended(why) => write!(f, "the process ended: {why}"),
+            AttachFailure::Failed(why) => f.write_str(why),
+        }
+    }
 }
 
 /// Attaches a [`StackSource`] to a process. Called on tokio's blocking pool (never on the
@@ -254,5 +276,9 @@ pub trait SourceFactory: Send + Sync + 'static {
 
     /// `needs_cpu_status`: the mode counts only threads on CPU, so the source must find out
     /// which are (otherwise it may report `on_cpu: false` for all and skip that cost).
-    fn attach(&self, p: &ProcessInfo, needs_cpu_status: bool) -> Result<Self::Source, String>;
+    fn attach(
+        &self,
+        p: &ProcessInfo,
+        needs_cpu_status: bool,
+    ) -> Result<Self::Source, AttachFailure>;
 }

@@ -27,8 +27,9 @@
 //!
 //! How a sampler ended decides what follows: stopped by the supervisor (unlisted, role
 //! changed, shutdown), whatever the slot saw meanwhile, the entry is dropped (a later scan that
-//! lists the pid starts afresh); [`SlotEnd::ProcessGone`] is an exit (counted once; the pid is
-//! not sampled again while discovery still lists it); a failure (a failed or panicking attach,
+//! lists the pid starts afresh); [`SlotEnd::ProcessGone`], or an attach that found the process
+//! ending ([`AttachFailure::Ended`]), is an exit (counted once, no warning; the pid is not
+//! sampled again while discovery still lists it); a failure (a failed or panicking attach,
 //! too many sample errors, a panic in the source, a slot removed unasked) goes to the
 //! [`RestartPolicy`](pyfleet_policies::RestartPolicy): a restart after its backoff
 //! (`pyfleet_actor_restarts_total{process,role,pid}` counts restarts), or giving up: one
@@ -59,7 +60,7 @@ use crate::panics::guard;
 use crate::sampling::SamplingPool;
 use crate::self_cpu::{cpu_time, CpuMeter};
 use crate::slot::{next_life, Slot, SlotEnd, SlotSettings};
-use crate::source::{Discovery, ProcessInfo, SourceFactory, StackSource};
+use crate::source::{AttachFailure, Discovery, ProcessInfo, SourceFactory, StackSource};
 use crate::status::{FleetStatus, ProcessState, ProcessStatus};
 use crate::timing::{spawn_ticker, Jitter};
 
@@ -91,7 +92,7 @@ pub(crate) enum SupervisorMsg {
     Attached {
         pid: i32,
         life: u64,
-        source: Result<Box<dyn StackSource>, String>,
+        source: Result<Box<dyn StackSource>, AttachFailure>,
     },
     /// From a sampling thread: the slot of sampler life `life` of `pid` has ended, its final
     /// batch sent.
@@ -461,8 +462,11 @@ impl<D: Discovery, F: SourceFactory> SupervisorState<D, F> {
         tokio::task::spawn_blocking(move || {
             let source = match guard(|| factory.attach(&target, needs_cpu_status)) {
                 Ok(Ok(source)) => Ok(Box::new(source) as Box<dyn StackSource>),
-                Ok(Err(e)) => Err(format!("attach failed: {e}")),
-                Err(panic) => Err(format!("attach panicked: {panic}")),
+                Ok(Err(AttachFailure::Failed(e))) => {
+                    Err(AttachFailure::Failed(format!("attach failed: {e}")))
+                }
+                Ok(Err(ended)) => Err(ended),
+                Err(panic) => Err(AttachFailure::Failed(format!("attach panicked: {panic}"))),
             };
             // If the supervisor is gone, the message and its source are dropped here.
             let _ = me.send_message(SupervisorMsg::Attached { pid, life, source });
@@ -484,7 +488,7 @@ impl<D: Discovery, F: SourceFactory> SupervisorState<D, F> {
         myself: &ActorRef<SupervisorMsg>,
         pid: i32,
         life: u64,
-        source: Result<Box<dyn StackSource>, String>,
+        source: Result<Box<dyn StackSource>, AttachFailure>,
     ) {
         let settings = self.slot_settings();
         let current = self.entries.get(&pid).filter(|e| {
@@ -502,7 +506,12 @@ impl<D: Discovery, F: SourceFactory> SupervisorState<D, F> {
         };
         let source = match source {
             Ok(source) => source,
-            Err(why) => {
+            Err(AttachFailure::Ended(why)) => {
+                self.ended(pid, &why);
+                self.update_gauge();
+                return;
+            }
+            Err(AttachFailure::Failed(why)) => {
                 tracing::warn!(pid, process = %entry.info.name, "sampler failed: {why}");
                 self.failed(myself, pid, why);
                 self.update_gauge();
@@ -601,6 +610,16 @@ impl<D: Discovery, F: SourceFactory> SupervisorState<D, F> {
         }
     }
 
+    /// The process of a sampler exited (seen by its slot or its attach): counted once, and
+    /// not sampled again while discovery still lists it.
+    fn ended(&mut self, pid: i32, why: &str) {
+        if let Some(entry) = self.entries.get_mut(&pid) {
+            count_exit(entry, &mut self.exits, &self.exit_counter);
+            entry.state = EntryState::Exited;
+            tracing::debug!(pid, process = %entry.info.name, "process exited: {why}");
+        }
+    }
+
     /// A sampler failed: restart it later, or give up.
     fn failed(&mut self, myself: &ActorRef<SupervisorMsg>, pid: i32, why: String) {
         let now = self.started.elapsed();
@@ -683,11 +702,7 @@ impl<D: Discovery, F: SourceFactory> SupervisorState<D, F> {
                 tracing::debug!(pid, process = %entry.info.name, "sampler stopped: {reason:?}");
                 self.entries.remove(&pid);
             }
-            (None, SlotEnd::ProcessGone(why)) => {
-                count_exit(entry, &mut self.exits, &self.exit_counter);
-                entry.state = EntryState::Exited;
-                tracing::debug!(pid, process = %entry.info.name, "process exited: {why}");
-            }
+            (None, SlotEnd::ProcessGone(why)) => self.ended(pid, &why),
             (None, SlotEnd::Failed(why)) => self.failed(myself, pid, why),
             (None, SlotEnd::Removed) => self.failed(
                 myself,

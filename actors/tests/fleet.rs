@@ -76,6 +76,22 @@ async fn a_failing_attach_goes_through_the_restart_policy() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attach_that_finds_the_process_ending_is_an_exit_not_a_failure() {
+    let world = World::new();
+    let ending =
+        world.add(FakeProc::new(112, "ending", vec![(CPU, 1)]).failures(Failures::AttachEnded));
+    let h = start(fast_config(), &world).await;
+    let status = status_when(&h.fleet, |s| state_of(s, 112) == Some(ProcessState::Exited))
+        .await
+        .expect("seen as exited");
+    assert_eq!((status.exits, status.restarts), (1, 0));
+    // Not attached again while discovery lists it.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(ending.attach_count(), 1);
+    h.fleet.shutdown().await.expect("final snapshot");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sample_errors_below_the_limit_are_counted_and_sampling_goes_on() {
     let world = World::new();
     let flaky =

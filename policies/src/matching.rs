@@ -1,8 +1,13 @@
 //! Which processes to profile.
 //!
-//! A process matches when it is named by pid, or when any include regex matches its full
-//! command line or its executable's name, and no exclude regex does. With no include rule and
-//! no pid at all, every Python process matches. The profiler itself never matches.
+//! A process matches when it is named by pid, or when any include regex matches what runs, or
+//! any command-line regex (`--match-cmdline`) its full command line, and no exclude regex
+//! matches its full command line, its executable's name or its name. What runs is the name
+//! pyfleet knows it by (`naming`), its executable's name, or its command line with every
+//! word's directories left out (`/srv/venvs/gunicorn/bin/python /srv/venvs/gunicorn/bin/uvicorn
+//! app:app` is `python uvicorn app:app`): what the user means by a program, never where an
+//! interpreter or a script is installed. With no include rule and no pid at all, every Python
+//! process matches. The profiler itself never matches.
 //!
 //! Label rules (`KEY=REGEX`, on the labels of [`LABEL_KEYS`]) narrow that: a process matches
 //! only if every include label rule matches its label of that key (a process without the
@@ -27,6 +32,8 @@ pub struct ProcessFacts<'a> {
     pub pid: i32,
     /// The command line, arguments joined by spaces.
     pub cmdline: &'a str,
+    /// The name pyfleet knows it by (`naming::short_name`), when the caller found it.
+    pub name: &'a str,
     /// The executable's file name (e.g. `python3.12`).
     pub exe_name: &'a str,
     /// Its labels (`key`, `value`), if the caller found them.
@@ -71,6 +78,7 @@ fn label_rule(rule: &str) -> Result<(&'static str, Regex), LabelRuleError> {
 #[derive(Debug, Clone, Default)]
 pub struct MatchPolicy {
     include: Vec<Regex>,
+    include_cmdline: Vec<Regex>,
     exclude: Vec<Regex>,
     pids: Vec<i32>,
     self_pid: Option<i32>,
@@ -117,11 +125,24 @@ impl MatchPolicy {
                 .into_iter()
                 .map(|p| compile(p.as_ref()))
                 .collect::<Result<_, _>>()?,
+            include_cmdline: Vec::new(),
             pids: pids.to_vec(),
             self_pid,
             label_include: Vec::new(),
             label_exclude: Vec::new(),
         })
+    }
+
+    /// Adds rules on the full command line (`--match-cmdline`, see the module documentation).
+    pub fn with_cmdline_rules<I>(mut self, include: I) -> Result<Self, MatchError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        for r in include {
+            self.include_cmdline.push(compile(r.as_ref())?);
+        }
+        Ok(self)
     }
 
     /// Adds label rules (`KEY=REGEX`, see the module documentation).
@@ -160,36 +181,60 @@ impl MatchPolicy {
 
     /// True when the user named no process at all: then every Python process matches.
     pub fn matches_everything(&self) -> bool {
-        self.include.is_empty() && self.pids.is_empty()
+        self.include.is_empty() && self.include_cmdline.is_empty() && self.pids.is_empty()
     }
 
     /// When only the processes named by pid can match (no include pattern): those pids, so
     /// that a scan need not look at any other process.
     pub fn only_pids(&self) -> Option<&[i32]> {
-        (self.include.is_empty() && !self.pids.is_empty()).then_some(&self.pids[..])
+        (self.include.is_empty() && self.include_cmdline.is_empty() && !self.pids.is_empty())
+            .then_some(&self.pids[..])
     }
 
     /// Whether an exclude rule names this process (or it is the profiler itself).
     pub fn excludes(&self, p: &ProcessFacts<'_>) -> bool {
-        Some(p.pid) == self.self_pid
-            || self
-                .exclude
-                .iter()
-                .any(|r| r.is_match(p.cmdline) || r.is_match(p.exe_name))
-            || self.labels_exclude(p)
+        let hit = |r: &Regex| {
+            r.is_match(p.cmdline)
+                || r.is_match(p.exe_name)
+                || (!p.name.is_empty() && r.is_match(p.name))
+        };
+        Some(p.pid) == self.self_pid || self.exclude.iter().any(hit) || self.labels_exclude(p)
     }
 
     /// Whether to profile this process (the caller has established it runs Python).
     pub fn matches(&self, p: &ProcessFacts<'_>) -> bool {
-        if Some(p.pid) == self.self_pid {
+        if self.excludes(p) || !self.labels_include(p) {
             return false;
         }
-        let hit = |r: &Regex| r.is_match(p.cmdline) || r.is_match(p.exe_name);
-        if self.exclude.iter().any(hit) || self.labels_exclude(p) || !self.labels_include(p) {
+        if self.matches_everything() || self.pids.contains(&p.pid) {
+            return true;
+        }
+        if self.include_cmdline.iter().any(|r| r.is_match(p.cmdline)) {
+            return true;
+        }
+        if self.include.is_empty() {
             return false;
         }
-        self.matches_everything() || self.pids.contains(&p.pid) || self.include.iter().any(hit)
+        let runs = without_directories(p.cmdline);
+        self.include.iter().any(|r| {
+            (!p.name.is_empty() && r.is_match(p.name))
+                || r.is_match(p.exe_name)
+                || r.is_match(&runs)
+        })
     }
+}
+
+/// `cmdline` with every word's directories left out (`/a/b/uvicorn` is `uvicorn`, `app/` is
+/// `app`): what runs, without where it is installed.
+pub fn without_directories(cmdline: &str) -> String {
+    cmdline
+        .split(' ')
+        .map(|w| {
+            let trimmed = w.trim_end_matches('/');
+            trimmed.rsplit('/').next().unwrap_or(trimmed)
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[cfg(test)]
@@ -200,9 +245,45 @@ mod tests {
         ProcessFacts {
             pid,
             cmdline,
+            name: "",
             exe_name,
             labels: &[],
         }
+    }
+
+    #[test]
+    fn a_program_is_matched_by_what_runs_not_where_it_is_installed() {
+        let none: [&str; 0] = [];
+        let p = MatchPolicy::new(["gunicorn"], none, &[], None).unwrap();
+        // A uvicorn worker whose venv's path says gunicorn: not a gunicorn.
+        let uvicorn = "/srv/gunicorn/venv/bin/python /srv/gunicorn/venv/bin/uvicorn app:app";
+        assert!(!p.matches(&facts(1, uvicorn, "python3.12")));
+        // gunicorn by its launcher, its title or its name.
+        assert!(p.matches(&facts(
+            2,
+            "/srv/venv/bin/python /srv/venv/bin/gunicorn app",
+            "python3"
+        )));
+        assert!(p.matches(&facts(3, "gunicorn: worker [app]", "python3.12")));
+        let named = ProcessFacts {
+            name: "gunicorn",
+            ..facts(4, "python3 -m something", "python3")
+        };
+        assert!(p.matches(&named));
+        // The full command line only when asked.
+        let full = MatchPolicy::new(none, none, &[], None)
+            .unwrap()
+            .with_cmdline_rules(["/srv/gunicorn/"])
+            .unwrap();
+        assert!(full.matches(&facts(1, uvicorn, "python3.12")));
+        assert!(!full.matches_everything());
+        // Excluding by an install path still works.
+        let ex = MatchPolicy::new(none, ["/srv/gunicorn/"], &[], None).unwrap();
+        assert!(!ex.matches(&facts(1, uvicorn, "python3.12")));
+        assert_eq!(
+            without_directories("python3 app/ /a/b/c.py -x"),
+            "python3 app c.py -x"
+        );
     }
 
     #[test]
@@ -264,6 +345,7 @@ mod tests {
             &[("namespace", "prod"), ("service", "api"), ("pod", "api-1")];
         let with = |labels| ProcessFacts {
             pid: 1,
+            name: "",
             cmdline: "gunicorn app:app",
             exe_name: "python3.12",
             labels,

@@ -160,6 +160,8 @@ pub struct KernelCapture {
     lost: PerCpuArray<MapData, u64>,
     watched: usize,
     watched_processes: usize,
+    /// The perf event's frequency: each interrupt's sample stands for `1 / rate_hz` s.
+    rate_hz: u32,
     /// Owns the program and its perf events (detached when dropped).
     _ebpf: Ebpf,
 }
@@ -287,8 +289,14 @@ impl KernelCapture {
             lost,
             watched: 0,
             watched_processes: 0,
+            rate_hz: rate_hz.max(1),
             _ebpf: ebpf,
         })
+    }
+
+    /// The rate it samples at, fixed at its start (the perf event's frequency).
+    pub fn rate_hz(&self) -> u32 {
+        self.rate_hz
     }
 
     /// The pid namespace whose ids the capture knows threads by, when it is not the host's

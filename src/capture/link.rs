@@ -48,6 +48,8 @@ impl CaptureLink {
     /// The link of process `pid` to `shared`; with `off_cpu`, its threads' time off the CPU
     /// counts too (wall and gil modes).
     pub fn new(shared: Arc<SharedCapture>, pid: i32, off_cpu: Option<OffCpu>) -> CaptureLink {
+        // Off the CPU, time counts at the rate the capture samples on it.
+        let wall = off_cpu.map(|o| WallTime::new(f64::from(shared.rate_hz()), o.gil_holder_only));
         CaptureLink {
             shared,
             pid: pid as u32,
@@ -59,7 +61,7 @@ impl CaptureLink {
             last: CapturedCounts::default(),
             gone: None,
             deeper: false,
-            wall: off_cpu.map(|o| WallTime::new(o.rate_hz, o.gil_holder_only)),
+            wall,
             watched_layout: None,
         }
     }
@@ -306,6 +308,7 @@ impl CaptureLink {
             taken: taken as u64,
             failed: failed as u64,
             failed_kind: first_error.as_ref().map_or("", |e| e.kind()),
+            period: link.shared.period(),
         };
         match (taken, first_error) {
             (0, Some(e)) => Err(sample_error(&e)),

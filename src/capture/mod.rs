@@ -223,21 +223,19 @@ impl Capture {
 /// How a capturing source counts threads off their CPU (wall and gil modes).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct OffCpu {
-    /// The capture's rate: time off the CPU counts as this many samples a second.
-    pub rate_hz: f64,
     /// gil mode: the capture reads with each chain whether the thread holds the GIL, and
     /// only the holder's time counts (on its CPU or off it).
     pub gil_holder_only: bool,
 }
 
 impl OffCpu {
-    /// What `mode` needs at `rate_hz`: nothing in cpu mode.
-    pub fn for_mode(mode: pyfleet_policies::Mode, rate_hz: f64) -> Option<OffCpu> {
+    /// What `mode` needs (time off the CPU counts at the capture's rate): nothing in cpu
+    /// mode.
+    pub fn for_mode(mode: pyfleet_policies::Mode) -> Option<OffCpu> {
         use pyfleet_policies::Mode;
         match mode {
             Mode::Cpu => None,
             Mode::Wall | Mode::Gil => Some(OffCpu {
-                rate_hz,
                 gil_holder_only: mode == Mode::Gil,
             }),
         }

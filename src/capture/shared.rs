@@ -90,6 +90,8 @@ struct CaptureState {
 pub struct SharedCapture {
     /// See [`KernelCapture::namespace`].
     namespace: Option<PidNamespace>,
+    /// See [`KernelCapture::rate_hz`].
+    rate_hz: u32,
     state: Mutex<CaptureState>,
     /// What an idle source's tick looks at without the lock: how many records that make a
     /// source due wait (as of the last drain) and when the ring was last drained
@@ -108,6 +110,7 @@ impl SharedCapture {
     pub fn new(capture: KernelCapture) -> SharedCapture {
         SharedCapture {
             namespace: capture.namespace(),
+            rate_hz: capture.rate_hz(),
             state: Mutex::new(CaptureState {
                 capture,
                 pending: FxHashMap::default(),
@@ -119,6 +122,17 @@ impl SharedCapture {
             drained_us: AtomicU64::new(0),
             since: Instant::now(),
         }
+    }
+
+    /// The rate every sample of the capture is taken at, whatever the sampling threads'
+    /// rate: time off the CPU (wall and gil modes) counts at it too.
+    pub fn rate_hz(&self) -> u32 {
+        self.rate_hz
+    }
+
+    /// The time one sample of the capture stands for.
+    pub fn period(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(1) / self.rate_hz.max(1)
     }
 
     /// Whether the capture can take process `pid`'s samples: it runs in pyfleet's pid

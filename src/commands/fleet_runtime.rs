@@ -9,9 +9,9 @@ use std::time::Duration;
 /// Opens the kernel's log of context switches (`--switch-log`), or says why it stays off.
 pub fn start_switch_log() {
     if !pyfleet::process::switches::start() {
-        eprintln!(
-            "pyfleet: warning: --switch-log: the kernel's log of context switches cannot be \
-             opened (it needs CAP_PERFMON); idle threads are told by /proc instead"
+        pyfleet::logging::warning(
+            "--switch-log: the kernel's log of context switches cannot be opened (it needs \
+             CAP_PERFMON); idle threads are told by /proc instead",
         );
     }
 }
@@ -49,9 +49,8 @@ pub fn runtime() -> Result<tokio::runtime::Runtime> {
 /// can then be read, and the others would silently be missing.
 pub fn warn_without_ptrace(what: &str) {
     if pyfleet::host::has_ptrace_capability() == Some(false) {
-        eprintln!(
-            "pyfleet: warning: without root or CAP_SYS_PTRACE only this user's own processes \
-             can be {what}"
-        );
+        pyfleet::logging::warning(&format!(
+            "without root or CAP_SYS_PTRACE only this user's own processes can be {what}"
+        ));
     }
 }

@@ -167,12 +167,12 @@ impl Launched {
         if Instant::now() < at || self.exited() {
             return;
         }
-        eprintln!(
-            "pyfleet: the program (pid {}) did not end within {} s: sending it {}",
+        pyfleet::logging::note(&format!(
+            "the program (pid {}) did not end within {} s: sending it {}",
             self.pid(),
             GRACE.as_secs(),
             signal.as_str()
-        );
+        ));
         self.signal(signal);
         self.escalation = match signal {
             Signal::SIGKILL => None,

@@ -44,12 +44,6 @@ const TOP_FUNCTIONS: usize = 5;
 const REDRAW: Duration = Duration::from_millis(250);
 
 #[derive(Debug, Clone, clap::Args)]
-#[command(group(
-    clap::ArgGroup::new("target")
-        .required(true)
-        .multiple(true)
-        .args(["pids", "bare_pids", "matches", "match_label", "command"])
-))]
 pub struct RecordOptions {
     /// Processes to record, as `pyfleet record 1234` (the same as --pid).
     #[arg(value_name = "PID")]
@@ -93,9 +87,14 @@ fn plan(mut o: RecordOptions) -> Result<Plan> {
     if !o.sampling.command.is_empty() && (o.duration.is_some() || o.wait) {
         bail!("a program after -- is recorded until it exits: --duration and --wait go with processes");
     }
-    if o.wait && o.sampling.matches.is_empty() && o.sampling.match_label.is_empty() {
+    if o.wait
+        && o.sampling.matches.is_empty()
+        && o.sampling.match_cmdline.is_empty()
+        && o.sampling.match_label.is_empty()
+    {
         bail!(
-            "--wait goes with --match or --match-label (it waits for a matching process to start)"
+            "--wait goes with --match, --match-cmdline or --match-label (it waits for a \
+             matching process to start)"
         );
     }
     let sampling = o
@@ -183,6 +182,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
     let ctx = RenderContext {
         title: format!("pyfleet record: {what}"),
         rate_hz: Some(plan.sampling.rate.base_hz()),
+        asked_hz: None,
         mode: plan.sampling.mode,
         duration: None,
     };
@@ -266,8 +266,8 @@ pub fn run(opts: RecordOptions) -> Result<()> {
             plan.sampling.mode != Mode::Cpu,
         )
         .map_err(|e| anyhow!(e))?;
-    eprintln!(
-        "pyfleet: recording {what} at {} Hz ({} mode{}); {how}",
+    pyfleet::logging::note(&format!(
+        "recording {what} at {} Hz ({} mode{}); {how}",
         plan.sampling.rate.base_hz(),
         plan.sampling.mode.as_str(),
         if plan.sampling.read_only {
@@ -275,7 +275,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
         } else {
             ""
         },
-    );
+    ));
     if !matched_now {
         await_match(&plan);
     }
@@ -317,7 +317,6 @@ pub fn run(opts: RecordOptions) -> Result<()> {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut last_draw: Option<Instant> = None;
         let mut seen_any = false;
-        let mut rate_changed = false;
         let mut status: Option<FleetStatus> = None;
         let why = loop {
             // With a program started here, the recording ends when it exits; a signal is
@@ -342,9 +341,6 @@ pub fn run(opts: RecordOptions) -> Result<()> {
                 break None;
             }
             if let Ok(s) = fleet.status().await {
-                if s.rate_hz != plan.sampling.rate.base_hz() {
-                    rate_changed = true;
-                }
                 seen_any |= s
                     .processes
                     .iter()
@@ -361,10 +357,6 @@ pub fn run(opts: RecordOptions) -> Result<()> {
                 draw(&what, &plan, started.elapsed(), &counters, status.as_ref());
             }
         };
-        if rate_changed {
-            // The rate came down under the CPU budget: time values would be guesses.
-            writer.forget_rate();
-        }
         if progress {
             let line = format!("pyfleet: writing {}…", writer.path().display());
             status_line(&pyfleet::output::for_terminal(&line));
@@ -387,8 +379,12 @@ pub fn run(opts: RecordOptions) -> Result<()> {
             plan.sampling.mode.as_str(),
             written.samples
         );
-        for (label, share) in &top {
-            eprintln!("  {share:5.1}%  {}", pyfleet::output::for_terminal(label));
+        for hot in &top {
+            eprintln!(
+                "  {:5.1}%  {}",
+                hot.share,
+                pyfleet::output::for_terminal(&hot.to_string())
+            );
         }
     }
     let mut line = format!(
@@ -400,8 +396,8 @@ pub fn run(opts: RecordOptions) -> Result<()> {
         writer.format(),
         plan.sampling.mode.as_str(),
     );
-    if let Some((label, share)) = top.first() {
-        line.push_str(&format!("; hottest: {label} {share:.1}%"));
+    if let Some(hot) = top.first() {
+        line.push_str(&format!("; hottest: {hot} {:.1}%", hot.share));
     }
     line.push_str(&failed_note(
         counters.errors(),
@@ -454,7 +450,7 @@ fn matches_now(plan: &Plan) -> Result<bool> {
     let refused = pyfleet::discovery::refusal_line(&discovery.refused());
     if found {
         if let Some(line) = refused {
-            eprintln!("pyfleet: warning: {line}");
+            pyfleet::logging::warning(&line);
         }
         note_left_out_subprocesses(plan);
         return Ok(true);
@@ -464,6 +460,12 @@ fn matches_now(plan: &Plan) -> Result<bool> {
         bail!(
             "no Python process matching {} can be read: {line}",
             plan.rules()
+        );
+    }
+    if plan.whole_host() {
+        bail!(
+            "no Python process runs here that pyfleet can read (`pyfleet doctor` says why; \
+             --pid or --match names one)"
         );
     }
     if !plan.wait {
@@ -482,10 +484,10 @@ fn await_match(plan: &Plan) {
     let mut discovery = HostDiscovery::new(plan.sampling.policy.clone())
         .with_subprocesses(plan.sampling.subprocesses)
         .excluding_roles(&plan.sampling.exclude_roles);
-    eprintln!(
-        "pyfleet: waiting for a Python process matching {} (Ctrl-C to give up)",
+    pyfleet::logging::note(&format!(
+        "waiting for a Python process matching {} (Ctrl-C to give up)",
         plan.rules()
-    );
+    ));
     loop {
         std::thread::sleep(WAIT_POLL);
         if !discovery.scan().is_empty() {
@@ -533,10 +535,10 @@ fn note_left_out_subprocesses(plan: &Plan) {
         .collect::<Vec<_>>()
         .join(", ");
     let more = if n > 8 { ", ..." } else { "" };
-    eprintln!(
-        "pyfleet: note: {n} Python process{es} started by the matched ones {does} not match \
-         (pid{s} {shown}{more}) and will not be recorded; --subprocesses takes them in"
-    );
+    pyfleet::logging::note(&format!(
+        "note: {n} Python process{es} started by the matched ones {does} not match (pid{s} \
+         {shown}{more}) and will not be recorded; --subprocesses takes them in"
+    ));
 }
 
 /// The end line's word on failed samples: how many, what share of those attempted, and when
@@ -586,6 +588,9 @@ fn ended(
 }
 
 fn describe_targets(plan: &Plan) -> String {
+    if plan.whole_host() {
+        return "every Python process".to_string();
+    }
     let mut parts: Vec<String> = plan
         .sampling
         .pids
@@ -599,16 +604,36 @@ fn describe_targets(plan: &Plan) -> String {
 }
 
 impl Plan {
-    /// Whether processes are chosen by rules (`--match`, `--match-label`), not only by pid.
+    /// Whether processes are chosen by rules (`--match`, `--match-label`, or none given: every
+    /// Python process), not only by pid.
     fn by_rule(&self) -> bool {
-        !self.sampling.matches.is_empty() || !self.sampling.labels.is_empty()
+        !self.sampling.matches.is_empty()
+            || !self.sampling.match_cmdline.is_empty()
+            || !self.sampling.labels.is_empty()
+            || self.whole_host()
+    }
+
+    /// No process named and no program to start: every Python process of the host.
+    fn whole_host(&self) -> bool {
+        self.sampling.policy.matches_everything()
+            && self.sampling.labels.is_empty()
+            && self.sampling.command.is_empty()
     }
 
     /// The rules, as the user gave them: `/A|B/` for the patterns, then each label rule.
     fn rules(&self) -> String {
+        if self.whole_host() {
+            return "every Python process".to_string();
+        }
         let mut parts = Vec::new();
         if !self.sampling.matches.is_empty() {
             parts.push(format!("/{}/", self.sampling.matches.join("|")));
+        }
+        if !self.sampling.match_cmdline.is_empty() {
+            parts.push(format!(
+                "command line /{}/",
+                self.sampling.match_cmdline.join("|")
+            ));
         }
         parts.extend(self.sampling.labels.iter().cloned());
         pyfleet::output::for_terminal(&parts.join(" ")).into_owned()

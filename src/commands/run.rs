@@ -27,6 +27,9 @@ pub const CAPTURE_INFO: &str = "pyfleet_capture_info";
 /// too many waiting for one process (`"queue_full"`), or a record that did not parse
 /// (`"unparsable"`).
 pub const CAPTURE_LOST: &str = "pyfleet_capture_lost_samples_total";
+/// The rate the kernel capture samples at (fixed at its start: the CPU budget lowers the
+/// sampling threads' rate, not the capture's).
+pub const CAPTURE_RATE: &str = "pyfleet_capture_rate_hz";
 
 /// Exports how stacks are taken and, with the capture, its losses, every second: the
 /// exporter drops a series nothing touched for its idle timeout (at least 30 s), so a value
@@ -45,6 +48,7 @@ async fn export_capture_state(
         let Some(shared) = &shared else {
             continue;
         };
+        metrics::gauge!(CAPTURE_RATE).set(f64::from(shared.rate_hz()));
         let lost = shared.losses();
         for (reason, n) in [
             ("ring_full", lost.ring_full),
@@ -194,6 +198,10 @@ pub fn run(opts: RunOptions) -> Result<()> {
                 CAPTURE_INFO,
                 "How stacks are taken (stacks: kernel, reads, paused) and why not by the kernel capture (why)"
             );
+            metrics::describe_gauge!(
+                CAPTURE_RATE,
+                "The rate the kernel capture samples at (the CPU budget lowers the sampling threads' rate only)"
+            );
             metrics::describe_counter!(
                 CAPTURE_LOST,
                 "Kernel-capture samples lost (reason: ring_full, queue_full, unparsable)"
@@ -245,15 +253,25 @@ pub fn run(opts: RunOptions) -> Result<()> {
                 pyfleet::output::for_terminal(&command),
                 program.pid()
             )
-        } else if settings.sampling.matches.is_empty() && settings.sampling.pids.is_empty() {
+        } else if settings.sampling.matches.is_empty()
+            && settings.sampling.match_cmdline.is_empty()
+            && settings.sampling.pids.is_empty()
+        {
             "every Python process".to_string()
         } else {
             let mut parts: Vec<String> = settings.sampling.matches.iter().map(|m| format!("/{m}/")).collect();
+            parts.extend(
+                settings
+                    .sampling
+                    .match_cmdline
+                    .iter()
+                    .map(|m| format!("command line /{m}/")),
+            );
             parts.extend(settings.sampling.pids.iter().map(|p| format!("pid {p}")));
             parts.join(", ")
         };
-        eprintln!(
-            "pyfleet: profiling {what} at {} Hz ({} mode{}); {how}; snapshots ({}) every {} s in {}; metrics {}{}{}; {}",
+        pyfleet::logging::note(&format!(
+            "profiling {what} at {} Hz ({} mode{}); {how}; snapshots ({}) every {} s in {}; metrics {}{}{}; {}",
             settings.sampling.rate.base_hz(),
             settings.sampling.mode,
             if settings.sampling.read_only { ", read-only" } else { "" },
@@ -290,21 +308,21 @@ pub fn run(opts: RunOptions) -> Result<()> {
                 Some(kept) => kept.to_string(),
                 None => "keeps its privileges for the program it starts".to_string(),
             },
-        );
+        ));
         super::fleet_runtime::warn_without_ptrace("profiled");
         tokio::spawn(export_capture_state(how, capture.clone()));
         for &pid in &settings.sampling.pids {
             use pyfleet::discovery::Probed;
             match pyfleet::discovery::probe_within(pid, pyfleet::discovery::PROBE_DEADLINE) {
                 Probed::Python(_) => {}
-                Probed::Refused(why) => eprintln!(
-                    "pyfleet: warning: pid {pid} cannot be read: {}",
+                Probed::Refused(why) => pyfleet::logging::warning(&format!(
+                    "pid {pid} cannot be read: {}",
                     pyfleet::output::for_terminal(&why)
-                ),
-                _ => eprintln!(
-                    "pyfleet: warning: pid {pid} is not a Python process that can be read now; \
-                     it is profiled if it becomes one"
-                ),
+                )),
+                _ => pyfleet::logging::warning(&format!(
+                    "pid {pid} is not a Python process that can be read now; it is profiled if \
+                     it becomes one"
+                )),
             }
         }
         // Pushing to Pyroscope: windows go to a queue a task of its own sends.
@@ -350,7 +368,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
             // The last window went to the queue with the final snapshot: a moment to send it.
             p.drain(PUSH_DRAIN).await;
         }
-        eprintln!("pyfleet: {why}; last snapshot {}", last.display());
+        pyfleet::logging::note(&format!("{why}; last snapshot {}", last.display()));
         Ok(launched.as_mut().map(|program| program.exit_code()))
     });
     // Blocking work still running (a probe stuck on a target's file) is not waited for.

@@ -3,8 +3,8 @@
 //! shares of samples on a CPU, holding the GIL and waiting for it; sorted and filtered by key,
 //! redrawn in place (ratatui draws only what changed), the terminal as it was once `q` quits.
 //!
-//! Its samples come from a fleet of its own (`--pid`, `--match`: the fleet's pipeline as
-//! `record` runs it, every snapshot window of a second handed to the screen instead of a
+//! Its samples come from a fleet of its own (`--pid`, `--match`, or every Python process of
+//! the host when none is named: the fleet's pipeline as `record` runs it, every snapshot window of a second handed to the screen instead of a
 //! file) or from a running daemon (`--connect ADDR`: a pull of each second from its
 //! listener). The screen runs on the main thread; the fleet or the pulls on the runtime's.
 
@@ -37,12 +37,6 @@ const KEY_WAIT: Duration = Duration::from_millis(100);
 const MAX_TOKEN_BYTES: u64 = 4096;
 
 #[derive(Debug, Clone, clap::Args)]
-#[command(group(
-    clap::ArgGroup::new("target")
-        .required(true)
-        .multiple(true)
-        .args(["pids", "bare_pids", "matches", "connect"])
-))]
 pub struct TopOptions {
     /// A process to show, as `pyfleet top 1234` (the same as --pid).
     #[arg(value_name = "PID")]
@@ -50,8 +44,9 @@ pub struct TopOptions {
     /// A process to show (repeatable).
     #[arg(long = "pid", short = 'p', value_name = "PID")]
     pub pids: Vec<i32>,
-    /// The Python processes whose command line or executable name matches REGEX (repeatable),
-    /// those that start later too.
+    /// The Python processes whose program matches REGEX (its name, its executable's name, or
+    /// its command line without directories; see `record`), repeatable, those that start
+    /// later too.
     #[arg(long = "match", short = 'm', value_name = "REGEX")]
     pub matches: Vec<String>,
     /// cpu, wall or gil (see `record`) [default: cpu].
@@ -262,6 +257,7 @@ fn start_fleet(
     tx: mpsc::Sender<Result<Snapshot, String>>,
 ) -> Result<(Source, String, String, Option<f64>)> {
     let what = match (sampling.pids.as_slice(), sampling.matches.as_slice()) {
+        ([], []) => "every Python process".to_string(),
         ([pid], []) => format!("pid {pid}"),
         (pids, matches) => {
             let mut parts: Vec<String> = pids.iter().map(|p| format!("pid {p}")).collect();

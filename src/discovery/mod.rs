@@ -179,7 +179,7 @@ impl HostDiscovery {
             return;
         }
         if let Some(line) = refusal_line(&refused) {
-            eprintln!("pyfleet: warning: {line}");
+            crate::logging::warning(&line);
         }
         self.warn_refused = Some(refused.iter().map(|r| r.pid).collect());
     }
@@ -195,6 +195,7 @@ impl HostDiscovery {
                 let f = ProcessFacts {
                     pid: r.pid,
                     cmdline: &r.cmdline,
+                    name: "",
                     exe_name: "",
                     labels: &[],
                 };
@@ -479,7 +480,12 @@ impl Discovery for HostDiscovery {
             .iter()
             .map(|(pid, _, _, cmdline, ..)| (*pid, cmdline.clone()))
             .collect();
-        let facts = |pid: i32, cmdline: &str, exe_name: &str, labels: &Labels| -> (bool, bool) {
+        let facts = |pid: i32,
+                     cmdline: &str,
+                     exe_name: &str,
+                     name: &str,
+                     labels: &Labels|
+         -> (bool, bool) {
             let labels: Vec<(&str, &str)> = labels.iter().collect();
             let origin = family
                 .named_after(pid)
@@ -491,6 +497,7 @@ impl Discovery for HostDiscovery {
                 let f = ProcessFacts {
                     pid,
                     cmdline,
+                    name,
                     exe_name,
                     labels: &labels,
                 };
@@ -501,15 +508,15 @@ impl Discovery for HostDiscovery {
         };
         let matched: HashSet<i32> = python
             .iter()
-            .filter(|(pid, _, _, cmdline, exe_name, _, labels)| {
-                facts(*pid, cmdline, exe_name, labels).0
+            .filter(|(pid, _, _, cmdline, exe_name, name, labels)| {
+                facts(*pid, cmdline, exe_name, name, labels).0
             })
             .map(|(pid, ..)| *pid)
             .collect();
         let own = std::process::id() as i32;
         let mut found = Vec::new();
         for (pid, start, version, cmdline, exe_name, name, labels) in python {
-            let (hit, excluded) = facts(pid, &cmdline, &exe_name, &labels);
+            let (hit, excluded) = facts(pid, &cmdline, &exe_name, &name, &labels);
             let listed = hit
                 || (self.subprocesses
                     && pid != own

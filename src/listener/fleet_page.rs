@@ -65,6 +65,8 @@ pub struct ProcessRow {
 #[derive(Debug, Serialize)]
 pub struct FleetView {
     pub mode: &'static str,
+    /// The rate samples are taken at now: the kernel capture's, else the sampling threads'
+    /// (which the CPU budget may have lowered).
     pub rate_hz: f64,
     /// How stacks are taken (`pyfleet_capture_info`'s `stacks`: kernel, reads, paused).
     pub stacks: String,
@@ -194,9 +196,15 @@ pub fn fleet_view(status: &FleetStatus, metrics: &str, mode: &'static str) -> Fl
         .find_map(|l| label(l.split_once('{')?.1, "stacks"))
         .unwrap_or_default()
         .to_string();
+    // With the kernel capture, samples are taken at its rate, not the sampling threads'.
+    let capture_rate = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("pyfleet_capture_rate_hz "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|hz| stacks == "kernel" && *hz > 0.0);
     FleetView {
         mode,
-        rate_hz: status.rate_hz,
+        rate_hz: capture_rate.unwrap_or(status.rate_hz),
         stacks,
         processes,
     }

@@ -82,30 +82,30 @@ impl Reloader {
                 Ok(token) if self.token.current().as_ref() == Some(&token) => {}
                 Ok(token) => {
                     self.token.set(token);
-                    eprintln!(
-                        "pyfleet: {why}: the listener's token is read again from {}",
+                    crate::logging::note(&format!(
+                        "{why}: the listener's token is read again from {}",
                         file.display()
-                    );
+                    ));
                 }
-                Err(e) => eprintln!(
-                    "pyfleet: warning: {why}: {}; the previous token stays",
+                Err(e) => crate::logging::warning(&format!(
+                    "{why}: {}; the previous token stays",
                     crate::output::for_terminal(&e)
-                ),
+                )),
             }
         }
         if let (Some(files), Some(slot)) = (&self.tls_files, &self.tls) {
             match crate::tls::server_config(files) {
                 Ok(config) => {
                     slot.set(config);
-                    eprintln!(
-                        "pyfleet: {why}: the listener's certificate is read again from {}",
+                    crate::logging::note(&format!(
+                        "{why}: the listener's certificate is read again from {}",
                         files.cert.display()
-                    );
+                    ));
                 }
-                Err(e) => eprintln!(
-                    "pyfleet: warning: {why}: {}; the previous certificate stays",
+                Err(e) => crate::logging::warning(&format!(
+                    "{why}: {}; the previous certificate stays",
                     crate::output::for_terminal(&e)
-                ),
+                )),
             }
         }
     }

@@ -51,6 +51,7 @@ impl Pull {
         RenderContext {
             title: String::new(),
             rate_hz: Some(self.rate_hz),
+            asked_hz: None,
             mode: self.mode,
             duration: Some(Duration::from_secs(seconds)),
         }
@@ -451,11 +452,20 @@ async fn take_window(
     }
 }
 
-/// `/api/window`'s answer: the window kept, and its id, title and samples as JSON.
+/// `/api/window`'s answer: the window kept, and its id, title, samples, the rate they were
+/// taken at and the seconds they stand for, as JSON.
 fn kept(pull: &Pull, window: Window) -> Response<Full<Bytes>> {
     let (title, samples) = (window.ctx.title.clone(), window.samples());
+    let rate_hz = window.snapshot.rate_hz().or(window.ctx.rate_hz);
+    let seconds = rate_hz.filter(|hz| *hz > 0.0).map(|hz| samples as f64 / hz);
     let id = pull.windows.keep(window);
-    let body = serde_json::json!({ "id": id, "title": title, "samples": samples });
+    let body = serde_json::json!({
+        "id": id,
+        "title": title,
+        "samples": samples,
+        "rate_hz": rate_hz,
+        "seconds": seconds,
+    });
     with_type(
         StatusCode::OK,
         body.to_string().into_bytes(),

@@ -101,18 +101,18 @@ pub fn file(out: &Beneath, name: &str, file: &str) -> Result<(Vec<u8>, &'static 
 }
 
 /// The differential flamegraph from snapshot `base` to snapshot `new`, of `filter`'s
-/// processes in each.
+/// processes in each, by function (as `pyfleet diff` compares by default).
 pub fn diff(out: &Beneath, base: &str, new: &str, filter: &PullFilter) -> Result<Vec<u8>, String> {
     let (b, n) = (past(out, base, filter)?, past(out, new, filter)?);
     let (b_folded, n_folded) = (
-        profile_input::from_snapshot(&b.snapshot)?,
-        profile_input::from_snapshot(&n.snapshot)?,
+        profile_input::from_snapshot(&b.snapshot)?.by_function(),
+        profile_input::from_snapshot(&n.snapshot)?.by_function(),
     );
     let deltas = differential::folded_deltas(&b_folded, &n_folded)?;
     differential::svg(
         &format!("What changed in {}", b.ctx.title),
         &format!(
-            "{base} ({} samples) to {new} ({} samples); red grew, blue shrank",
+            "{base} ({} samples) to {new} ({} samples), by function; red grew, blue shrank",
             b_folded.total, n_folded.total
         ),
         &deltas,
@@ -237,6 +237,7 @@ mod tests {
                         (Default::default(), stack("alpha", 2), alpha),
                         (Default::default(), stack("beta", 3), 100 - alpha),
                     ],
+                    sampled: std::time::Duration::ZERO,
                 }],
             };
             let path = dir.write(&snap).unwrap();

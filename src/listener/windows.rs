@@ -158,6 +158,7 @@ mod tests {
                     vec![FrameInfo::new(function, "/a.py", Some(1))].into(),
                     pid as u64,
                 )],
+                sampled: std::time::Duration::ZERO,
             }
         };
         Snapshot {

@@ -42,7 +42,8 @@ pub fn svg(title: &str, subtitle: &str, deltas: &str) -> Result<Vec<u8>, String>
     Ok(out)
 }
 
-/// One function's own share in each profile.
+/// One function's own share in each profile, and its own seconds per second of each window
+/// when both profiles say how they were sampled.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FunctionChange {
     /// `function (file)`: the frame label without its line ([`function_label`]).
@@ -50,6 +51,9 @@ pub struct FunctionChange {
     /// Own share of the base and of the new profile, 0 to 1.
     pub base: f64,
     pub new: f64,
+    /// Own seconds per second of the base's and the new window (CPU seconds a second in cpu
+    /// mode), when both are known.
+    pub per_second: Option<(f64, f64)>,
 }
 
 impl FunctionChange {
@@ -57,10 +61,17 @@ impl FunctionChange {
     pub fn change_points(&self) -> f64 {
         100.0 * (self.new - self.base)
     }
+
+    /// In seconds per second, when known: positive when it grew.
+    pub fn change_per_second(&self) -> Option<f64> {
+        self.per_second.map(|(b, n)| n - b)
+    }
 }
 
-/// Every function innermost in a stack of either profile, by how much its own share changed
-/// (the largest change, up or down, first; ties by name).
+/// Every function innermost in a stack of either profile, by how much it changed, the
+/// largest change, up or down, first (ties by name): in seconds per second when both
+/// profiles say how they were sampled (a share can shrink because another function grew),
+/// else in share.
 pub fn by_function(base: &FoldedProfile, new: &FoldedProfile) -> Vec<FunctionChange> {
     let mut own: HashMap<String, (u64, u64)> = HashMap::new();
     for (profile, which) in [(base, 0), (new, 1)] {
@@ -77,18 +88,23 @@ pub fn by_function(base: &FoldedProfile, new: &FoldedProfile) -> Vec<FunctionCha
         0 => 0.0,
         t => n as f64 / t as f64,
     };
+    let timings = base.timing.as_ref().zip(new.timing.as_ref());
     let mut out: Vec<FunctionChange> = own
         .into_iter()
         .map(|(function, (b, n))| FunctionChange {
             function,
             base: share(b, base.total),
             new: share(n, new.total),
+            per_second: timings.map(|(tb, tn)| (tb.per_second(b), tn.per_second(n))),
         })
         .collect();
+    let size = |c: &FunctionChange| match c.change_per_second() {
+        Some(s) => s.abs(),
+        None => c.change_points().abs(),
+    };
     out.sort_by(|a, b| {
-        b.change_points()
-            .abs()
-            .total_cmp(&a.change_points().abs())
+        size(b)
+            .total_cmp(&size(a))
             .then_with(|| a.function.cmp(&b.function))
     });
     out

@@ -132,6 +132,7 @@ mod tests {
                     1,
                 ),
             ],
+            sampled: std::time::Duration::ZERO,
         };
         let lines = process_lines(&p, None);
         assert_eq!(
@@ -161,6 +162,7 @@ mod tests {
             role: pyfleet_policies::Role::Single,
             labels: Default::default(),
             samples: vec![],
+            sampled: std::time::Duration::ZERO,
         };
         assert_eq!(process_root(&p), "gunicorn-12");
         p.role = pyfleet_policies::Role::Master;

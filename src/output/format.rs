@@ -105,6 +105,7 @@ impl FromStr for Format {
 
 /// Renders a whole snapshot in one format.
 pub fn render(format: Format, snap: &Snapshot, ctx: &RenderContext) -> Result<Vec<u8>, String> {
+    let ctx = &ctx.for_snapshot(snap);
     match format {
         Format::Folded => Ok(folded::render(&folded::fleet_lines(snap)).into_bytes()),
         Format::Svg => svg::render(&ctx.title, &ctx.describe(), &folded::fleet_lines(snap)),

@@ -163,6 +163,7 @@ pub fn thread_status(s: ThreadStatus) -> &'static str {
 
 /// Builds the profile (not yet encoded).
 pub fn build(snap: &Snapshot, ctx: &RenderContext) -> Profile {
+    let ctx = &ctx.for_snapshot(snap);
     let mut strings = Strings::new();
     let samples_type = ValueType {
         r#type: strings.get("samples"),
@@ -251,6 +252,16 @@ pub fn build(snap: &Snapshot, ctx: &RenderContext) -> Profile {
         }
     }
 
+    // The time one sample of each process stands for: its own rate over the window, else the
+    // window's.
+    let process_period_ns: Vec<Option<f64>> = snap
+        .processes
+        .iter()
+        .map(|p| match p.rate_hz() {
+            Some(hz) if period_ns.is_some() => Some(1e9 / hz),
+            _ => period_ns.map(|p| p as f64),
+        })
+        .collect();
     let mut process_labels: Vec<(i64, i64, Vec<Label>)> = Vec::with_capacity(snap.processes.len());
     for p in &snap.processes {
         let labels = p
@@ -267,10 +278,10 @@ pub fn build(snap: &Snapshot, ctx: &RenderContext) -> Profile {
     let sample = samples
         .into_iter()
         .map(|((pi, status), location_id, count, task)| {
-            let count = i64::try_from(count).unwrap_or(i64::MAX);
-            let mut value = vec![count];
-            if let Some(period) = period_ns {
-                value.push(count.saturating_mul(period));
+            let mut value = vec![i64::try_from(count).unwrap_or(i64::MAX)];
+            if let Some(Some(each)) = process_period_ns.get(pi) {
+                // Saturates at i64::MAX (`as` from f64).
+                value.push((count as f64 * each).round() as i64);
             }
             let (name, pid, extra) = process_labels
                 .get(pi)
@@ -362,8 +373,10 @@ pub fn decode(bytes: &[u8]) -> Result<Profile, String> {
 
 /// A profile read back as a snapshot (what `pyfleet top --connect` pulls, `diff`'s pprof
 /// inputs): each sample under the process its `pid` and `process` labels name (pid 0 without
-/// one), its status from `thread_status`, its first value as its count, its frames from its
-/// locations' lines, innermost first. `took`: the window's length, ending now.
+/// one), its status from `thread_status`, its first value as its count, its second (a time
+/// in nanoseconds, when the profile has one) added to the time its process's samples stand
+/// for, its frames from its locations' lines, innermost first. `took`: the window's length,
+/// ending now.
 pub fn snapshot(p: &Profile, took: Duration) -> Snapshot {
     let string = |i: i64| -> &str {
         usize::try_from(i)
@@ -373,10 +386,22 @@ pub fn snapshot(p: &Profile, took: Duration) -> Snapshot {
     };
     let functions: HashMap<u64, &Function> = p.function.iter().map(|f| (f.id, f)).collect();
     let locations: HashMap<u64, &Location> = p.location.iter().map(|l| (l.id, l)).collect();
+    let timed = p
+        .sample_type
+        .get(1)
+        .is_some_and(|t| string(t.unit) == "nanoseconds");
     let mut processes: BTreeMap<i32, ProcessProfile> = BTreeMap::new();
     for s in &p.sample {
         let Some(count) = s.value.first().and_then(|&v| u64::try_from(v).ok()) else {
             continue;
+        };
+        let ns = match timed {
+            true => s
+                .value
+                .get(1)
+                .and_then(|&v| u64::try_from(v).ok())
+                .unwrap_or(0),
+            false => 0,
         };
         let (mut pid, mut name, mut status) = (0i32, "", ThreadStatus::default());
         for l in &s.label {
@@ -407,17 +432,16 @@ pub fn snapshot(p: &Profile, took: Duration) -> Snapshot {
                 ))
             })
             .collect();
-        processes
-            .entry(pid)
-            .or_insert_with(|| ProcessProfile {
-                pid,
-                name: name.to_string(),
-                role: pyfleet_policies::Role::Single,
-                labels: Labels::default(),
-                samples: Vec::new(),
-            })
-            .samples
-            .push((status, frames.into(), count));
+        let process = processes.entry(pid).or_insert_with(|| ProcessProfile {
+            pid,
+            name: name.to_string(),
+            role: pyfleet_policies::Role::Single,
+            labels: Labels::default(),
+            samples: Vec::new(),
+            sampled: Duration::ZERO,
+        });
+        process.samples.push((status, frames.into(), count));
+        process.sampled = process.sampled.saturating_add(Duration::from_nanos(ns));
     }
     let now = SystemTime::now();
     Snapshot {
@@ -498,6 +522,7 @@ mod tests {
                         ),
                         (gil, vec![].into(), 9),
                     ],
+                    sampled: std::time::Duration::ZERO,
                 },
                 ProcessProfile {
                     pid: 8,
@@ -505,6 +530,7 @@ mod tests {
                     role: pyfleet_policies::Role::Single,
                     labels: Default::default(),
                     samples: vec![(gil, vec![main.clone()].into(), 4)],
+                    sampled: std::time::Duration::ZERO,
                 },
             ],
         };

@@ -24,12 +24,43 @@ pub const MAX_INPUT_BYTES: u64 = 1 << 30;
 pub const MAX_STACKS: usize = 1_000_000;
 
 /// A profile as folded stacks.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct FoldedProfile {
     /// Each distinct stack and its count (stacks met twice are added up).
     pub stacks: BTreeMap<String, u64>,
     /// The counts' sum.
     pub total: u64,
+    /// How the samples were taken, when the input says (a snapshot's metadata, a pyfleet
+    /// pprof's period and duration; a folded file does not).
+    pub timing: Option<Timing>,
+}
+
+/// How a profile's samples were taken: what turns its counts into seconds per second.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timing {
+    /// cpu, wall or gil, when said.
+    pub mode: Option<String>,
+    /// The rate the samples were taken at.
+    pub rate_hz: f64,
+    /// The length of the window they were taken over.
+    pub seconds: f64,
+}
+
+impl Timing {
+    fn new(mode: Option<String>, rate_hz: f64, seconds: f64) -> Option<Timing> {
+        (rate_hz.is_finite() && rate_hz > 0.0 && seconds.is_finite() && seconds > 0.0).then_some(
+            Timing {
+                mode,
+                rate_hz,
+                seconds,
+            },
+        )
+    }
+
+    /// Seconds of the samples per second of the window: `n` samples at the rate over it.
+    pub fn per_second(&self, n: u64) -> f64 {
+        n as f64 / self.rate_hz / self.seconds
+    }
 }
 
 impl FoldedProfile {
@@ -44,6 +75,24 @@ impl FoldedProfile {
         *n = n.saturating_add(count);
         self.total = self.total.saturating_add(count);
         Ok(())
+    }
+
+    /// The same samples with each frame's line left out (`f (a.py:3)` is `f (a.py)`), equal
+    /// stacks merged: a function is one frame however its lines moved.
+    pub fn by_function(&self) -> FoldedProfile {
+        let mut out = FoldedProfile {
+            timing: self.timing.clone(),
+            ..FoldedProfile::default()
+        };
+        for (stack, &n) in &self.stacks {
+            let merged: Vec<String> = stack
+                .split(';')
+                .map(super::differential::function_label)
+                .collect();
+            // No more stacks than read: within the bound.
+            let _ = out.add(merged.join(";"), n);
+        }
+        out
     }
 
     /// The folded text: a line per stack, `stack count`.
@@ -66,12 +115,19 @@ pub fn read(path: &Path) -> Result<FoldedProfile, String> {
     let meta = std::fs::metadata(path).map_err(|e| format!("{shown}: {e}"))?;
     if meta.is_dir() {
         let all = path.join(fleet_file_name(Format::Folded));
-        if all.is_file() {
-            return read(&all);
-        }
         let pprof = path.join(fleet_file_name(Format::Pprof));
-        if pprof.is_file() {
-            return read(&pprof);
+        let chosen = match (all.is_file(), pprof.is_file()) {
+            (true, _) => Some(all),
+            (false, true) => Some(pprof),
+            _ => None,
+        };
+        if let Some(file) = chosen {
+            let mut profile = read(&file)?;
+            // The window's own account of how it was sampled wins over a file's.
+            if let Some(t) = snapshot_timing(path) {
+                profile.timing = Some(t);
+            }
+            return Ok(profile);
         }
         return Err(format!(
             "{shown}: not a snapshot directory (it holds neither {} nor {})",
@@ -103,13 +159,17 @@ pub fn read(path: &Path) -> Result<FoldedProfile, String> {
 /// root frame is taken for one when it is not a Python frame's label (`function (file...)`)
 /// and ends in `-` and digits, and frames follow it.
 fn without_process_frames(p: FoldedProfile) -> FoldedProfile {
+    let timing = p.timing.clone();
     let is_process = |frame: &str| {
         !frame.contains(" (")
             && frame.rsplit_once('-').is_some_and(|(name, pid)| {
                 !name.is_empty() && !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit())
             })
     };
-    let mut out = FoldedProfile::default();
+    let mut out = FoldedProfile {
+        timing,
+        ..FoldedProfile::default()
+    };
     for (stack, n) in p.stacks {
         let stack = match stack.split_once(';') {
             Some((root, rest)) if is_process(root) => rest.to_string(),
@@ -161,14 +221,50 @@ pub fn from_folded(text: &str) -> Result<FoldedProfile, String> {
     Ok(p)
 }
 
+/// A snapshot directory's `metadata.json`: its mode, the rate its samples were taken at and
+/// its window's length.
+fn snapshot_timing(dir: &Path) -> Option<Timing> {
+    let file = std::fs::File::open(dir.join("metadata.json")).ok()?;
+    let text = read_bounded(file, &dir.display()).ok()?;
+    let meta: serde_json::Value = serde_json::from_slice(&text).ok()?;
+    Timing::new(
+        meta["mode"].as_str().map(str::to_string),
+        meta["rate_hz"].as_f64()?,
+        meta["window_seconds"].as_f64()?,
+    )
+}
+
 /// A pprof profile's samples by their first value (pyfleet's `samples`/`count`), frames
-/// labelled as pyfleet's folded output labels them.
+/// labelled as pyfleet's folded output labels them; its timing from its period (with a time
+/// as second value: its mode is that value's type) and its duration.
 pub fn from_pprof(raw: &[u8]) -> Result<FoldedProfile, String> {
     let profile = pprof::decode(raw)?;
     if profile.sample.is_empty() && profile.string_table.is_empty() {
         return Err("not a pprof profile (no samples, no strings)".into());
     }
-    from_snapshot(&pprof::snapshot(&profile, std::time::Duration::ZERO))
+    let snapshot = pprof::snapshot(&profile, std::time::Duration::ZERO);
+    let mut folded = from_snapshot(&snapshot)?;
+    let string = |i: i64| {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| profile.string_table.get(i))
+            .cloned()
+    };
+    let timed = profile
+        .sample_type
+        .get(1)
+        .filter(|t| string(t.unit).as_deref() == Some("nanoseconds"));
+    let rate = snapshot
+        .rate_hz()
+        .or_else(|| (timed.is_some() && profile.period > 0).then(|| 1e9 / profile.period as f64));
+    folded.timing = rate.and_then(|hz| {
+        Timing::new(
+            timed.and_then(|t| string(t.r#type)),
+            hz,
+            profile.duration_nanos as f64 / 1e9,
+        )
+    });
+    Ok(folded)
 }
 
 /// A snapshot's samples, every process's together (the process frame left out).

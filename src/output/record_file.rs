@@ -31,6 +31,31 @@ fn existing_profile(dir: &Beneath, name: &OsStr, format: Format) -> bool {
     f.take(64 * 1024).read_to_end(&mut head).is_ok() && super::looks_like_profile(format, &head)
 }
 
+/// A function of [`RecordFile::top_functions`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct HotFunction {
+    /// `function (file)`.
+    pub label: String,
+    /// Percent of the samples recorded.
+    pub share: f64,
+    /// With several processes recorded: the process with most of its samples, and how many
+    /// others have some.
+    pub process: Option<(String, usize)>,
+}
+
+impl std::fmt::Display for HotFunction {
+    /// `fib (app.py) in gunicorn-worker-4243 and 2 others`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.label)?;
+        match &self.process {
+            Some((name, 0)) => write!(f, " in {name}"),
+            Some((name, 1)) => write!(f, " in {name} and 1 other"),
+            Some((name, n)) => write!(f, " in {name} and {n} others"),
+            None => Ok(()),
+        }
+    }
+}
+
 /// The longest function label [`RecordFile::top_functions`] gives.
 pub const MAX_LABEL: usize = 120;
 
@@ -164,40 +189,56 @@ impl RecordFile {
     }
 
     /// The `n` functions with the highest own share of the samples recorded so far (the
-    /// innermost frame of each sample, lines merged), as `function (file)` and percent,
-    /// highest first. Labels are cut to [`MAX_LABEL`] characters.
-    pub fn top_functions(&self, n: usize) -> Vec<(String, f64)> {
+    /// innermost frame of each sample, lines merged), highest first: as `function (file)`
+    /// (cut to [`MAX_LABEL`] characters), percent, and when several processes were recorded
+    /// the one with most of its samples (its file name, `gunicorn-worker-4243`) and how many
+    /// others have some.
+    pub fn top_functions(&self, n: usize) -> Vec<HotFunction> {
         let state = self.lock();
-        let mut own: HashMap<(&str, &str), u64> = HashMap::new();
+        let processes = &state.recording.processes;
+        // Own samples by function, and by process (its index) within it.
+        type Own = (u64, HashMap<usize, u64>);
+        let mut own: HashMap<(&str, &str), Own> = HashMap::new();
         let mut total = 0u64;
-        for p in &state.recording.processes {
+        for (i, p) in processes.iter().enumerate() {
             for (_, frames, count) in &p.samples {
                 total += count;
                 if let Some(leaf) = frames.first() {
-                    *own.entry((&leaf.function, &leaf.file)).or_default() += count;
+                    let e = own.entry((&leaf.function, &leaf.file)).or_default();
+                    e.0 += count;
+                    *e.1.entry(i).or_default() += count;
                 }
             }
         }
-        let mut ranked: Vec<((&str, &str), u64)> = own.into_iter().collect();
-        ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut ranked: Vec<((&str, &str), Own)> = own.into_iter().collect();
+        ranked.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(a.0.cmp(&b.0)));
         ranked
             .into_iter()
             .take(n)
-            .map(|((function, file), count)| {
+            .map(|((function, file), (count, by_process))| {
                 let base = file.rsplit('/').next().unwrap_or(file);
                 let label: String = format!("{function} ({base})")
                     .chars()
                     .take(MAX_LABEL)
                     .collect();
-                (label, 100.0 * count as f64 / total.max(1) as f64)
+                let process = (processes.len() > 1)
+                    .then(|| {
+                        let (&top, _) = by_process
+                            .iter()
+                            .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))?;
+                        Some((
+                            super::folded::process_root(&processes[top]),
+                            by_process.len() - 1,
+                        ))
+                    })
+                    .flatten();
+                HotFunction {
+                    label,
+                    share: 100.0 * count as f64 / total.max(1) as f64,
+                    process,
+                }
             })
             .collect()
-    }
-
-    /// Forgets the rate (pprof then carries counts only): call when the rate changed during
-    /// the recording.
-    pub fn forget_rate(&self) {
-        self.lock().ctx.rate_hz = None;
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -263,11 +304,13 @@ pub fn merge(acc: &mut Snapshot, window: &Snapshot) {
                     role: p.role,
                     labels: p.labels.clone(),
                     samples: Vec::new(),
+                    sampled: std::time::Duration::ZERO,
                 });
                 acc.processes.len() - 1
             }
         };
         let target = &mut acc.processes[i];
+        target.sampled = target.sampled.saturating_add(p.sampled);
         // A process's role can change (its parent exits): the latest window's is kept.
         target.role = p.role;
         let mut index: HashMap<(ThreadStatus, &[pyfleet_actors::FrameInfo]), usize> =
@@ -322,6 +365,7 @@ mod tests {
                     .into(),
                     n,
                 )],
+                sampled: std::time::Duration::ZERO,
             }],
         }
     }
@@ -390,12 +434,17 @@ mod tests {
         rec.write(&window(1, 9, "slow", 6)).unwrap();
         rec.write(&window(2, 4, "fast", 2)).unwrap();
         rec.write(&window(3, 9, "slow", 2)).unwrap();
-        let top = rec.top_functions(5);
+        let top: Vec<(String, f64)> = rec
+            .top_functions(5)
+            .into_iter()
+            .map(|h| (h.to_string(), h.share))
+            .collect();
+        // Two processes (pids 9 and 4): each function says where it ran.
         assert_eq!(
             top,
             vec![
-                ("slow (a.py)".to_string(), 80.0),
-                ("fast (a.py)".to_string(), 20.0)
+                ("slow (a.py) in app-9".to_string(), 80.0),
+                ("fast (a.py) in app-4".to_string(), 20.0)
             ]
         );
         assert_eq!(rec.top_functions(1).len(), 1);

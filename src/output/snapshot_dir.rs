@@ -204,9 +204,11 @@ impl SnapshotDir {
         let ctx = RenderContext {
             title: title.to_string(),
             rate_hz: self.rate_hz,
+            asked_hz: None,
             mode: self.mode,
             duration: window,
-        };
+        }
+        .for_snapshot(snap);
         let mode = self.file_mode;
         write_synced(dir, METADATA_FILE, &self.metadata(snap, &ctx), mode)?;
         write_synced(dir, LABELS_FILE, &labels_json(snap), mode)?;
@@ -242,6 +244,7 @@ impl SnapshotDir {
                     "name": folded::process_root(p),
                     "role": p.role.as_str(),
                     "samples": p.total(),
+                    "sampled_seconds": p.sampled.as_secs_f64(),
                 })
             })
             .collect();
@@ -252,7 +255,10 @@ impl SnapshotDir {
             "window_end": rfc3339(snap.taken_at),
             "window_seconds": ctx.duration.map(|d| d.as_secs_f64()),
             "mode": self.mode.as_str(),
-            "rate_hz": self.rate_hz,
+            // What the samples were taken at (counts over the time they stand for), and what
+            // was asked when that differs (the CPU budget lowered it).
+            "rate_hz": ctx.rate_hz,
+            "rate_hz_asked": ctx.asked_hz.or(self.rate_hz),
             "samples": samples,
             "formats": self.formats.iter().map(|f| f.name()).collect::<Vec<_>>(),
             "processes": processes,
@@ -471,6 +477,7 @@ mod tests {
                     .into(),
                     5,
                 )],
+                sampled: std::time::Duration::ZERO,
             }],
         }
     }
@@ -599,6 +606,7 @@ mod tests {
             role: pyfleet_policies::Role::Single,
             labels: Default::default(),
             samples: vec![],
+            sampled: std::time::Duration::ZERO,
         });
         let p = dir.write(&s).unwrap();
         let meta: serde_json::Value =

@@ -75,12 +75,22 @@ pub fn load(dir: &Beneath) -> Result<Loaded, String> {
             .as_str()
             .and_then(|r| r.parse().ok())
             .unwrap_or(Role::Single);
+        // The time its samples stand for, as metadata.json says (older snapshots do not).
+        let sampled = metadata["processes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|m| m["pid"].as_i64() == Some(i64::from(pid)))
+            .and_then(|m| m["sampled_seconds"].as_f64())
+            .and_then(|s| Duration::try_from_secs_f64(s).ok())
+            .unwrap_or(Duration::ZERO);
         let mut process = ProcessProfile {
             pid,
             name: process_name(root, role, pid),
             role,
             labels: labels_of(&entry["labels"]),
             samples: Vec::new(),
+            sampled,
         };
         match &from_pprof {
             Some(snap) => {
@@ -115,6 +125,9 @@ pub fn load(dir: &Beneath) -> Result<Loaded, String> {
     let ctx = RenderContext {
         title: format!("pyfleet {name}"),
         rate_hz: metadata["rate_hz"].as_f64(),
+        asked_hz: metadata["rate_hz_asked"]
+            .as_f64()
+            .filter(|a| Some(*a) != metadata["rate_hz"].as_f64()),
         mode: metadata["mode"]
             .as_str()
             .and_then(|m| m.parse::<Mode>().ok())
@@ -222,6 +235,7 @@ mod tests {
                     role: Role::Master,
                     labels: Labels::default(),
                     samples: vec![(busy, frames(&[("run", 3)]), 2)],
+                    sampled: std::time::Duration::ZERO,
                 },
                 ProcessProfile {
                     pid: 42,
@@ -232,6 +246,7 @@ mod tests {
                         (busy, frames(&[("render", 9), ("handle", 4), ("run", 3)]), 7),
                         (busy, frames(&[("handle", 5), ("run", 3)]), 1),
                     ],
+                    sampled: std::time::Duration::ZERO,
                 },
             ],
         }

@@ -150,6 +150,7 @@ mod tests {
                         (gil, vec![main.clone()].into(), 1),
                         (gil, vec![].into(), 9),
                     ],
+                    sampled: std::time::Duration::ZERO,
                 },
                 ProcessProfile {
                     pid: 8,
@@ -157,6 +158,7 @@ mod tests {
                     role: pyfleet_policies::Role::Single,
                     labels: Default::default(),
                     samples: vec![],
+                    sampled: std::time::Duration::ZERO,
                 },
             ],
         };

@@ -54,6 +54,7 @@ pub(crate) fn one_process(samples: Vec<(ThreadStatus, Frames, u64)>) -> Snapshot
             role: pyfleet_policies::Role::Single,
             labels: Default::default(),
             samples,
+            sampled: std::time::Duration::ZERO,
         }],
     }
 }

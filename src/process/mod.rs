@@ -376,6 +376,32 @@ pub fn exe_link(pid: i32) -> std::io::Result<PathBuf> {
     std::fs::read_link(format!("/proc/{pid}/exe"))
 }
 
+/// The kernel's flag of a task that has begun to exit (`PF_EXITING`, `/proc/PID/stat` field 9):
+/// its memory and maps go before it is gone.
+const PF_EXITING: u64 = 0x4;
+
+/// Whether `pid` is gone, a zombie, or exiting (`PF_EXITING`): what reading it found missing
+/// is then its exit, not a fault.
+pub fn has_ended_or_is_ending(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    let Some(close) = stat.iter().rposition(|&b| b == b')') else {
+        return false;
+    };
+    let Some(rest) = stat
+        .get(close + 2..)
+        .and_then(|r| std::str::from_utf8(r).ok())
+    else {
+        return false;
+    };
+    // Field 3 is the state, field 9 the flags.
+    let mut fields = rest.split_whitespace();
+    let state = fields.next().unwrap_or("");
+    let flags: u64 = fields.nth(9 - 4).and_then(|f| f.parse().ok()).unwrap_or(0);
+    matches!(state, "Z" | "X" | "x") || flags & PF_EXITING != 0
+}
+
 /// What one read of `/proc/PID/stat` says of who a process is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StatFacts {
@@ -542,6 +568,25 @@ zzzz-7f1c2e601000 r-xp 00001000 08:10 99 /bad/start\n\
             .ok()
             .and_then(|p| p.file_name()?.to_str()?.parse().ok())
             .unwrap_or(0)
+    }
+
+    #[test]
+    fn a_process_ending_is_told_from_one_running() {
+        assert!(!has_ended_or_is_ending(std::process::id() as i32));
+        assert!(has_ended_or_is_ending(i32::MAX), "no such process");
+        // A child that exited and is not reaped yet: a zombie.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !has_ended_or_is_ending(pid) {
+            assert!(std::time::Instant::now() < deadline, "never seen ending");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(
+            std::fs::read(format!("/proc/{pid}/stat")).is_ok(),
+            "reaped too soon"
+        );
+        child.wait().unwrap();
     }
 
     #[test]

@@ -63,6 +63,9 @@ pub struct Summary {
     pub on_cpu: u64,
     pub holds_gil: u64,
     pub waits_gil: u64,
+    /// The rate the scope's samples were taken at (samples over the time they stand for),
+    /// when the snapshots said that time.
+    pub rate_hz: Option<f64>,
 }
 
 #[derive(Debug, Default)]
@@ -72,6 +75,9 @@ struct Process {
     on_cpu: u64,
     holds_gil: u64,
     waits_gil: u64,
+    /// Samples whose time the snapshots said, and that time.
+    timed: u64,
+    sampled: std::time::Duration,
     /// (own, total) by label.
     functions: HashMap<String, (u64, u64)>,
 }
@@ -147,6 +153,17 @@ impl TopModel {
             for (status, frames, count) in &p.samples {
                 self.add(p.pid, &p.name, *status, frames, *count);
             }
+            if p.sampled.is_zero() {
+                continue;
+            }
+            let key = match self.processes.contains_key(&p.pid) {
+                true => p.pid,
+                false => -1,
+            };
+            if let Some(q) = self.processes.get_mut(&key) {
+                q.timed += p.total();
+                q.sampled = q.sampled.saturating_add(p.sampled);
+            }
         }
     }
 
@@ -167,13 +184,17 @@ impl TopModel {
 
     pub fn summary(&self, scope: Scope) -> Summary {
         let mut s = Summary::default();
+        let (mut timed, mut sampled) = (0u64, std::time::Duration::ZERO);
         for p in self.in_scope(scope) {
             s.processes += 1;
             s.samples += p.samples;
             s.on_cpu += p.on_cpu;
             s.holds_gil += p.holds_gil;
             s.waits_gil += p.waits_gil;
+            timed += p.timed;
+            sampled = sampled.saturating_add(p.sampled);
         }
+        s.rate_hz = (timed > 0 && !sampled.is_zero()).then(|| timed as f64 / sampled.as_secs_f64());
         s
     }
 

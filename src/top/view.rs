@@ -153,7 +153,8 @@ pub fn draw(frame: &mut Frame, model: &TopModel, state: &ViewState, header: &Hea
     frame.render_widget(Paragraph::new(lines), head);
 
     let rows: Vec<Row> = model.rows(state.scope, state.sort, &state.filter);
-    let seconds = |n: u64| match header.rate_hz {
+    // The rate the samples were taken at, else the rate asked.
+    let seconds = |n: u64| match summary.rate_hz.or(header.rate_hz) {
         Some(hz) if hz > 0.0 => format!("{:.2}", n as f64 / hz),
         _ => "-".to_string(),
     };

@@ -121,8 +121,15 @@ fn diff_of_two_records_shows_the_function_that_grew() {
         "the deltas say alpha {folded_alpha:+.1} points; the target {truth:+.1}"
     );
 
-    // The summary's first two rows are alpha (grown) and beta (shrunk), in either order.
-    let rows: Vec<&str> = out.stdout.lines().skip(2).take(2).collect();
+    // The summary's first two rows are alpha (grown) and beta (shrunk), in either order (in
+    // shares: the folded base does not say how it was sampled).
+    let rows: Vec<&str> = out
+        .stdout
+        .lines()
+        .skip_while(|l| !l.contains("function (own share"))
+        .skip(1)
+        .take(2)
+        .collect();
     let row = |f: &str| {
         rows.iter()
             .find(|r| r.contains(&format!("  {f} (")))
@@ -167,10 +174,8 @@ fn diff_reads_snapshots_and_refuses_what_it_cannot_compare() {
     ]);
     assert!(out.success(), "{}", out.describe());
     let deltas = std::fs::read_to_string(&out_path).unwrap();
-    assert!(
-        deltas.contains("main (app.py:1);alpha (app.py:5) 30 60"),
-        "{deltas}"
-    );
+    // By function: frames without their lines.
+    assert!(deltas.contains("main (app.py);alpha (app.py) 30 60"), "{deltas}");
     let mode = std::os::unix::fs::PermissionsExt::mode(
         &std::fs::metadata(&out_path).unwrap().permissions(),
     );
@@ -238,4 +243,102 @@ fn diff_reads_snapshots_and_refuses_what_it_cannot_compare() {
         );
         assert!(!p.join("x.svg").exists() && !p.join("x.png").exists());
     }
+}
+
+/// `handle`'s and `report`'s seconds so far and the target's clock, from tests/targets/paced.py.
+fn paced_times(dir: &Path) -> (f64, f64, f64) {
+    let text = std::fs::read_to_string(dir.join("times")).unwrap();
+    let v: Vec<f64> = text
+        .split_whitespace()
+        .map(|x| x.parse::<f64>().unwrap())
+        .collect();
+    (v[0], v[1], v[2])
+}
+
+/// Records `secs` seconds of the paced target as pprof (which says how it was sampled);
+/// returns `report`'s and `handle`'s own seconds per second of the target's clock over it.
+fn record_paced(pid: i32, dir: &Path, secs: u32, out: &Path) -> (f64, f64) {
+    let (h0, r0, t0) = paced_times(dir);
+    let r = pyfleet(&[
+        "record",
+        "--pid",
+        &pid.to_string(),
+        "--duration",
+        &secs.to_string(),
+        "-o",
+        &arg(out),
+    ]);
+    assert!(r.success(), "{}", r.describe());
+    let (h1, r1, t1) = paced_times(dir);
+    ((r1 - r0) / (t1 - t0), (h1 - h0) / (t1 - t0))
+}
+
+/// A 5x speed-up of `report`, beside a `handle` that costs the same per request: in shares
+/// `handle` grows from a sixth to a half, though it did not change at all; in seconds per
+/// second `report` is the change, shrinking by what the target measured. Each request's work
+/// is timed by the wall clock while it runs, as the kernel capture's CPU clock counts it.
+#[test]
+fn diff_in_seconds_names_the_function_that_really_changed() {
+    let _machine = alone();
+    let interp = any_interpreter();
+    let mut t = Proc::python(
+        &interp.label,
+        &interp.path,
+        "paced.py",
+        &["ready", "cost", "times"],
+    );
+    std::fs::write(t.dir().join("cost"), "50\n").unwrap();
+    t.wait_for_file("ready", READY_TIMEOUT);
+    let dir = tempdir("pyfleet-diff-paced-");
+    let (base, new) = (dir.path().join("base.pb.gz"), dir.path().join("new.pb.gz"));
+    std::thread::sleep(Duration::from_millis(500));
+    let (report_before, handle_before) = record_paced(t.pid(), t.dir(), 6, &base);
+    std::fs::write(t.dir().join("cost"), "10\n").unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    let (report_after, handle_after) = record_paced(t.pid(), t.dir(), 6, &new);
+    t.kill();
+    let truth = report_after - report_before;
+    assert!(
+        truth < -0.25,
+        "the target's report: {report_before:.3} then {report_after:.3} s/s"
+    );
+
+    let svg = dir.path().join("diff.svg");
+    let out = pyfleet(&["diff", &arg(&base), &arg(&new), "-o", &arg(&svg)]);
+    assert!(out.success(), "{}", out.describe());
+    eprintln!(
+        "report {report_before:.3} -> {report_after:.3} s/s, handle {handle_before:.3} -> \
+         {handle_after:.3} s/s\n{}",
+        out.stdout
+    );
+    // The first row after the header: report, shrinking, by what it shrank.
+    let first = out
+        .stdout
+        .lines()
+        .skip_while(|l| !l.contains("seconds per second"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no summary in seconds:\n{}", out.stdout));
+    assert!(first.contains("  report ("), "{}", out.stdout);
+    let change: f64 = first.split_whitespace().nth(2).unwrap().parse().unwrap();
+    assert!(
+        (change - truth).abs() <= 0.15 * truth.abs(),
+        "the diff says report changed by {change:+.3} s/s, the target measured {truth:+.3}"
+    );
+    // handle did not change: in seconds, not more than a tenth of report's change.
+    let handle_row = out
+        .stdout
+        .lines()
+        .find(|l| l.contains("  handle ("))
+        .unwrap_or_else(|| panic!("no handle row:\n{}", out.stdout));
+    let handle_change: f64 = handle_row
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        handle_change.abs() <= 0.1 * truth.abs(),
+        "handle changed by {handle_change:+.3} s/s: {}",
+        out.stdout
+    );
 }

@@ -12,9 +12,9 @@ use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use pyfleet_actors::{
-    Discovery, Fleet, FleetConfig, FleetStatus, FrameInfo, ProcessInfo, ProcessState, SampleError,
-    SampleKind, SampledThread, Snapshot, SnapshotWriter, SourceFactory, SourceStats, StackSource,
-    ThreadStatus,
+    AttachFailure, Discovery, Fleet, FleetConfig, FleetStatus, FrameInfo, ProcessInfo,
+    ProcessState, SampleError, SampleKind, SampledThread, Snapshot, SnapshotWriter, SourceFactory,
+    SourceStats, StackSource, ThreadStatus,
 };
 use pyfleet_policies::{Mode, RatePolicy, RestartPolicy};
 
@@ -62,6 +62,8 @@ pub enum Failures {
     PanicEvery(u64),
     /// attach() fails (as it does without permission to read the process).
     Attach,
+    /// attach() finds the process ending (as it does once its memory is gone).
+    AttachEnded,
 }
 
 pub struct FakeProc {
@@ -241,7 +243,7 @@ pub struct FakeSource {
 impl SourceFactory for FakeFactory {
     type Source = FakeSource;
 
-    fn attach(&self, p: &ProcessInfo, needs_cpu_status: bool) -> Result<FakeSource, String> {
+    fn attach(&self, p: &ProcessInfo, needs_cpu_status: bool) -> Result<FakeSource, AttachFailure> {
         let proc = self
             .0
             .procs
@@ -249,13 +251,15 @@ impl SourceFactory for FakeFactory {
             .unwrap()
             .get(&p.pid)
             .cloned()
-            .ok_or_else(|| format!("no such process {}", p.pid))?;
+            .ok_or_else(|| AttachFailure::Failed(format!("no such process {}", p.pid)))?;
         proc.attaches.lock().unwrap().push(Instant::now());
         proc.attach_thread_names.lock().unwrap().push(thread_name());
         proc.needs_cpu_status.lock().unwrap().push(needs_cpu_status);
         std::thread::sleep(proc.attach_delay);
-        if proc.failures == Failures::Attach {
-            return Err("permission denied".to_string());
+        match proc.failures {
+            Failures::Attach => return Err(AttachFailure::Failed("permission denied".to_string())),
+            Failures::AttachEnded => return Err(AttachFailure::Ended("no maps".to_string())),
+            _ => {}
         }
         Ok(FakeSource {
             proc,
