@@ -184,6 +184,11 @@ impl MatchPolicy {
         self.include.is_empty() && self.include_cmdline.is_empty() && self.pids.is_empty()
     }
 
+    /// The processes named by pid (`--pid`).
+    pub fn named_pids(&self) -> &[i32] {
+        &self.pids
+    }
+
     /// When only the processes named by pid can match (no include pattern): those pids, so
     /// that a scan need not look at any other process.
     pub fn only_pids(&self) -> Option<&[i32]> {

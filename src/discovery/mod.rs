@@ -506,12 +506,16 @@ impl Discovery for HostDiscovery {
             }
             (hit, excluded)
         };
+        // Whose descendants `--subprocesses` takes: the matched Python processes, and every
+        // process named by pid, Python or not (a program started by `-- COMMAND` may be a
+        // shell or a launcher whose children run Python).
         let matched: HashSet<i32> = python
             .iter()
             .filter(|(pid, _, _, cmdline, exe_name, name, labels)| {
                 facts(*pid, cmdline, exe_name, name, labels).0
             })
             .map(|(pid, ..)| *pid)
+            .chain(self.policy.named_pids().iter().copied())
             .collect();
         let own = std::process::id() as i32;
         let mut found = Vec::new();

@@ -175,7 +175,10 @@ fn diff_reads_snapshots_and_refuses_what_it_cannot_compare() {
     assert!(out.success(), "{}", out.describe());
     let deltas = std::fs::read_to_string(&out_path).unwrap();
     // By function: frames without their lines.
-    assert!(deltas.contains("main (app.py);alpha (app.py) 30 60"), "{deltas}");
+    assert!(
+        deltas.contains("main (app.py);alpha (app.py) 30 60"),
+        "{deltas}"
+    );
     let mode = std::os::unix::fs::PermissionsExt::mode(
         &std::fs::metadata(&out_path).unwrap().permissions(),
     );

@@ -594,6 +594,32 @@ fn record_starts_a_program_and_passes_its_exit_status_on() {
         }
     }
 
+    // A program that is not Python, whose child is: a shell running the script (which
+    // does not exec it: `; exit $?` follows). The child is recorded, its status passed on.
+    let interp = any_interpreter();
+    let out = dir.path().join("shell.folded");
+    let script = target_script("launched.py");
+    let run = pyfleet(&[
+        "record".to_string(),
+        "-o".into(),
+        out.display().to_string(),
+        "--mode".into(),
+        "wall".into(),
+        "--".into(),
+        "sh".into(),
+        "-c".into(),
+        format!(
+            "'{}' '{}'; exit $?",
+            interp.path.display(),
+            script.display()
+        ),
+    ]);
+    assert_eq!(run.status.code(), Some(3), "{}", run.describe());
+    let text = fs::read_to_string(&out).unwrap_or_default();
+    if let Err(e) = check_launched_profile(&text, false) {
+        panic!("[a shell's child] {e}:\n{}", run.describe());
+    }
+
     // A program that cannot be started: one line, nothing written.
     let out = dir.path().join("none.folded");
     let run = pyfleet(&[
