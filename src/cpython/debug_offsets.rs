@@ -433,7 +433,10 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
     let base_frame = match d.opt("thread_state.base_frame") {
         Some(_) => Some(BaseFrame {
             pointer: ts("base_frame")?,
-            embedded: d.get("thread_state.size")?.next_multiple_of(8),
+            embedded: d
+                .get("thread_state.size")?
+                .checked_next_multiple_of(8)
+                .ok_or("thread_state.size overflows")?,
         }),
         None => None,
     };

@@ -142,7 +142,8 @@ pub fn draw(frame: &mut Frame, model: &TopModel, state: &ViewState, header: &Hea
             header.seconds
         )),
         Line::from(format!(
-            "{scope}: {} samples   on CPU {:.1}%   holding the GIL {:.1}%   waiting for it {:.1}%",
+            "{scope}: {} samples, of which on a CPU {:.1}%   holding the GIL {:.1}%   waiting \
+             for it {:.1}%",
             summary.samples,
             percent(summary.on_cpu, summary.samples),
             percent(summary.holds_gil, summary.samples),
