@@ -4,8 +4,9 @@
 //! The messages below are the subset of profile.proto that pyfleet writes, declared by hand
 //! with prost's derive (field numbers as in profile.proto; no code generation). A profile
 //! holds:
-//! - sample types: `samples`/`count` first (the default), then, when the rate held for the
-//!   whole window, `<mode>`/`nanoseconds` (`wall`, `cpu` or `gil`: count times the period);
+//! - sample types: `samples`/`count` first (the default), then, when the rate is known,
+//!   `<mode>`/`nanoseconds` (`wall`, `cpu` or `gil`: count times the period its process's
+//!   samples were taken at over the window; the profile's period is the window's);
 //! - one `Function` per (function, file) and one `Location` per (function, line), each with
 //!   one `Line`; no mappings (Python frames have no binary addresses);
 //! - one `Sample` per (process, status, stack), leaf first, with the labels `process` (name),
