@@ -96,7 +96,7 @@ pub use error::FleetError;
 pub use fleet::{Fleet, Profiler, PullError, PullFilter};
 pub use self_cpu::cpu_time as own_cpu_time;
 pub use slot::sample_kind_seconds;
-pub use snapshot::{Frames, ProcessProfile, Snapshot, SnapshotWriter, WindowPusher};
+pub use snapshot::{rate_hz, Frames, ProcessProfile, Snapshot, SnapshotWriter, WindowPusher};
 pub use source::{
     AttachFailure, CapturedCounts, Discovery, FrameInfo, Labels, ProcessInfo, SampleError,
     SampleKind, SampledThread, SourceFactory, SourceStats, StackSource, ThreadStatus, LABEL_KEYS,

@@ -299,7 +299,8 @@ impl Slot {
             Ok(Ok(kind)) => {
                 w.consecutive_errors = 0;
                 let captured = w.source.captured_in_last();
-                let each = captured.map_or(w.tick * (1 + w.owed_ticks), |c| c.period);
+                let ticks = w.owed_ticks.saturating_add(1);
+                let each = captured.map_or(w.tick.saturating_mul(ticks), |c| c.period);
                 w.owed_ticks = 0;
                 w.metrics
                     .succeeded(kind, took, captured.map_or(1, |c| c.taken));

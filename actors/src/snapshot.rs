@@ -61,7 +61,7 @@ impl ProcessProfile {
     /// The rate its samples were taken at, on average over the window: samples per second
     /// they stand for (`None` when that time is not known, or no sample was counted).
     pub fn rate_hz(&self) -> Option<f64> {
-        rate_of(self.total(), self.sampled)
+        rate_hz(self.total(), self.sampled)
     }
 }
 
@@ -76,11 +76,12 @@ impl Snapshot {
             .fold((0u64, Duration::ZERO), |(n, t), p| {
                 (n.saturating_add(p.total()), t.saturating_add(p.sampled))
             });
-        rate_of(n, t)
+        rate_hz(n, t)
     }
 }
 
-fn rate_of(samples: u64, sampled: Duration) -> Option<f64> {
+/// The rate `samples` that stand for `sampled` were taken at (`None` when either is zero).
+pub fn rate_hz(samples: u64, sampled: Duration) -> Option<f64> {
     (samples > 0 && !sampled.is_zero()).then(|| samples as f64 / sampled.as_secs_f64())
 }
 

@@ -259,15 +259,6 @@ pub enum AttachFailure {
     Failed(String),
 }
 
-impl std::fmt::Display for AttachFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            AttachFailure::Ended(why) => write!(f, "the process ended: {why}"),
-            AttachFailure::Failed(why) => f.write_str(why),
-        }
-    }
-}
-
 /// Attaches a [`StackSource`] to a process. Called on tokio's blocking pool (never on the
 /// async workers nor on the sampling thread, so it may take its time), once per sampler
 /// start, including each restart.

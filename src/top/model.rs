@@ -194,7 +194,7 @@ impl TopModel {
             timed += p.timed;
             sampled = sampled.saturating_add(p.sampled);
         }
-        s.rate_hz = (timed > 0 && !sampled.is_zero()).then(|| timed as f64 / sampled.as_secs_f64());
+        s.rate_hz = pyfleet_actors::rate_hz(timed, sampled);
         s
     }
 
