@@ -1027,8 +1027,19 @@ mod tests {
             s.sampling.tasks,
             Some(crate::cpython::asyncio::TaskScope::Running)
         );
-        let e = resolve("async = true\nasync-mode = \"all\"\n").unwrap_err();
+        // All mode is wall mode's, unless another is asked.
+        let s = resolve("async = true\nasync-mode = \"all\"\n").unwrap();
+        assert_eq!(s.sampling.mode, pyfleet_policies::Mode::Wall);
+        let e = resolve("mode = \"cpu\"\nasync = true\nasync-mode = \"all\"\n").unwrap_err();
         assert!(e.contains("goes with --mode wall"), "{e}");
+        // Tasks grouped by task, or by thread, from the file; an unknown key is one line.
+        let s = resolve("async = true\ngroup-by = [\"task\", \"thread\"]\n").unwrap();
+        assert_eq!(s.sampling.task_frames, crate::output::views::TaskFrames::Kept);
+        assert!(s.sampling.threads);
+        let e = resolve("async = true\ngroup-by = [\"endpoint\"]\n").unwrap_err();
+        assert!(e.contains("--group-by") && !e.contains('\n'), "{e}");
+        let e = resolve("group-by = [\"task\"]\n").unwrap_err();
+        assert!(e.contains("goes with --async"), "{e}");
         let e = resolve("async-mode = \"all\"\n").unwrap_err();
         assert!(e.contains("goes with --async"), "{e}");
     }

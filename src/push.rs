@@ -265,6 +265,7 @@ pub fn requests(window: &Snapshot, mode: Mode, rate_hz: f64) -> Vec<IngestReques
         asked_hz: None,
         mode,
         duration: window.taken_at.duration_since(window.started_at).ok(),
+        ..Default::default()
     };
     groups
         .into_iter()

@@ -88,6 +88,13 @@ pub struct SamplingOptions {
     /// module's name of the thread, else the kernel's, in file `tid TID`).
     #[arg(long)]
     pub threads: bool,
+    /// What stacks are told apart by besides their process (repeatable, or comma-separated):
+    /// thread (each thread's stacks rooted at a frame naming it, as --threads), task (with
+    /// --async, each asyncio task's frames topped by a frame naming it). By default the tasks
+    /// that run the same code merge, as all requests to one endpoint do, and pprof labels
+    /// each sample with its task.
+    #[arg(long, value_name = "thread|task", value_delimiter = ',')]
+    pub group_by: Vec<String>,
     /// Wall mode: keep the samples of threads off their CPU that wait for work (a pool's
     /// idle workers, an idle event loop); by default they are left out.
     #[arg(long, conflicts_with = "no_idle")]
@@ -103,8 +110,8 @@ pub struct SamplingOptions {
     #[serde(rename = "async")]
     pub tasks: bool,
     /// With --async: running (the task each thread runs, in place of its stack) or all (every
-    /// task at each tick, waiting ones too, read from outside; wall mode) [default:
-    /// running].
+    /// task at each tick, waiting ones too, read from outside; wall mode, the mode it implies)
+    /// [default: running].
     #[arg(long, value_name = "running|all")]
     pub async_mode: Option<String>,
     /// After `--`: a program to start and profile, with its Python subprocesses, from its
@@ -140,15 +147,38 @@ pub struct Sampling {
     pub file_mode: FileMode,
     /// Frames folded by function (`--function`).
     pub by_function: bool,
-    /// Stacks rooted at their thread (`--threads`).
+    /// Stacks rooted at their thread (`--threads`, `--group-by thread`).
     pub threads: bool,
-    /// Wall mode without `--idle`: threads waiting for work left out.
+    /// Whether asyncio tasks' frames naming them are kept (`--group-by task`).
+    pub task_frames: crate::output::views::TaskFrames,
+    /// Wall mode without `--idle`: threads and tasks waiting for work left out, and helper
+    /// processes not named by pid.
     pub leave_out_idle: bool,
     /// `--async`: which tasks a sample shows.
     pub tasks: Option<crate::cpython::asyncio::TaskScope>,
     /// The program to start (`-- COMMAND`), if any: the policy then matches nothing until
     /// the command names the program's pid.
     pub command: Vec<String>,
+}
+
+/// `--group-by` values, checked: (by thread, by task).
+fn parse_group_by(keys: &[String]) -> Result<(bool, bool), String> {
+    let (mut thread, mut task) = (false, false);
+    for key in keys {
+        match key.trim() {
+            "thread" => thread = true,
+            "task" => task = true,
+            // Every profile is told apart by process.
+            "process" => {}
+            other => {
+                return Err(format!(
+                    "--group-by: unknown key '{}' (expected thread, task or process)",
+                    crate::output::for_terminal(other)
+                ))
+            }
+        }
+    }
+    Ok((thread, task))
 }
 
 /// `--exclude-role` values, checked.
@@ -160,6 +190,17 @@ fn parse_roles(names: &[String]) -> Result<Vec<Role>, String> {
                 .map_err(|e| format!("--exclude-role: {e}"))
         })
         .collect()
+}
+
+impl Sampling {
+    /// The host scan these options ask for: which processes, with their Python descendants
+    /// or not, roles left out, and helpers when idle ones are.
+    pub fn discovery(&self) -> crate::discovery::HostDiscovery {
+        crate::discovery::HostDiscovery::new(self.policy.clone())
+            .with_subprocesses(self.subprocesses)
+            .excluding_roles(&self.exclude_roles)
+            .leaving_out_helpers(self.leave_out_idle)
+    }
 }
 
 impl SamplingOptions {
@@ -193,6 +234,7 @@ impl SamplingOptions {
             file_mode: self.file_mode.or(file.file_mode),
             function: self.function || file.function,
             threads: self.threads || file.threads,
+            group_by: list(self.group_by, file.group_by),
             tasks: self.tasks || file.tasks,
             async_mode: self.async_mode.or(file.async_mode),
             idle: if idle_given { self.idle } else { file.idle },
@@ -255,6 +297,11 @@ impl SamplingOptions {
                     .map_err(|e| format!("--async-mode {e}"))?,
             ),
         };
+        // Every task at each tick is where the time goes: wall mode, unless another is asked.
+        let mode = match (tasks, &o.mode) {
+            (Some(crate::cpython::asyncio::TaskScope::All), None) => Mode::Wall,
+            _ => mode,
+        };
         if tasks == Some(crate::cpython::asyncio::TaskScope::All) && mode != Mode::Wall {
             return Err(format!(
                 "--async-mode all goes with --mode wall (a waiting task uses no CPU and holds no \
@@ -262,6 +309,10 @@ impl SamplingOptions {
             ));
         }
         let capture = capture.resolve(o.blocking, o.switch_log, "--capture")?;
+        let (by_thread, by_task) = parse_group_by(&o.group_by)?;
+        if by_task && tasks.is_none() {
+            return Err("--group-by task goes with --async (tasks are read with it)".into());
+        }
         let file_mode = match &o.file_mode {
             Some(m) => m.parse().map_err(|e| format!("--file-mode: {e}"))?,
             None => FileMode::default(),
@@ -282,7 +333,11 @@ impl SamplingOptions {
             switch_log: o.switch_log,
             file_mode,
             by_function: o.function,
-            threads: o.threads,
+            threads: o.threads || by_thread,
+            task_frames: match by_task {
+                true => crate::output::views::TaskFrames::Kept,
+                false => crate::output::views::TaskFrames::Merged,
+            },
             leave_out_idle: pyfleet_policies::leave_out_idle(mode, o.idle, o.no_idle)?,
             tasks,
             command: o.command,

@@ -123,7 +123,13 @@ impl SourceFactory for UnwinderFactory {
             idle: self.leave_out_idle.then(IdleStacks::default),
             reads_if_deeper: self.reads_if_deeper,
             switched_last: None,
-            capture: capture.map(|shared| CaptureLink::new(shared, p.pid, self.off_cpu)),
+            capture: capture.map(|shared| {
+                let link = CaptureLink::new(shared, p.pid, self.off_cpu);
+                match self.tasks {
+                    Some(TaskScope::All) => link.called_every_tick(),
+                    _ => link,
+                }
+            }),
         })
     }
 }
@@ -203,7 +209,8 @@ impl StackSource for UnwinderSource {
         if let Some(idle) = self.idle.as_mut() {
             idle.leave_out(self.unwinder.stacks(), out, from);
         }
-        // The task view after the idle one: it judges threads, never tasks. A capturing
+        // The task view after the idle one, which judges the threads, and then the waiting
+        // tasks it added (a running task's thread was on its CPU). A capturing
         // source has the running tasks from the chains; in all mode the waiting ones are read
         // now, and a read of them that fails is one failed sample of this call (the captured
         // chains stay).
@@ -213,7 +220,11 @@ impl StackSource for UnwinderSource {
                     link.count_failure(e.kind());
                 }
             }
+            let waiting_from = out.len();
             view.apply(out, from);
+            if let Some(idle) = self.idle.as_mut() {
+                idle.leave_out_tasks(self.unwinder.stacks(), out, waiting_from);
+            }
         }
         if let Some(threads) = self.thread_frames.as_mut() {
             let now = Instant::now();
@@ -278,6 +289,7 @@ impl StackSource for UnwinderSource {
             remote_reads: s.remote_reads,
             remote_read_bytes: s.remote_read_bytes,
             asyncio_tasks: self.tasks.as_ref().and_then(TaskView::counts),
+            idle_left_out: self.idle.as_ref().map_or(0, IdleStacks::left_out),
         }
     }
 }
@@ -287,6 +299,7 @@ impl StackSource for UnwinderSource {
 pub struct SampleCounters {
     samples: AtomicU64,
     errors: AtomicU64,
+    idle_left_out: AtomicU64,
 }
 
 impl SampleCounters {
@@ -298,6 +311,11 @@ impl SampleCounters {
     /// Failed samples (not counting the one that finds a process gone).
     pub fn errors(&self) -> u64 {
         self.errors.load(Ordering::Relaxed)
+    }
+
+    /// Samples of threads and tasks waiting for work left out (wall mode without `--idle`).
+    pub fn idle_left_out(&self) -> u64 {
+        self.idle_left_out.load(Ordering::Relaxed)
     }
 }
 
@@ -318,6 +336,7 @@ impl<F: SourceFactory> SourceFactory for Counted<F> {
         Ok(CountedSource {
             inner: self.inner.attach(p, needs_cpu_status)?,
             counters: self.counters.clone(),
+            idle_left_out: 0,
         })
     }
 }
@@ -326,6 +345,8 @@ impl<F: SourceFactory> SourceFactory for Counted<F> {
 pub struct CountedSource<S> {
     inner: S,
     counters: Arc<SampleCounters>,
+    /// The source's count of idle samples left out, as last added.
+    idle_left_out: u64,
 }
 
 impl<S: StackSource> StackSource for CountedSource<S> {
@@ -344,6 +365,12 @@ impl<S: StackSource> StackSource for CountedSource<S> {
                 .errors
                 .fetch_add(c.map_or(1, |c| c.failed.max(1)), Ordering::Relaxed),
         };
+        let left_out = self.inner.stats().idle_left_out;
+        self.counters.idle_left_out.fetch_add(
+            left_out.saturating_sub(self.idle_left_out),
+            Ordering::Relaxed,
+        );
+        self.idle_left_out = left_out;
         r
     }
 

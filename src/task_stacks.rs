@@ -170,9 +170,9 @@ impl TaskView {
 
     /// With the kernel capture, all mode: reads the stacks of the tasks that wait (the
     /// running ones come with the captured chains, see [`TaskView::captured`]); nothing in
-    /// running mode. A capturing source is called when its chains arrive, which for a process
-    /// that seldom runs is several ticks apart: each waiting task then stands for the ticks
-    /// at `rate_hz` since the last read of them (as wall mode counts a thread off its CPU).
+    /// running mode. Its source is called at every tick (`CaptureLink::called_every_tick`);
+    /// each waiting task stands for the ticks at `rate_hz` since the last read of them, more
+    /// than one when the sampling thread missed some.
     pub fn read_waiting(
         &mut self,
         unwinder: &mut Unwinder<ProcessMemory>,

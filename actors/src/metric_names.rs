@@ -44,6 +44,9 @@ pub const CODE_CACHE_HITS: &str = "pyfleet_code_cache_hits_total";
 pub const CODE_CACHE_MISSES: &str = "pyfleet_code_cache_misses_total";
 pub const REMOTE_READS: &str = "pyfleet_remote_reads_total";
 pub const REMOTE_READ_BYTES: &str = "pyfleet_remote_read_bytes_total";
+/// Wall mode: samples of threads and asyncio tasks waiting for work, left out of the
+/// profile (`--idle` keeps them).
+pub const IDLE_LEFT_OUT: &str = "pyfleet_idle_samples_left_out_total";
 /// `--async`: a process's asyncio tasks at the last count (gauge), `{process,role,pid,state}`,
 /// `state` `running` (run by a thread) or `pending`.
 pub const ASYNCIO_TASKS: &str = "pyfleet_asyncio_tasks";
@@ -125,6 +128,11 @@ pub fn describe() {
     describe_counter!(CODE_CACHE_MISSES, Unit::Count, "Code object cache misses");
     describe_counter!(REMOTE_READS, Unit::Count, "Remote memory reads (syscalls)");
     describe_counter!(REMOTE_READ_BYTES, Unit::Bytes, "Bytes read from targets");
+    describe_counter!(
+        IDLE_LEFT_OUT,
+        Unit::Count,
+        "Samples of threads and asyncio tasks waiting for work, left out of the profile (wall mode without --idle)"
+    );
     describe_gauge!(PROCESSES, Unit::Count, "Processes being sampled");
     describe_counter!(PROCESS_EXITS, Unit::Count, "Profiled processes that exited");
     describe_counter!(

@@ -573,6 +573,7 @@ struct ProcessMetrics {
     code_cache_misses: Counter,
     remote_reads: Counter,
     remote_read_bytes: Counter,
+    idle_left_out: Counter,
     /// `pyfleet_sample_kinds_total` (kept, checked, read).
     kinds: [Counter; 3],
     /// `pyfleet_asyncio_tasks` (running, pending), once the source counts tasks.
@@ -651,6 +652,7 @@ impl ProcessMetrics {
             code_cache_misses: counter(m::CODE_CACHE_MISSES),
             remote_reads: counter(m::REMOTE_READS),
             remote_read_bytes: counter(m::REMOTE_READ_BYTES),
+            idle_left_out: counter(m::IDLE_LEFT_OUT),
             kinds: SAMPLE_KINDS.map(|kind| {
                 let mut labels = base.clone();
                 labels.push(metrics::Label::new("kind", kind));
@@ -778,6 +780,7 @@ impl ProcessMetrics {
                 now.remote_read_bytes,
                 last.remote_read_bytes,
             ),
+            (&self.idle_left_out, now.idle_left_out, last.idle_left_out),
         ];
         for (counter, now, last) in pairs {
             counter.increment(now.saturating_sub(last));
@@ -812,6 +815,7 @@ impl ProcessMetrics {
             &self.code_cache_misses,
             &self.remote_reads,
             &self.remote_read_bytes,
+            &self.idle_left_out,
         ]
         .into_iter()
         .chain(&self.kinds)

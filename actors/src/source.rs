@@ -188,6 +188,8 @@ pub struct SourceStats {
     pub remote_read_bytes: u64,
     /// `--async`: the process's asyncio tasks at the last count, run by a thread and waiting.
     pub asyncio_tasks: Option<[u64; 2]>,
+    /// Wall mode: samples of threads and tasks waiting for work left out of the profile.
+    pub idle_left_out: u64,
 }
 
 /// Samples one process. Owned by that process's sampler and used only from the fleet's

@@ -9,6 +9,12 @@
 //! `Barrier.wait` and the rest; `Thread.join`), `queue.Queue.get`, a `selectors` `select`
 //! (an idle asyncio loop, `socketserver`'s `serve_forever`), `concurrent.futures` pool
 //! workers waiting on their C queue, and `multiprocessing`'s pool and connection waits.
+//!
+//! An asyncio task that waits (`--async-mode all`) is idle by the same measure
+//! ([`task_waits_for_work`]): awaiting the next item of an `asyncio.Queue` (a consumer, an
+//! ASGI server's lifespan task), an `asyncio.Event` or `Condition`, `serve_forever`, or
+//! sleeping in a server's own ticker loop (uvicorn's `main_loop`, aiohttp's `_run_app`). A
+//! task awaiting anything else, a sleep in the program's code included, is not idle.
 
 /// Whether a profile in `mode` leaves out the threads waiting for work, given `--idle` and
 /// `--no-idle` (at most one of them): only wall mode counts threads off their CPU, and it
@@ -58,6 +64,48 @@ const WAITS: &[(&str, &[&str])] = &[
     ),
 ];
 
+/// `(directory, file name, function names)`: an asyncio task whose innermost frame is one of
+/// these waits for work.
+const TASK_WAITS: &[(&str, &str, &[&str])] = &[
+    ("asyncio", "queues.py", &["get"]),
+    ("asyncio", "locks.py", &["wait"]),
+    ("asyncio", "base_events.py", &["serve_forever"]),
+];
+
+/// `(directory, file name, function names)`: servers' loops that sleep between looks at
+/// their state (an asyncio task sleeping directly in one waits for work).
+const TICKERS: &[(&str, &str, &[&str])] = &[
+    ("uvicorn", "server.py", &["main_loop"]),
+    ("aiohttp", "web.py", &["_run_app"]),
+];
+
+/// Whether `function` of `file` is listed in `table`.
+fn listed(table: &[(&str, &str, &[&str])], file: &str, function: &str) -> bool {
+    let mut parts = file.rsplit(['/', '\\']);
+    let name = parts.next().unwrap_or(file);
+    let dir = parts.next();
+    table
+        .iter()
+        .any(|(d, f, functions)| *f == name && dir == Some(*d) && functions.contains(&function))
+}
+
+/// Whether a waiting asyncio task's stack, given as `(file, function)` of each frame innermost
+/// first, waits for work (see the module documentation).
+pub fn task_waits_for_work<'a>(mut frames: impl Iterator<Item = (&'a str, &'a str)>) -> bool {
+    let Some((file, function)) = frames.next() else {
+        return false;
+    };
+    if listed(TASK_WAITS, file, function) {
+        return true;
+    }
+    if !listed(&[("asyncio", "tasks.py", &["sleep"])], file, function) {
+        return false;
+    }
+    frames
+        .next()
+        .is_some_and(|(file, function)| listed(TICKERS, file, function))
+}
+
 /// The directory a listed file must sit in, when its name alone says too little.
 fn parent_of(file_name: &str) -> Option<&'static str> {
     match file_name {
@@ -102,6 +150,50 @@ mod tests {
                 waits_for_work(&format!("{lib}/{file}"), function),
                 "{file} {function}"
             );
+        }
+    }
+
+    #[test]
+    fn asyncio_tasks_waiting_for_work_and_servers_tickers() {
+        let lib = "/usr/lib/python3.14/asyncio";
+        let site = "/srv/venv/lib/python3.14/site-packages";
+        let idle: &[&[(&str, &str)]] = &[
+            &[
+                (&format!("{lib}/queues.py"), "get"),
+                ("/srv/app.py", "consume"),
+            ],
+            &[(&format!("{lib}/locks.py"), "wait")],
+            &[(&format!("{lib}/base_events.py"), "serve_forever")],
+            &[
+                (&format!("{lib}/tasks.py"), "sleep"),
+                (&format!("{site}/uvicorn/server.py"), "main_loop"),
+            ],
+            &[
+                (&format!("{lib}/tasks.py"), "sleep"),
+                (&format!("{site}/aiohttp/web.py"), "_run_app"),
+            ],
+        ];
+        for frames in idle {
+            assert!(task_waits_for_work(frames.iter().copied()), "{frames:?}");
+        }
+        let busy: &[&[(&str, &str)]] = &[
+            // A request's own sleep, or a server's sleep elsewhere.
+            &[
+                (&format!("{lib}/tasks.py"), "sleep"),
+                ("/srv/app.py", "fetch_orders"),
+            ],
+            &[
+                (&format!("{lib}/tasks.py"), "sleep"),
+                (&format!("{site}/uvicorn/protocols/http.py"), "main_loop"),
+            ],
+            &[(&format!("{lib}/tasks.py"), "sleep")],
+            &[(&format!("{lib}/threads.py"), "to_thread")],
+            &[("/srv/asyncio/queues.py", "put")],
+            &[("/srv/queues.py", "get")],
+            &[],
+        ];
+        for frames in busy {
+            assert!(!task_waits_for_work(frames.iter().copied()), "{frames:?}");
         }
     }
 

@@ -42,6 +42,8 @@ pub struct CaptureLink {
     /// The layout the threads were last watched with (watched again when it changes: the
     /// asyncio offsets, known once `_asyncio` is).
     watched_layout: Option<CaptureLayout>,
+    /// Called at every tick, records or not (see [`CaptureLink::called_every_tick`]).
+    every_tick: bool,
 }
 
 impl CaptureLink {
@@ -63,7 +65,18 @@ impl CaptureLink {
             deeper: false,
             wall,
             watched_layout: None,
+            every_tick: false,
         }
+    }
+
+    /// A link whose source is called at every tick, whether records wait or not: with
+    /// `--async-mode all`, whose waiting tasks are read at each call. Those reads must fall at
+    /// the ticks' instants, as by reads: called only when records arrive, they would fall
+    /// where the process's threads switch, which is when its tasks change phase, and a
+    /// waiting task's share of time would lean to the phases that end in a switch.
+    pub fn called_every_tick(mut self) -> CaptureLink {
+        self.every_tick = true;
+        self
     }
 
     pub fn pid(&self) -> u32 {
@@ -89,7 +102,7 @@ impl CaptureLink {
     /// Whether the source should be called now: records that make it due wait, its full read
     /// is due, or its process ended.
     pub fn due(&self) -> bool {
-        if self.gone.is_some() {
+        if self.gone.is_some() || self.every_tick {
             return true;
         }
         let now = Instant::now();

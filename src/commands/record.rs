@@ -19,7 +19,6 @@ use super::launched::{Launched, StopSignals};
 use anyhow::{anyhow, bail, Context, Result};
 use pyfleet::config::Seconds;
 use pyfleet::cpython;
-use pyfleet::discovery::HostDiscovery;
 use pyfleet::output::format::{Format, RenderContext};
 use pyfleet::output::record_file::RecordFile;
 use pyfleet::output::snapshot_dir::utc_name;
@@ -185,6 +184,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
         asked_hz: None,
         mode: plan.sampling.mode,
         duration: None,
+        tasks: plan.sampling.task_frames,
     };
     // The output first: an unwritable file fails before anything else happens.
     let writer = RecordFile::open(
@@ -294,9 +294,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
         };
         let fleet = Fleet::start(
             config,
-            HostDiscovery::new(plan.sampling.policy.clone())
-                .with_subprocesses(plan.sampling.subprocesses)
-                .excluding_roles(&plan.sampling.exclude_roles),
+            plan.sampling.discovery(),
             Counted {
                 inner: UnwinderFactory::new(&plan.sampling, capture.clone()),
                 counters: counters.clone(),
@@ -387,6 +385,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
             );
         }
     }
+    print_task_entries(&writer, plan.sampling.mode);
     let mut line = format!(
         "pyfleet: wrote {} thread samples of {} process{} to {} ({}, {} mode)",
         written.samples,
@@ -425,11 +424,11 @@ pub fn run(opts: RecordOptions) -> Result<()> {
              --mode wall shows where idle threads wait",
         );
     }
-    if written.samples == 0 && counters.errors() == 0 && plan.sampling.leave_out_idle {
-        line.push_str(
-            "; wall mode left out threads waiting for work (a pool's idle workers, an idle \
-             event loop): --idle keeps them",
-        );
+    if plan.sampling.leave_out_idle {
+        line.push_str(&idle_note(
+            counters.idle_left_out(),
+            &helpers_left_out(&plan),
+        ));
     }
     eprintln!("{}", pyfleet::output::for_terminal(&line));
     if let Some(mut program) = launched {
@@ -443,9 +442,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
 fn matches_now(plan: &Plan) -> Result<bool> {
     use pyfleet_actors::Discovery;
     // What the fleet would list: the same scan, rules and roles.
-    let mut discovery = HostDiscovery::new(plan.sampling.policy.clone())
-        .with_subprocesses(plan.sampling.subprocesses)
-        .excluding_roles(&plan.sampling.exclude_roles);
+    let mut discovery = plan.sampling.discovery();
     let found = !discovery.scan().is_empty();
     let refused = pyfleet::discovery::refusal_line(&discovery.refused());
     if found {
@@ -481,9 +478,7 @@ fn matches_now(plan: &Plan) -> Result<bool> {
 /// With `--match --wait`: returns once a process matches.
 fn await_match(plan: &Plan) {
     use pyfleet_actors::Discovery;
-    let mut discovery = HostDiscovery::new(plan.sampling.policy.clone())
-        .with_subprocesses(plan.sampling.subprocesses)
-        .excluding_roles(&plan.sampling.exclude_roles);
+    let mut discovery = plan.sampling.discovery();
     pyfleet::logging::note(&format!(
         "waiting for a Python process matching {} (Ctrl-C to give up)",
         plan.rules()
@@ -506,9 +501,9 @@ fn note_left_out_subprocesses(plan: &Plan) {
         return;
     }
     let scan = |subprocesses| {
-        HostDiscovery::new(plan.sampling.policy.clone())
+        plan.sampling
+            .discovery()
             .with_subprocesses(subprocesses)
-            .excluding_roles(&plan.sampling.exclude_roles)
             .scan()
             .into_iter()
             .map(|p| p.pid)
@@ -539,6 +534,100 @@ fn note_left_out_subprocesses(plan: &Plan) {
         "note: {n} Python process{es} started by the matched ones {does} not match (pid{s} \
          {shown}{more}) and will not be recorded; --subprocesses takes them in"
     ));
+}
+
+/// Most entries, and phases of each, the summary of task samples shows.
+const TOP_ENTRIES: usize = 8;
+const TOP_PHASES: usize = 6;
+/// Phases below this share of their entry's samples are not shown.
+const MIN_PHASE_SHARE: f64 = 1.0;
+
+/// With task samples recorded: where the tasks spend their time, by entry into the program's
+/// own code and what each called next (see `output::task_entries`).
+fn print_task_entries(writer: &RecordFile, mode: Mode) {
+    use pyfleet::output::task_entries::ITSELF;
+    let (entries, total) = writer.task_entries();
+    if total == 0 {
+        return;
+    }
+    let counted = match mode {
+        Mode::Wall => "waiting counts",
+        Mode::Cpu => "on a CPU",
+        Mode::Gil => "holding the GIL",
+    };
+    eprintln!(
+        "pyfleet: asyncio tasks by their first function in the program's own code \
+         ({total} task samples, {} mode: {counted}):",
+        mode.as_str()
+    );
+    let shown = |label: &str| {
+        let label: String = label
+            .chars()
+            .take(pyfleet::output::record_file::MAX_LABEL)
+            .collect();
+        pyfleet::output::for_terminal(&label).into_owned()
+    };
+    for e in entries.iter().take(TOP_ENTRIES) {
+        eprintln!("  {:5.1}%  {}", e.share, shown(&e.label));
+        for (phase, share) in e.phases.iter().take(TOP_PHASES) {
+            if *share < MIN_PHASE_SHARE {
+                break;
+            }
+            let phase = match phase.as_str() {
+                ITSELF => ITSELF.to_string(),
+                p => shown(p),
+            };
+            eprintln!("           {share:5.1}%  {phase}");
+        }
+    }
+}
+
+/// Helper processes the recording leaves out as idle (see `HostDiscovery::leaving_out_helpers`)
+/// that match now.
+fn helpers_left_out(plan: &Plan) -> Vec<i32> {
+    use pyfleet_actors::Discovery;
+    let scan = |leave_out| {
+        plan.sampling
+            .discovery()
+            .leaving_out_helpers(leave_out)
+            .scan()
+            .into_iter()
+            .map(|p| p.pid)
+            .collect::<std::collections::BTreeSet<i32>>()
+    };
+    let kept = scan(true);
+    scan(false).difference(&kept).copied().collect()
+}
+
+/// The end line's word on what wall mode left out as idle: `samples` of threads and tasks
+/// waiting for work, and the helper processes `helpers`.
+fn idle_note(samples: u64, helpers: &[i32]) -> String {
+    let mut parts = Vec::new();
+    if samples > 0 {
+        parts.push(format!(
+            "{samples} sample{} of threads and asyncio tasks waiting for work (a pool's idle \
+             workers, an idle event loop, a server's ticker)",
+            if samples == 1 { "" } else { "s" }
+        ));
+    }
+    if !helpers.is_empty() {
+        let pids: Vec<String> = helpers.iter().take(8).map(i32::to_string).collect();
+        parts.push(format!(
+            "{} helper process{} (multiprocessing's resource tracker or forkserver: pid{} {}{})",
+            helpers.len(),
+            if helpers.len() == 1 { "" } else { "es" },
+            if helpers.len() == 1 { "" } else { "s" },
+            pids.join(", "),
+            if helpers.len() > 8 { ", ..." } else { "" },
+        ));
+    }
+    match parts.is_empty() {
+        true => String::new(),
+        false => format!(
+            "; left out as idle: {} (--idle keeps them)",
+            parts.join(" and ")
+        ),
+    }
 }
 
 /// The end line's word on failed samples: how many, what share of those attempted, and when

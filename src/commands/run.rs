@@ -9,7 +9,6 @@ use anyhow::{anyhow, bail, Context, Result};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use metrics_util::MetricKindMask;
 use pyfleet::config::RunOptions;
-use pyfleet::discovery::HostDiscovery;
 use pyfleet::output::snapshot_dir::SnapshotDir;
 use pyfleet::stack_source::UnwinderFactory;
 use pyfleet_actors::{Fleet, FleetConfig};
@@ -82,6 +81,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
     .map_err(|e| anyhow!(e))?
     .with_formats(&settings.snapshot_formats)
     .by_function(settings.sampling.by_function)
+    .showing_tasks(settings.sampling.task_frames)
     .with_sampling(settings.sampling.mode, settings.sampling.rate.base_hz());
     settings.listen.take_own_token().map_err(|e| anyhow!(e))?;
     let mut config = FleetConfig {
@@ -141,6 +141,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
         profiler: profiler.clone(),
         mode: settings.sampling.mode,
         rate_hz: settings.sampling.rate.base_hz(),
+        tasks: settings.sampling.task_frames,
         snapshots: Some(writer.directory()),
         windows: Default::default(),
     };
@@ -341,9 +342,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
         });
         let fleet = Fleet::start(
             config,
-            HostDiscovery::new(settings.sampling.policy.clone())
-                .with_subprocesses(settings.sampling.subprocesses)
-                .excluding_roles(&settings.sampling.exclude_roles)
+            settings.sampling.discovery()
                 .warning_of_refusals(),
             UnwinderFactory::new(&settings.sampling, capture),
             writer,

@@ -130,6 +130,8 @@ pub struct HostDiscovery {
     subprocesses: bool,
     /// Processes in these roles are not listed (`--exclude-role`).
     exclude_roles: Vec<Role>,
+    /// Helper processes are not listed unless named by pid (wall mode without `--idle`).
+    leave_out_helpers: bool,
     /// Processes seen at the last scan: what their `stat` said, and their command name's
     /// file kept open.
     kept: HashMap<i32, Kept>,
@@ -157,6 +159,7 @@ impl HostDiscovery {
             no_exe: HashMap::new(),
             subprocesses: false,
             exclude_roles: Vec::new(),
+            leave_out_helpers: false,
             kept: HashMap::new(),
             refused: HashMap::new(),
             warn_refused: None,
@@ -232,6 +235,13 @@ impl HostDiscovery {
     /// Leaves out processes in these roles.
     pub fn excluding_roles(mut self, roles: &[Role]) -> Self {
         self.exclude_roles = roles.to_vec();
+        self
+    }
+
+    /// Leaves out helper processes (multiprocessing's resource tracker and forkserver, which
+    /// wait for work), unless named by pid.
+    pub fn leaving_out_helpers(mut self, on: bool) -> Self {
+        self.leave_out_helpers = on;
         self
     }
 
@@ -527,7 +537,10 @@ impl Discovery for HostDiscovery {
                     && !excluded
                     && family.descends_from(pid, &matched));
             let role = family.role(pid);
-            if !listed || self.exclude_roles.contains(&role) {
+            let idle_helper = self.leave_out_helpers
+                && role == Role::Helper
+                && !self.policy.named_pids().contains(&pid);
+            if !listed || self.exclude_roles.contains(&role) || idle_helper {
                 continue;
             }
             found.push(ProcessInfo {

@@ -38,6 +38,8 @@ pub struct Pull {
     pub mode: Mode,
     /// The daemon's base rate (pprof's period; the budget may lower the rate).
     pub rate_hz: f64,
+    /// How asyncio tasks show in the profiles it renders (`--group-by task`).
+    pub tasks: crate::output::views::TaskFrames,
     /// Where the daemon writes its snapshots (`--out`, held open), for the page's past
     /// windows.
     pub snapshots: Option<Arc<crate::output::beneath::Beneath>>,
@@ -54,6 +56,7 @@ impl Pull {
             asked_hz: None,
             mode: self.mode,
             duration: Some(Duration::from_secs(seconds)),
+            tasks: self.tasks,
         }
     }
 }

@@ -6,7 +6,9 @@
 //! folded and SVG renditions each stack is rooted at its process's frame
 //! ([`folded::process_root`]: `<process>-<pid>`, `<process>-worker-<pid>`...) (as a
 //! snapshot's `all.folded` and `flamegraph.svg`); speedscope has one profile per process;
-//! pprof carries the process and pid as labels. Must not do I/O: callers write the bytes.
+//! pprof carries the process and pid as labels. Asyncio tasks show as the context asks
+//! ([`RenderContext::tasks`]): by default merged by what they run, pprof labelling each
+//! sample with its task. Must not do I/O: callers write the bytes.
 
 pub use super::render_context::RenderContext;
 use super::{folded, pprof, speedscope, svg};
@@ -106,10 +108,12 @@ impl FromStr for Format {
 /// Renders a whole snapshot in one format.
 pub fn render(format: Format, snap: &Snapshot, ctx: &RenderContext) -> Result<Vec<u8>, String> {
     let ctx = &ctx.for_snapshot(snap);
+    // pprof drops the frames naming tasks itself, keeping each sample's task as a label.
+    let shown = || super::views::with_task_frames(snap, ctx.tasks);
     match format {
-        Format::Folded => Ok(folded::render(&folded::fleet_lines(snap)).into_bytes()),
-        Format::Svg => svg::render(&ctx.title, &ctx.describe(), &folded::fleet_lines(snap)),
-        Format::Speedscope => speedscope::render(snap, ctx),
+        Format::Folded => Ok(folded::render(&folded::fleet_lines(&shown())).into_bytes()),
+        Format::Svg => svg::render(&ctx.title, &ctx.describe(), &folded::fleet_lines(&shown())),
+        Format::Speedscope => speedscope::render(&shown(), ctx),
         Format::Pprof => pprof::render(snap, ctx),
     }
 }

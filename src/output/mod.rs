@@ -16,6 +16,7 @@ pub mod snapshot_dir;
 pub mod snapshot_load;
 pub mod speedscope;
 pub mod svg;
+pub mod task_entries;
 pub mod views;
 
 pub use pyfleet_policies::FileMode;

@@ -14,13 +14,16 @@
 //!   take the GIL) or `no_gil`, prefixed with `on_cpu+` when the thread was seen on CPU
 //!   (which pyfleet looks at only in `cpu` mode), then the
 //!   process's labels (`service`, `namespace`, `pod`, `pod_uid`, `container_id`, those it has),
-//!   and with `--async` `task`: the task whose frames are innermost (the frame naming it).
+//!   and with `--async` `task`: the task whose frames are innermost. The frames naming tasks
+//!   are left out of the locations unless the context keeps them (`--group-by task`), so
+//!   that the same code run by many tasks is one stack, told apart by the label.
 //!
 //! Stacks without a Python frame are left out, as in the folded output, so both hold the same
 //! counts. Target strings are untrusted but protobuf strings are length-delimited: nothing to
 //! escape. Must not do I/O beyond the in-memory gzip.
 
 use super::render_context::RenderContext;
+use super::views::TaskFrames;
 use flate2::write::GzEncoder;
 use prost::Message;
 use pyfleet_actors::{FrameInfo, Labels, ProcessProfile, Snapshot, ThreadStatus};
@@ -193,8 +196,8 @@ pub fn build(snap: &Snapshot, ctx: &RenderContext) -> Profile {
     let mut function_ids: HashMap<(&str, &str), u64> = HashMap::new();
     let mut locations: Vec<Location> = Vec::new();
     let mut location_ids: HashMap<(u64, i64), u64> = HashMap::new();
-    // (process index, status, locations) -> count, in first-seen order.
-    let mut sample_ids: HashMap<(usize, ThreadStatus, Vec<u64>), usize> = HashMap::new();
+    // (process index, status, locations, task label) -> count, in first-seen order.
+    let mut sample_ids: HashMap<(usize, ThreadStatus, Vec<u64>, i64), usize> = HashMap::new();
     // ((process index, status), locations, count, string of the `task` label or 0).
     type Counted = ((usize, ThreadStatus), Vec<u64>, u64, i64);
     let mut samples: Vec<Counted> = Vec::new();
@@ -205,7 +208,11 @@ pub fn build(snap: &Snapshot, ctx: &RenderContext) -> Profile {
                 continue;
             }
             let mut locs = Vec::with_capacity(frames.len());
-            for f in frames.iter() {
+            // The frames naming tasks only as the context asks: the task is a label.
+            let shown = frames
+                .iter()
+                .filter(|f| ctx.tasks == TaskFrames::Kept || !super::views::is_task_frame(f));
+            for f in shown {
                 let fid = *function_ids
                     .entry((&*f.function, &*f.file))
                     .or_insert_with(|| {
@@ -238,16 +245,17 @@ pub fn build(snap: &Snapshot, ctx: &RenderContext) -> Profile {
                 });
                 locs.push(lid);
             }
-            let key = (pi, *status, locs);
+            // Samples of different tasks stay apart, whatever frames are shown.
+            let task = frames
+                .iter()
+                .find_map(|f| crate::cpython::named_task(&f.function, &f.file))
+                .map_or(0, |t| strings.get(t));
+            let key = (pi, *status, locs, task);
             match sample_ids.get(&key) {
                 Some(&i) => samples[i].2 += count,
                 None => {
-                    let task = frames
-                        .iter()
-                        .find_map(|f| crate::cpython::named_task(&f.function, &f.file))
-                        .map_or(0, |t| strings.get(t));
                     sample_ids.insert(key.clone(), samples.len());
-                    samples.push(((key.0, key.1), key.2, *count, task));
+                    samples.push(((key.0, key.1), key.2, *count, key.3));
                 }
             }
         }

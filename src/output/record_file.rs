@@ -241,6 +241,12 @@ impl RecordFile {
             .collect()
     }
 
+    /// The asyncio task samples recorded so far by their entry into the program's own code
+    /// (see `task_entries`), and how many there were.
+    pub fn task_entries(&self) -> (Vec<super::task_entries::Entry>, u64) {
+        super::task_entries::task_entries(&self.lock().recording)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.inner
             .state

@@ -1,6 +1,7 @@
 //! What a renderer may want to know beyond the samples: the profile's title, rate, mode and
 //! window, shared by every format (`format.rs` dispatches to them; each format reads this).
 
+use super::views::TaskFrames;
 use pyfleet_actors::Snapshot;
 use pyfleet_policies::Mode;
 use std::time::Duration;
@@ -22,6 +23,8 @@ pub struct RenderContext {
     pub mode: Mode,
     /// The length of the window, when known (pprof's `duration_nanos`).
     pub duration: Option<Duration>,
+    /// Whether asyncio tasks' frames naming them are drawn (`--group-by task`).
+    pub tasks: TaskFrames,
 }
 
 impl Default for RenderContext {
@@ -32,6 +35,7 @@ impl Default for RenderContext {
             asked_hz: None,
             mode: Mode::default(),
             duration: None,
+            tasks: TaskFrames::default(),
         }
     }
 }

@@ -21,6 +21,7 @@
 use super::beneath::{Beneath, Kind};
 use super::folded;
 use super::format::{self, Format, RenderContext};
+use super::views::TaskFrames;
 use super::FileMode;
 use pyfleet_actors::{Snapshot, SnapshotWriter};
 use pyfleet_policies::{Mode, RetentionPolicy, SnapshotEntry};
@@ -42,6 +43,8 @@ pub struct SnapshotDir {
     mode: Mode,
     /// The rate asked for (the rate controller may have lowered it for a while).
     rate_hz: Option<f64>,
+    /// How asyncio tasks show (`--group-by task`).
+    tasks: TaskFrames,
     /// The bits of every file and directory written.
     file_mode: FileMode,
     /// Frames folded by function (`--function`: see `views::by_function`).
@@ -104,6 +107,7 @@ impl SnapshotDir {
             formats: DEFAULT_FORMATS.to_vec(),
             mode: Mode::default(),
             rate_hz: None,
+            tasks: TaskFrames::default(),
             file_mode,
             by_function: false,
         };
@@ -140,7 +144,13 @@ impl SnapshotDir {
         self
     }
 
-    /// Folds frames by function, without line numbers (`--function`).
+    /// Shows asyncio tasks as `tasks` says (`--group-by task`) in what it writes.
+    pub fn showing_tasks(mut self, tasks: TaskFrames) -> Self {
+        self.tasks = tasks;
+        self
+    }
+
+    /// Folds frames by function, without line numbers (`--function`), in what it writes.
     pub fn by_function(mut self, on: bool) -> Self {
         self.by_function = on;
         self
@@ -207,6 +217,7 @@ impl SnapshotDir {
             asked_hz: None,
             mode: self.mode,
             duration: window,
+            tasks: self.tasks,
         }
         .for_snapshot(snap);
         let mode = self.file_mode;

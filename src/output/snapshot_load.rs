@@ -136,6 +136,7 @@ pub fn load(dir: &Beneath) -> Result<Loaded, String> {
             .as_f64()
             .filter(|s| s.is_finite() && *s >= 0.0)
             .map(Duration::from_secs_f64),
+        ..Default::default()
     };
     Ok(Loaded {
         snapshot: Snapshot {

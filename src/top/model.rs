@@ -132,6 +132,10 @@ impl TopModel {
         p.waits_gil += u64::from(status.waits_gil) * count;
         let mut seen: HashSet<String> = HashSet::with_capacity(frames.len());
         for (i, f) in frames.iter().enumerate() {
+            // A task is what its coroutines are: the frames naming tasks are no functions.
+            if crate::output::views::is_task_frame(f) {
+                continue;
+            }
             let mut l = label(f);
             if p.functions.len() >= MAX_FUNCTIONS && !p.functions.contains_key(&l) {
                 l = OTHER.to_string();

@@ -1,0 +1,179 @@
+//! Where asyncio tasks spend their time, by what they run for the program: each task sample
+//! is filed under its stack's first frame of the program's own code from the root
+//! (`pyfleet_policies::is_own_code`: an endpoint's handler, under the server's and the
+//! framework's frames every request shares), and within it under the frame it called next
+//! (a phase: the database call, `to_thread`, the serialisation), or the entry itself when it
+//! ran its own lines. `record`'s summary of an `--async` recording.
+//!
+//! Only samples of tasks count (stacks holding a frame naming a task); shares are of those
+//! samples (an entry's) and of its entry's samples (a phase's). Labels are `function (file)`,
+//! the file's last component, from the target: the caller bounds and defangs them for its
+//! output.
+
+use super::views::is_task_frame;
+use pyfleet_actors::{FrameInfo, Snapshot};
+use std::collections::HashMap;
+
+/// The label of the phase of an entry that ran its own lines.
+pub const ITSELF: &str = "(its own lines)";
+/// The label of the entry of task samples without a frame of the program's own code.
+pub const NO_OWN_CODE: &str = "(no frame of the program's own code)";
+
+/// One entry into the program's own code, and what its samples called next.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    /// `function (file)`, or [`NO_OWN_CODE`].
+    pub label: String,
+    /// Task samples filed under it.
+    pub samples: u64,
+    /// Percent of the task samples.
+    pub share: f64,
+    /// Its phases, highest first: `function (file)` (or [`ITSELF`]), percent of its samples.
+    pub phases: Vec<(String, f64)>,
+}
+
+/// `function (file)` of a frame: the file's last component.
+fn label(f: &FrameInfo) -> String {
+    let base = f.file.rsplit('/').next().unwrap_or(&f.file);
+    format!("{} ({base})", f.function)
+}
+
+/// The task samples of `snap` by entry, highest first, and how many task samples there were.
+pub fn task_entries(snap: &Snapshot) -> (Vec<Entry>, u64) {
+    let mut by_entry: HashMap<String, (u64, HashMap<String, u64>)> = HashMap::new();
+    let mut total = 0u64;
+    for p in &snap.processes {
+        for (_, frames, count) in &p.samples {
+            if *count == 0 || !frames.iter().any(is_task_frame) {
+                continue;
+            }
+            total += count;
+            // Root first, without the frames naming tasks.
+            let mut code = frames.iter().rev().filter(|f| !is_task_frame(f));
+            let entry = code
+                .by_ref()
+                .find(|f| pyfleet_policies::is_own_code(&f.file));
+            let (entry, phase) = match entry {
+                Some(e) => (label(e), code.next().map_or(ITSELF.to_string(), label)),
+                None => (NO_OWN_CODE.to_string(), String::new()),
+            };
+            let e = by_entry.entry(entry).or_default();
+            e.0 += count;
+            if !phase.is_empty() {
+                *e.1.entry(phase).or_default() += count;
+            }
+        }
+    }
+    let share = |n: u64, of: u64| 100.0 * n as f64 / of.max(1) as f64;
+    let mut entries: Vec<Entry> = by_entry
+        .into_iter()
+        .map(|(label, (samples, phases))| {
+            let mut phases: Vec<(String, u64)> = phases.into_iter().collect();
+            phases.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            Entry {
+                label,
+                samples,
+                share: share(samples, total),
+                phases: phases
+                    .into_iter()
+                    .map(|(l, n)| (l, share(n, samples)))
+                    .collect(),
+            }
+        })
+        .collect();
+    entries.sort_by(|a, b| {
+        b.samples
+            .cmp(&a.samples)
+            .then_with(|| a.label.cmp(&b.label))
+    });
+    (entries, total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::output::views::one_process;
+    use pyfleet_actors::{Frames, ThreadStatus};
+
+    fn stack(frames: &[(&str, &str)]) -> Frames {
+        frames
+            .iter()
+            .map(|&(f, file)| FrameInfo::new(f, file, Some(1)))
+            .collect::<Vec<_>>()
+            .into()
+    }
+
+    /// Requests of two endpoints through a server's frames: each under its handler, each
+    /// handler's samples under what it called next; a thread's sample does not count.
+    #[test]
+    fn task_samples_by_their_entry_into_the_programs_code() {
+        let lib = "/usr/lib/python3.14/asyncio";
+        let site = "/venv/lib/python3.14/site-packages";
+        let server = [
+            ("task Task-1", "<asyncio task>"),
+            ("run_asgi", &*format!("{site}/uvicorn/h11.py")),
+            ("app", &*format!("{site}/starlette/routing.py")),
+        ];
+        let request = |inner: &[(&str, &str)]| {
+            let mut frames: Vec<(&str, &str)> = inner.to_vec();
+            frames.extend(server.iter().rev().copied());
+            stack(&frames)
+        };
+        let s = ThreadStatus::default();
+        let sleep = format!("{lib}/tasks.py");
+        let threads = format!("{lib}/threads.py");
+        let snap = one_process(vec![
+            (
+                s,
+                request(&[
+                    ("sleep", &sleep),
+                    ("fetch", "/srv/app.py"),
+                    ("orders", "/srv/app.py"),
+                ]),
+                6,
+            ),
+            (
+                s,
+                request(&[("to_thread", &threads), ("orders", "/srv/app.py")]),
+                3,
+            ),
+            (s, request(&[("orders", "/srv/app.py")]), 1),
+            (
+                s,
+                request(&[("build", "/srv/app.py"), ("report", "/srv/app.py")]),
+                5,
+            ),
+            (
+                s,
+                request(&[("send", &*format!("{site}/uvicorn/h11.py"))]),
+                5,
+            ),
+            (
+                s,
+                stack(&[("select", "/usr/lib/python3.14/selectors.py")]),
+                100,
+            ),
+        ]);
+        let (entries, total) = task_entries(&snap);
+        assert_eq!(total, 20);
+        let got: Vec<(&str, u64)> = entries.iter().map(|e| (&*e.label, e.samples)).collect();
+        assert_eq!(
+            got,
+            [
+                ("orders (app.py)", 10),
+                (NO_OWN_CODE, 5),
+                ("report (app.py)", 5)
+            ]
+        );
+        assert_eq!(entries[0].share, 50.0);
+        let phases: Vec<(&str, f64)> = entries[0].phases.iter().map(|(l, s)| (&**l, *s)).collect();
+        assert_eq!(
+            phases,
+            [
+                ("fetch (app.py)", 60.0),
+                ("to_thread (threads.py)", 30.0),
+                (ITSELF, 10.0)
+            ]
+        );
+    }
+}

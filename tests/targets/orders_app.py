@@ -1,0 +1,85 @@
+"""A Starlette service for the request-shaped asyncio views (`record --async --async-mode all`),
+served by uvicorn with workers, each timing its own requests per phase.
+
+Endpoints:
+- /orders: `fetch_orders_from_db` (awaits a database stand-in: asyncio.sleep), `asyncio.to_thread`
+  of a blocking client (`call_pricing_service`: time.sleep), then `serialise` (Python work on
+  the event loop);
+- /report: `build_report`, Python work on the event loop that every other request waits for;
+- /stats: this worker's pid and the seconds its /orders requests spent so far, in all and per
+  phase ({"pid": ..., "orders": {"total": s, "db": s, "pool": s, "serialise": s}, "count": n}).
+"""
+
+import asyncio
+import json
+import os
+import time
+
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.routing import Route
+
+SPENT = {"total": 0.0, "db": 0.0, "pool": 0.0, "serialise": 0.0}
+COUNT = {"orders": 0, "report": 0}
+
+
+def work(seconds):
+    end = time.perf_counter() + seconds
+    n = 0
+    while time.perf_counter() < end:
+        n += sum(range(100))
+    return n
+
+
+async def fetch_orders_from_db():
+    await asyncio.sleep(0.02)
+    return [{"id": i, "sku": f"sku-{i}", "qty": i % 7} for i in range(50)]
+
+
+def call_pricing_service(rows):
+    time.sleep(0.01)
+    return {r["sku"]: 1.5 for r in rows}
+
+
+def serialise(rows, prices):
+    work(0.004)
+    return json.dumps([{**r, "price": prices[r["sku"]]} for r in rows])
+
+
+async def orders(request):
+    start = time.perf_counter()
+    rows = await fetch_orders_from_db()
+    fetched = time.perf_counter()
+    prices = await asyncio.to_thread(call_pricing_service, rows)
+    priced = time.perf_counter()
+    body = serialise(rows, prices)
+    end = time.perf_counter()
+    SPENT["db"] += fetched - start
+    SPENT["pool"] += priced - fetched
+    SPENT["serialise"] += end - priced
+    SPENT["total"] += end - start
+    COUNT["orders"] += 1
+    return PlainTextResponse(body)
+
+
+def build_report():
+    return work(0.012)
+
+
+async def report(request):
+    build_report()
+    COUNT["report"] += 1
+    return PlainTextResponse("report\n")
+
+
+async def stats(request):
+    return JSONResponse({"pid": os.getpid(), "orders": SPENT, "count": COUNT})
+
+
+app = Starlette(
+    routes=[
+        Route("/orders", orders),
+        Route("/report", report),
+        Route("/stats", stats),
+    ]
+)
