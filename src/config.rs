@@ -1034,7 +1034,10 @@ mod tests {
         assert!(e.contains("goes with --mode wall"), "{e}");
         // Tasks grouped by task, or by thread, from the file; an unknown key is one line.
         let s = resolve("async = true\ngroup-by = [\"task\", \"thread\"]\n").unwrap();
-        assert_eq!(s.sampling.task_frames, crate::output::views::TaskFrames::Kept);
+        assert_eq!(
+            s.sampling.task_frames,
+            crate::output::views::TaskFrames::Kept
+        );
         assert!(s.sampling.threads);
         let e = resolve("async = true\ngroup-by = [\"endpoint\"]\n").unwrap_err();
         assert!(e.contains("--group-by") && !e.contains('\n'), "{e}");

@@ -7,6 +7,7 @@ pub mod capture;
 pub mod config;
 pub mod cpython;
 pub mod discovery;
+pub mod gil_blame;
 pub mod host;
 pub mod idle_stacks;
 pub mod listener;

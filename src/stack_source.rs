@@ -2,7 +2,7 @@
 //! [`UnwinderFactory`] attaches one [`UnwinderSource`] (the unwinder of `cpython`) per
 //! process, which samples by reading it from outside or, with a [`SharedCapture`], through
 //! its [`CaptureLink`] (the kernel capture: see `crate::capture`); the views that apply to
-//! every sample (`--threads`, wall mode's `--no-idle`) are applied here. [`Counted`] wraps a
+//! every sample (`--threads`, wall mode's `--no-idle` and GIL blame) are applied here. [`Counted`] wraps a
 //! factory to count the samples taken and failed across the fleet (for `record`'s progress
 //! line).
 //!
@@ -11,6 +11,7 @@
 use crate::capture::{CaptureLink, OffCpu, SharedCapture};
 use crate::cpython::asyncio::TaskScope;
 use crate::cpython::{self, Unwinder, UnwinderOptions};
+use crate::gil_blame::GilBlame;
 use crate::idle_stacks::IdleStacks;
 use crate::memory::ProcessMemory;
 use crate::task_stacks::TaskView;
@@ -45,6 +46,9 @@ pub struct UnwinderFactory {
     pub leave_out_idle: bool,
     /// `--async`: asyncio task stacks (see [`crate::task_stacks`]).
     pub tasks: Option<TaskScope>,
+    /// Wall mode, by reads: a thread waiting for the GIL charged to the holder's function
+    /// (see [`crate::gil_blame`]).
+    pub gil_blame: bool,
 }
 
 impl UnwinderFactory {
@@ -62,6 +66,7 @@ impl UnwinderFactory {
             threads: sampling.threads,
             leave_out_idle: sampling.leave_out_idle,
             tasks: sampling.tasks,
+            gil_blame: sampling.mode == pyfleet_policies::Mode::Wall,
         }
     }
 }
@@ -121,6 +126,7 @@ impl SourceFactory for UnwinderFactory {
             unwinder,
             thread_frames: self.threads.then(|| ThreadFrames::new(p.pid)),
             idle: self.leave_out_idle.then(IdleStacks::default),
+            gil_blame: self.gil_blame.then(GilBlame::default),
             reads_if_deeper: self.reads_if_deeper,
             switched_last: None,
             capture: capture.map(|shared| {
@@ -141,6 +147,8 @@ pub struct UnwinderSource {
     thread_frames: Option<ThreadFrames>,
     /// See [`UnwinderFactory::leave_out_idle`].
     idle: Option<IdleStacks>,
+    /// See [`UnwinderFactory::gil_blame`].
+    gil_blame: Option<GilBlame>,
     /// See [`UnwinderFactory::tasks`].
     tasks: Option<TaskView>,
     capture: Option<CaptureLink>,
@@ -225,6 +233,11 @@ impl StackSource for UnwinderSource {
             if let Some(idle) = self.idle.as_mut() {
                 idle.leave_out_tasks(self.unwinder.stacks(), out, waiting_from);
             }
+        }
+        // By reads only: a call's statuses are then one instant's. The capture knows who
+        // held the GIL only as of its last full read.
+        if let (Some(blame), None) = (self.gil_blame.as_mut(), &self.capture) {
+            blame.apply(self.unwinder.stacks_mut(), &mut out[from..]);
         }
         if let Some(threads) = self.thread_frames.as_mut() {
             let now = Instant::now();

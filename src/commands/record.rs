@@ -386,6 +386,14 @@ pub fn run(opts: RecordOptions) -> Result<()> {
         }
     }
     print_task_entries(&writer, plan.sampling.mode);
+    print_gil_holders(&writer, written.samples);
+    if plan.sampling.mode == Mode::Wall && capture.is_some() && writer.gil_waits() > 0 {
+        pyfleet::logging::note(
+            "note: with the kernel capture, threads waiting for the GIL are not charged to \
+             the GIL's holder (the capture knows the holder only as of its last full read): \
+             --capture reads does",
+        );
+    }
     let mut line = format!(
         "pyfleet: wrote {} thread samples of {} process{} to {} ({}, {} mode)",
         written.samples,
@@ -579,6 +587,27 @@ fn print_task_entries(writer: &RecordFile, mode: Mode) {
             };
             eprintln!("           {share:5.1}%  {phase}");
         }
+    }
+}
+
+/// With samples of threads waiting for the GIL while a known thread held it: the functions
+/// the holders ran (see `gil_blame`).
+fn print_gil_holders(writer: &RecordFile, samples: u64) {
+    let (holders, waiting) = writer.gil_holders();
+    if waiting == 0 {
+        return;
+    }
+    eprintln!(
+        "pyfleet: threads waiting for the GIL, by the function its holder ran ({waiting} \
+         samples, {:.1}% of all):",
+        100.0 * waiting as f64 / samples.max(1) as f64
+    );
+    for (holder, share) in holders.iter().take(TOP_FUNCTIONS) {
+        let label: String = holder
+            .chars()
+            .take(pyfleet::output::record_file::MAX_LABEL)
+            .collect();
+        eprintln!("  {share:5.1}%  {}", pyfleet::output::for_terminal(&label));
     }
 }
 

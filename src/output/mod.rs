@@ -4,6 +4,7 @@
 //! [`snapshot_dir`] and `record`'s [`record_file`] write them.
 
 pub mod beneath;
+pub mod blame;
 pub mod differential;
 pub mod dump;
 pub mod folded;

@@ -241,6 +241,17 @@ impl RecordFile {
             .collect()
     }
 
+    /// The samples of threads waiting for the GIL recorded so far, by the holder's function
+    /// (see `blame::gil_holders`), and how many there were.
+    pub fn gil_holders(&self) -> (Vec<(String, f64)>, u64) {
+        super::blame::gil_holders(&self.lock().recording)
+    }
+
+    /// The samples of threads waiting for the GIL recorded so far, blamed or not.
+    pub fn gil_waits(&self) -> u64 {
+        super::blame::gil_waits(&self.lock().recording)
+    }
+
     /// The asyncio task samples recorded so far by their entry into the program's own code
     /// (see `task_entries`), and how many there were.
     pub fn task_entries(&self) -> (Vec<super::task_entries::Entry>, u64) {

@@ -109,6 +109,20 @@ impl StackTable {
         Some(self.stack(scratch))
     }
 
+    /// The id of `stack` with `frame` added innermost (a view's leaf frame: see
+    /// `crate::gil_blame`), `scratch` its buffer. `None` for an id from before a reset.
+    pub fn with_innermost(
+        &mut self,
+        stack: StackId,
+        frame: FrameId,
+        scratch: &mut Vec<FrameId>,
+    ) -> Option<StackId> {
+        scratch.clear();
+        scratch.push(frame);
+        scratch.extend_from_slice(self.stack_frames(stack)?);
+        Some(self.stack(scratch))
+    }
+
     /// The frames of a stack, innermost first.
     pub fn stack_frames(&self, id: StackId) -> Option<&[FrameId]> {
         let index = id.wrapping_sub(self.stack_base) as usize;

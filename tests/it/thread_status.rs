@@ -285,3 +285,82 @@ fn gil_metrics_show_two_threads_contending_and_the_others_idle() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The holder's seconds in each blocking call of tests/targets/gil_holders.py so far.
+fn held_seconds(path: &std::path::Path) -> (f64, f64) {
+    let v: serde_json::Value = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or_default();
+    let get = |k: &str| v[k].as_f64().unwrap_or(0.0);
+    (get("alpha_block"), get("beta_block"))
+}
+
+/// Wall mode's blame for the GIL, by reads, on every interpreter: a thread runs Python all
+/// along while another holds the GIL through two C calls of known length (20-40 ms and 5-15 ms,
+/// tests/targets/gil_holders.py). `record`'s summary charges the waiter's samples to the
+/// function the holder ran, each call's share of them within 3 points of its share of the
+/// holder's time in the calls.
+///
+/// Sized not to flake: 8 s at 250 Hz give about 1,600 samples of waiting on one call or the
+/// other, in 160 cycles of the holder of random length; a cycle's samples of each call vary
+/// by at most one, so the share varies by about 0.5 point (at 100 Hz, 0.8, and measured up to
+/// 2 points off), the bound 3.
+#[test]
+fn gil_waits_are_charged_to_the_holders_function() {
+    let _machine = alone();
+    let mut failures = Vec::new();
+    for interp in interpreters() {
+        let label = &interp.label;
+        let mut target = Proc::python(label, &interp.path, "gil_holders.py", &["held.json"]);
+        let held = target.dir().join("held.json");
+        target.wait_for_path(&held, Duration::from_secs(30));
+        let dir = tempdir("pyfleet-gil-blame-");
+        let out_path = dir.path().join("wall.folded");
+        let before = held_seconds(&held);
+        let out = pyfleet(&record_args(
+            target.pid(),
+            &["--mode", "wall", "--capture", "reads"],
+            250,
+            8,
+            &out_path,
+        ));
+        let after = held_seconds(&held);
+        assert!(out.success(), "[{label}] {}", out.describe());
+        let alpha = after.0 - before.0;
+        let beta = after.1 - before.1;
+        let timed = 100.0 * alpha / (alpha + beta);
+        // The summary's holders: "  75.1%  alpha_block (gil_holders.py)".
+        let holders: Vec<(String, f64)> = out
+            .stderr
+            .lines()
+            .skip_while(|l| !l.starts_with("pyfleet: threads waiting for the GIL"))
+            .skip(1)
+            .take_while(|l| !l.starts_with("pyfleet:"))
+            .filter_map(|l| {
+                let (share, holder) = l.trim().split_once("%  ")?;
+                Some((holder.to_string(), share.trim().parse().ok()?))
+            })
+            .collect();
+        let share = |f: &str| {
+            holders
+                .iter()
+                .find(|(h, _)| h == &format!("{f} (gil_holders.py)"))
+                .map_or(0.0, |(_, s)| *s)
+        };
+        let (a, b) = (share("alpha_block"), share("beta_block"));
+        let shown = 100.0 * a / (a + b).max(f64::MIN_POSITIVE);
+        eprintln!(
+            "[{label}] alpha_block: {shown:.1}% of the waits charged to a call, {timed:.1}% of \
+             the holder's time in them"
+        );
+        if a + b < 30.0 || (shown - timed).abs() > 3.0 {
+            failures.push(format!(
+                "[{label}] alpha_block {shown:.1}% of the waits on the calls ({a:.1}% and \
+                 {b:.1}% of all waits), {timed:.1}% of the time in them:\n{}",
+                out.stderr
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}

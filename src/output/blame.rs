@@ -1,0 +1,95 @@
+//! Who kept a waiting thread waiting, as the samples say: the threads waiting for the GIL by
+//! the function the holder ran (the frames `crate::gil_blame` adds), `record`'s summary of a
+//! wall-mode recording.
+
+use pyfleet_actors::Snapshot;
+use std::collections::HashMap;
+
+/// How the innermost frame naming the GIL's holder starts (`[GIL held by FUNCTION]`).
+pub const GIL_HELD_BY: &str = "[GIL held by ";
+/// The holder's name when it had no Python frame.
+pub const NO_PYTHON_FRAME: &str = "a thread without a Python frame";
+
+/// The samples of threads waiting for the GIL, blamed or not.
+pub fn gil_waits(snap: &Snapshot) -> u64 {
+    snap.processes
+        .iter()
+        .flat_map(|p| &p.samples)
+        .filter(|(status, _, _)| status.waits_gil)
+        .map(|(_, _, n)| n)
+        .sum()
+}
+
+/// The samples of threads waiting for the GIL while a known thread held it, by the holder's
+/// function (`function (file)`, the file's last component), highest first, each with its
+/// percent of them; and how many there were.
+pub fn gil_holders(snap: &Snapshot) -> (Vec<(String, f64)>, u64) {
+    let mut by_holder: HashMap<String, u64> = HashMap::new();
+    let mut total = 0u64;
+    for p in &snap.processes {
+        for (status, frames, count) in &p.samples {
+            let Some(leaf) = frames.first().filter(|_| status.waits_gil) else {
+                continue;
+            };
+            let Some(held_by) = leaf
+                .function
+                .strip_prefix(GIL_HELD_BY)
+                .and_then(|f| f.strip_suffix(']'))
+            else {
+                continue;
+            };
+            let label = match leaf.file.rsplit('/').next() {
+                Some(base) if !base.is_empty() => format!("{held_by} ({base})"),
+                _ => held_by.to_string(),
+            };
+            *by_holder.entry(label).or_default() += count;
+            total += count;
+        }
+    }
+    let mut ranked: Vec<(String, u64)> = by_holder.into_iter().collect();
+    ranked.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let ranked = ranked
+        .into_iter()
+        .map(|(l, n)| (l, 100.0 * n as f64 / total.max(1) as f64))
+        .collect();
+    (ranked, total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::output::views::one_process;
+    use pyfleet_actors::{FrameInfo, Frames, ThreadStatus};
+
+    #[test]
+    fn waiters_by_the_holders_function() {
+        let waiting = ThreadStatus {
+            on_cpu: false,
+            holds_gil: false,
+            waits_gil: true,
+        };
+        let stack = |leaf: &str| -> Frames {
+            vec![
+                FrameInfo::new(leaf, "/srv/app.py", Some(3)),
+                FrameInfo::new("handle", "/srv/app.py", Some(9)),
+            ]
+            .into()
+        };
+        let snap = one_process(vec![
+            (waiting, stack("[GIL held by alpha]"), 6),
+            (waiting, stack("[GIL held by beta]"), 2),
+            // Waiting, no holder known; and a holder's own sample.
+            (waiting, stack("handle"), 5),
+            (ThreadStatus::default(), stack("alpha"), 9),
+        ]);
+        let (ranked, total) = gil_holders(&snap);
+        assert_eq!(total, 8);
+        assert_eq!(
+            ranked,
+            [
+                ("alpha (app.py)".to_string(), 75.0),
+                ("beta (app.py)".to_string(), 25.0)
+            ]
+        );
+    }
+}
