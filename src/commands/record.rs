@@ -551,9 +551,9 @@ const TOP_PHASES: usize = 6;
 const MIN_PHASE_SHARE: f64 = 1.0;
 
 /// With task samples recorded: where the tasks spend their time, by entry into the program's
-/// own code and what each called next (see `output::task_entries`).
+/// own code and what each called next, then what held the event loops (see
+/// `output::task_entries`).
 fn print_task_entries(writer: &RecordFile, mode: Mode) {
-    use pyfleet::output::task_entries::ITSELF;
     let (entries, total) = writer.task_entries();
     if total == 0 {
         return;
@@ -568,6 +568,20 @@ fn print_task_entries(writer: &RecordFile, mode: Mode) {
          ({total} task samples, {} mode: {counted}):",
         mode.as_str()
     );
+    print_entries(&entries);
+    let (holders, running) = writer.loop_holders();
+    if running > 0 {
+        eprintln!(
+            "pyfleet: what held the event loops ({running} samples of a loop running \
+             Python; meanwhile every other task of the loop waited):"
+        );
+        print_entries(&holders);
+    }
+}
+
+/// Entries and their phases, for the terminal.
+fn print_entries(entries: &[pyfleet::output::task_entries::Entry]) {
+    use pyfleet::output::task_entries::ITSELF;
     let shown = |label: &str| {
         let label: String = label
             .chars()

@@ -258,6 +258,12 @@ impl RecordFile {
         super::task_entries::task_entries(&self.lock().recording)
     }
 
+    /// What held the event loops recorded so far (see `task_entries::loop_holders`), and
+    /// how many samples of loops running there were.
+    pub fn loop_holders(&self) -> (Vec<super::task_entries::Entry>, u64) {
+        super::task_entries::loop_holders(&self.lock().recording)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.inner
             .state

@@ -1,4 +1,5 @@
-//! Where asyncio tasks spend their time, by what they run for the program: each task sample
+//! Where asyncio tasks spend their time, and what held their event loops ([`loop_holders`]),
+//! by what they run for the program: each task sample
 //! is filed under its stack's first frame of the program's own code from the root
 //! (`pyfleet_policies::is_own_code`: an endpoint's handler, under the server's and the
 //! framework's frames every request shares), and within it under the frame it called next
@@ -40,21 +41,64 @@ fn label(f: &FrameInfo) -> String {
 
 /// The task samples of `snap` by entry, highest first, and how many task samples there were.
 pub fn task_entries(snap: &Snapshot) -> (Vec<Entry>, u64) {
+    by_entry(snap, |_, frames| frames.iter().any(is_task_frame))
+}
+
+/// What held the event loops of `snap`: the samples of a loop's thread running Python (a
+/// task, or a callback under the loop's `_run_once`) by entry, highest first, and how many
+/// there were. While a loop runs one, every other task of that loop waits, ready or not.
+/// A callback without a frame of the program's own code is filed under the function the
+/// loop called (under `Handle._run`).
+pub fn loop_holders(snap: &Snapshot) -> (Vec<Entry>, u64) {
+    by_entry(snap, |status, frames| {
+        (status.on_cpu || status.holds_gil)
+            && (frames.iter().any(is_task_frame) || frames.iter().any(is_loop_run_once))
+    })
+}
+
+/// Whether `f` is an asyncio loop's `_run_once` (its frames under every callback it runs).
+fn is_loop_run_once(f: &FrameInfo) -> bool {
+    f.function.ends_with("_run_once") && f.file.ends_with("asyncio/base_events.py")
+}
+
+/// Whether `f` is `Handle._run`, which calls a loop's callbacks.
+fn is_handle_run(f: &FrameInfo) -> bool {
+    f.function.ends_with("Handle._run") && f.file.ends_with("asyncio/events.py")
+}
+
+/// The samples `counts` keeps, by entry (see the module documentation).
+fn by_entry(
+    snap: &Snapshot,
+    counts: impl Fn(&pyfleet_actors::ThreadStatus, &[FrameInfo]) -> bool,
+) -> (Vec<Entry>, u64) {
     let mut by_entry: HashMap<String, (u64, HashMap<String, u64>)> = HashMap::new();
     let mut total = 0u64;
     for p in &snap.processes {
-        for (_, frames, count) in &p.samples {
-            if *count == 0 || !frames.iter().any(is_task_frame) {
+        for (status, frames, count) in &p.samples {
+            if *count == 0 || !counts(status, frames) {
                 continue;
             }
             total += count;
             // Root first, without the frames naming tasks.
-            let mut code = frames.iter().rev().filter(|f| !is_task_frame(f));
-            let entry = code
-                .by_ref()
-                .find(|f| pyfleet_policies::is_own_code(&f.file));
+            let code: Vec<&FrameInfo> = frames.iter().rev().filter(|f| !is_task_frame(f)).collect();
+            // A loop's callback starts above the loop's `Handle._run`: the frames below are
+            // whoever runs the loop.
+            let start = code
+                .iter()
+                .position(|f| is_handle_run(f))
+                .map_or(0, |i| i + 1);
+            let entry = code[start.min(code.len())..]
+                .iter()
+                .position(|f| pyfleet_policies::is_own_code(&f.file))
+                .map(|i| i + start)
+                // A callback without the program's own code: the function the loop called.
+                .or((start > 0).then_some(start))
+                .filter(|&i| i < code.len());
             let (entry, phase) = match entry {
-                Some(e) => (label(e), code.next().map_or(ITSELF.to_string(), label)),
+                Some(i) => (
+                    label(code[i]),
+                    code.get(i + 1).map_or(ITSELF.to_string(), |f| label(f)),
+                ),
                 None => (NO_OWN_CODE.to_string(), String::new()),
             };
             let e = by_entry.entry(entry).or_default();
@@ -173,6 +217,56 @@ mod tests {
                 ("fetch (app.py)", 60.0),
                 ("to_thread (threads.py)", 30.0),
                 (ITSELF, 10.0)
+            ]
+        );
+    }
+
+    /// The loop's holders: running tasks (holding the GIL) by entry, and the loop's
+    /// callbacks by the function it called; waiting tasks and an idle loop do not count.
+    #[test]
+    fn what_held_the_loop() {
+        let lib = "/usr/lib/python3.14/asyncio";
+        let (events, base) = (format!("{lib}/events.py"), format!("{lib}/base_events.py"));
+        let running = ThreadStatus {
+            on_cpu: false,
+            holds_gil: true,
+            waits_gil: false,
+        };
+        let task = |inner: &[(&str, &str)]| {
+            let mut frames: Vec<(&str, &str)> = inner.to_vec();
+            frames.push(("task Task-3", "<asyncio task>"));
+            stack(&frames)
+        };
+        let h11 = "/venv/lib/python3.14/site-packages/uvicorn/h11.py";
+        let callback = stack(&[
+            ("H11Protocol.data_received", h11),
+            ("Handle._run", &events),
+            ("BaseEventLoop._run_once", &base),
+            ("main", "/srv/app.py"),
+        ]);
+        let sleep = "/usr/lib/python3.14/asyncio/tasks.py";
+        let snap = one_process(vec![
+            (
+                running,
+                task(&[("build", "/srv/app.py"), ("report", "/srv/app.py")]),
+                6,
+            ),
+            (running, callback, 2),
+            (
+                ThreadStatus::default(),
+                task(&[("sleep", sleep), ("orders", "/srv/app.py")]),
+                50,
+            ),
+            (running, stack(&[("other", "/srv/app.py")]), 9),
+        ]);
+        let (entries, total) = loop_holders(&snap);
+        assert_eq!(total, 8);
+        let got: Vec<(&str, u64)> = entries.iter().map(|e| (&*e.label, e.samples)).collect();
+        assert_eq!(
+            got,
+            [
+                ("report (app.py)", 6),
+                ("H11Protocol.data_received (h11.py)", 2)
             ]
         );
     }

@@ -6,8 +6,10 @@ Endpoints:
   of a blocking client (`call_pricing_service`: time.sleep), then `serialise` (Python work on
   the event loop);
 - /report: `build_report`, Python work on the event loop that every other request waits for;
-- /stats: this worker's pid and the seconds its /orders requests spent so far, in all and per
-  phase ({"pid": ..., "orders": {"total": s, "db": s, "pool": s, "serialise": s}, "count": n}).
+- /stats: this worker's pid, the seconds its /orders requests spent so far, in all and per
+  phase, its /report requests' CPU seconds in `build_report`, and its event loop's thread's
+  CPU seconds ({"pid": ..., "orders": {"total": s, "db": s, "pool": s, "serialise": s},
+  "count": {...}, "report": {"seconds": s}, "loop_cpu": s}).
 """
 
 import asyncio
@@ -21,6 +23,7 @@ from starlette.routing import Route
 
 SPENT = {"total": 0.0, "db": 0.0, "pool": 0.0, "serialise": 0.0}
 COUNT = {"orders": 0, "report": 0}
+REPORT = {"seconds": 0.0}
 
 
 def work(seconds):
@@ -42,7 +45,7 @@ def call_pricing_service(rows):
 
 
 def serialise(rows, prices):
-    work(0.004)
+    work(0.002)
     return json.dumps([{**r, "price": prices[r["sku"]]} for r in rows])
 
 
@@ -63,17 +66,24 @@ async def orders(request):
 
 
 def build_report():
-    return work(0.012)
+    return work(0.02)
 
 
 async def report(request):
+    # CPU time, as the loop's: time the thread was preempted is neither's.
+    start = time.thread_time()
     build_report()
+    REPORT["seconds"] += time.thread_time() - start
     COUNT["report"] += 1
     return PlainTextResponse("report\n")
 
 
 async def stats(request):
-    return JSONResponse({"pid": os.getpid(), "orders": SPENT, "count": COUNT})
+    # The loop's thread's CPU time (this handler runs on it): the time the loop was busy.
+    loop = time.thread_time()
+    return JSONResponse(
+        {"pid": os.getpid(), "orders": SPENT, "count": COUNT, "report": REPORT, "loop_cpu": loop}
+    )
 
 
 app = Starlette(
