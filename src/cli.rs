@@ -140,6 +140,10 @@ pub enum Command {
         /// lines moved between the two).
         #[arg(long)]
         lines: bool,
+        /// How many requests (or jobs, any unit of work) each profile's window served, as
+        /// BASE,NEW: the summary then says each function's own milliseconds per request.
+        #[arg(long, value_name = "BASE,NEW", value_delimiter = ',')]
+        requests: Vec<u64>,
     },
     /// List the Python processes on this host: pid, parent, version, the name pyfleet gives
     /// it (in file names and metric labels), its role (master, or worker of its parent), command line.
@@ -187,7 +191,8 @@ pub fn run(cli: Cli) -> Result<()> {
             output,
             file_mode,
             lines,
-        } => commands::diff::run(&base, &new, &output, file_mode.as_deref(), lines),
+            requests,
+        } => commands::diff::run(&base, &new, &output, file_mode.as_deref(), lines, &requests),
         Command::List {
             matches,
             match_label,

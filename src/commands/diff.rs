@@ -1,14 +1,22 @@
 //! `pyfleet diff BASE NEW -o OUT`: what grew and what shrank between two profiles (folded
 //! files, pprof profiles or snapshot directories, in any mix), by function unless `--lines`,
-//! as a differential flamegraph SVG or folded deltas (by OUT's extension), with a summary of
-//! the functions that changed most on standard output: in seconds per second when both
-//! profiles say how they were sampled, else in share; what differs in how they were sampled
-//! (mode, rate) is said. See `output::differential` for what is compared.
+//! as a differential flamegraph SVG (and its other side, the base's shape, beside it) or
+//! folded deltas (by OUT's extension), with a summary of the functions that changed most on
+//! standard output: in seconds per second when both profiles say how they were sampled (in
+//! milliseconds per request with `--requests`), else in share; what differs in how they were
+//! sampled (mode, rate) is said. See `output::differential` for what is compared.
 
 use anyhow::{bail, Context, Result};
 use pyfleet::output::{differential, for_terminal, profile_input, write_atomically};
 use pyfleet_policies::FileMode;
 use std::path::Path;
+
+/// `diff.svg`'s other side, the base's shape: `diff.base.svg`.
+fn base_side_name(name: &std::ffi::OsStr) -> std::ffi::OsString {
+    let name = name.to_string_lossy();
+    let stem = name.strip_suffix(".svg").unwrap_or(&name);
+    format!("{stem}.base.svg").into()
+}
 
 /// Functions listed in the summary.
 const SUMMARY_ROWS: usize = 10;
@@ -25,7 +33,13 @@ pub fn run(
     out: &Path,
     file_mode: Option<&str>,
     lines: bool,
+    requests: &[u64],
 ) -> Result<()> {
+    let requests = match requests {
+        [] => None,
+        &[b, n] if b > 0 && n > 0 => Some((b, n)),
+        _ => bail!("--requests takes two counts above zero, BASE,NEW (such as 1200,1180)"),
+    };
     let kind = match out.extension().and_then(|e| e.to_str()) {
         Some("svg") => Output::Svg,
         Some("folded" | "txt") => Output::Folded,
@@ -57,25 +71,39 @@ pub fn run(
     }
     let deltas =
         differential::folded_deltas(&base_profile, &new_profile).map_err(anyhow::Error::msg)?;
-    let bytes = match kind {
-        Output::Folded => deltas.into_bytes(),
-        Output::Svg => differential::svg(
-            "pyfleet diff",
-            &format!(
-                "{} ({} samples) to {} ({} samples){}; red grew, blue shrank, in points of \
-                 each profile's samples; widths are the new profile's",
-                base.display(),
-                base_profile.total,
-                new.display(),
-                new_profile.total,
-                if lines { "" } else { ", by function" },
-            ),
-            &deltas,
+    let subtitle = |shape: &str| {
+        format!(
+            "{} ({} samples) to {} ({} samples){}; red grew, blue shrank, in points of each \
+             profile's samples; widths are the {shape} profile's",
+            base.display(),
+            base_profile.total,
+            new.display(),
+            new_profile.total,
+            if lines { "" } else { ", by function" },
         )
-        .map_err(anyhow::Error::msg)?,
     };
-    write_atomically(&out_dir, &out_name, &bytes, mode, None)
-        .with_context(|| format!("writing {}", out.display()))?;
+    // With an SVG, its other side too: the base's shape, where what vanished is drawn.
+    let mut written = Vec::new();
+    match kind {
+        Output::Folded => written.push((out_name.clone(), deltas.into_bytes())),
+        Output::Svg => {
+            let new_shape = differential::svg("pyfleet diff", &subtitle("new"), &deltas)
+                .map_err(anyhow::Error::msg)?;
+            let base_shape = differential::base_shape_svg(
+                "pyfleet diff: the base's shape",
+                &subtitle("base"),
+                &base_profile,
+                &new_profile,
+            )
+            .map_err(anyhow::Error::msg)?;
+            written.push((out_name.clone(), new_shape));
+            written.push((base_side_name(&out_name), base_shape));
+        }
+    }
+    for (name, bytes) in &written {
+        write_atomically(&out_dir, name, bytes, mode, None)
+            .with_context(|| format!("writing {}", out.with_file_name(name).display()))?;
+    }
 
     let changes = differential::by_function(&base_profile, &new_profile);
     outln!(
@@ -84,7 +112,14 @@ pub fn run(
         for_terminal(&base.display().to_string()),
         new_profile.total,
         for_terminal(&new.display().to_string()),
-        for_terminal(&out.display().to_string())
+        written
+            .iter()
+            .map(
+                |(name, _)| for_terminal(&out.with_file_name(name).display().to_string())
+                    .into_owned()
+            )
+            .collect::<Vec<_>>()
+            .join(" and ")
     );
     for (what, p) in [("base", &base_profile), ("new", &new_profile)] {
         if let Some(t) = &p.timing {
@@ -116,6 +151,41 @@ pub fn run(
         ),
     }
     let timed = changes.first().is_some_and(|c| c.per_second.is_some());
+    // Per request: own seconds per second, times the window, over its requests.
+    let per_request = match (requests, &base_profile.timing, &new_profile.timing) {
+        (Some((b, n)), Some(bt), Some(nt)) => Some((bt.seconds / b as f64, nt.seconds / n as f64)),
+        (Some(_), _, _) => {
+            outln!(
+                "pyfleet diff: --requests needs both profiles to say how they were sampled \
+                 (a folded file does not): no time per request"
+            );
+            None
+        }
+        (None, _, _) => None,
+    };
+    if let Some((b, n)) = per_request {
+        outln!(
+            "{:>9} {:>9} {:>9}  {:>6} {:>6}  function (own milliseconds per request)",
+            "base ms",
+            "new ms",
+            "change",
+            "base",
+            "new"
+        );
+        for c in changes.iter().take(SUMMARY_ROWS) {
+            if let Some((bs, ns)) = c.per_second {
+                let (bm, nm) = (1e3 * bs * b, 1e3 * ns * n);
+                outln!(
+                    "{bm:>9.2} {nm:>9.2} {:>+9.2}  {:>5.1}% {:>5.1}%  {}",
+                    nm - bm,
+                    100.0 * c.base,
+                    100.0 * c.new,
+                    for_terminal(&c.function)
+                );
+            }
+        }
+        return Ok(());
+    }
     match timed {
         true => outln!(
             "{:>9} {:>9} {:>9}  {:>6} {:>6}  function (own: innermost frame; seconds per \

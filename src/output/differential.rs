@@ -4,7 +4,8 @@
 //! scaled so that both profiles hold the same total: shares are compared, not sample
 //! counts, which differ with the length and rate of each recording); the SVG is inferno's
 //! flamegraph of them (frame widths from the new profile; red: grew, blue: shrank; each
-//! frame's title says its change in points of the new total). The summary, by function, is
+//! frame's title says its change in points of the new total), and its other side the same in
+//! the base's shape, where what vanished still has its width. The summary, by function, is
 //! this module's: each function's own share (samples in which it is the innermost frame) in
 //! each profile and the change. Frame text is untrusted: it was defanged for the folded
 //! format when read, inferno escapes it for XML, and the summary goes through
@@ -33,9 +34,29 @@ pub fn folded_deltas(base: &FoldedProfile, new: &FoldedProfile) -> Result<String
     String::from_utf8(out).map_err(|e| format!("comparing the profiles failed: {e}"))
 }
 
-/// The differential flamegraph of `deltas` (from [`folded_deltas`]).
+/// The differential flamegraph of `deltas` (from [`folded_deltas`]): the new profile's shape.
 pub fn svg(title: &str, subtitle: &str, deltas: &str) -> Result<Vec<u8>, String> {
+    render_svg(title, subtitle, deltas, false)
+}
+
+/// The other side: the differential flamegraph in the base profile's shape, so that what
+/// shrank or vanished has its width (the colours say the same as [`svg`]'s: red grew, blue
+/// shrank).
+pub fn base_shape_svg(
+    title: &str,
+    subtitle: &str,
+    base: &FoldedProfile,
+    new: &FoldedProfile,
+) -> Result<Vec<u8>, String> {
+    // The deltas the other way round (`stack new base`, widths the base's), their sign
+    // turned back.
+    let deltas = folded_deltas(new, base)?;
+    render_svg(title, subtitle, &deltas, true)
+}
+
+fn render_svg(title: &str, subtitle: &str, deltas: &str, negate: bool) -> Result<Vec<u8>, String> {
     let mut opts = super::svg::options(title, subtitle);
+    opts.negate_differentials = negate;
     let mut out = Vec::new();
     flamegraph::from_lines(&mut opts, deltas.lines(), &mut out)
         .map_err(|e| format!("rendering the differential flamegraph failed: {e}"))?;

@@ -249,19 +249,29 @@ fn diff_reads_snapshots_and_refuses_what_it_cannot_compare() {
 }
 
 /// `handle`'s and `report`'s seconds so far and the target's clock, from tests/targets/paced.py.
-fn paced_times(dir: &Path) -> (f64, f64, f64) {
+fn paced_times(dir: &Path) -> (f64, f64, f64, f64) {
     let text = std::fs::read_to_string(dir.join("times")).unwrap();
     let v: Vec<f64> = text
         .split_whitespace()
         .map(|x| x.parse::<f64>().unwrap())
         .collect();
-    (v[0], v[1], v[2])
+    (v[0], v[1], v[2], v[3])
+}
+
+/// What the paced target did over one recording.
+struct Paced {
+    /// `report`'s and `handle`'s own seconds per second of the target's clock.
+    report: f64,
+    handle: f64,
+    /// Requests served, and `report`'s milliseconds per request.
+    requests: u64,
+    report_ms: f64,
 }
 
 /// Records `secs` seconds of the paced target as pprof (which says how it was sampled);
-/// returns `report`'s and `handle`'s own seconds per second of the target's clock over it.
-fn record_paced(pid: i32, dir: &Path, secs: u32, out: &Path) -> (f64, f64) {
-    let (h0, r0, t0) = paced_times(dir);
+/// returns what the target did meanwhile.
+fn record_paced(pid: i32, dir: &Path, secs: u32, out: &Path) -> Paced {
+    let (h0, r0, t0, c0) = paced_times(dir);
     let r = pyfleet(&[
         "record",
         "--pid",
@@ -272,8 +282,13 @@ fn record_paced(pid: i32, dir: &Path, secs: u32, out: &Path) -> (f64, f64) {
         &arg(out),
     ]);
     assert!(r.success(), "{}", r.describe());
-    let (h1, r1, t1) = paced_times(dir);
-    ((r1 - r0) / (t1 - t0), (h1 - h0) / (t1 - t0))
+    let (h1, r1, t1, c1) = paced_times(dir);
+    Paced {
+        report: (r1 - r0) / (t1 - t0),
+        handle: (h1 - h0) / (t1 - t0),
+        requests: (c1 - c0) as u64,
+        report_ms: 1e3 * (r1 - r0) / (c1 - c0).max(1.0),
+    }
 }
 
 /// A 5x speed-up of `report`, beside a `handle` that costs the same per request: in shares
@@ -295,10 +310,12 @@ fn diff_in_seconds_names_the_function_that_really_changed() {
     let dir = tempdir("pyfleet-diff-paced-");
     let (base, new) = (dir.path().join("base.pb.gz"), dir.path().join("new.pb.gz"));
     std::thread::sleep(Duration::from_millis(500));
-    let (report_before, handle_before) = record_paced(t.pid(), t.dir(), 6, &base);
+    let before = record_paced(t.pid(), t.dir(), 6, &base);
     std::fs::write(t.dir().join("cost"), "10\n").unwrap();
     std::thread::sleep(Duration::from_millis(800));
-    let (report_after, handle_after) = record_paced(t.pid(), t.dir(), 6, &new);
+    let after = record_paced(t.pid(), t.dir(), 6, &new);
+    let (report_before, handle_before) = (before.report, before.handle);
+    let (report_after, handle_after) = (after.report, after.handle);
     t.kill();
     let truth = report_after - report_before;
     assert!(
@@ -344,4 +361,55 @@ fn diff_in_seconds_names_the_function_that_really_changed() {
         "handle changed by {handle_change:+.3} s/s: {}",
         out.stdout
     );
+    // Both sides drawn: the base's shape beside the new one.
+    let base_side = std::fs::read_to_string(dir.path().join("diff.base.svg"))
+        .unwrap_or_else(|e| panic!("diff.base.svg: {e}\n{}", out.stdout));
+    assert!(
+        base_side.contains("the base&apos;s shape") || base_side.contains("the base's shape"),
+        "the other side says what it is"
+    );
+
+    // Per request: with the requests each window served, report's own milliseconds per
+    // request, its change within 15% of what the target measured (the windows' requests are
+    // counted over a little more than each window: a few percent of it).
+    let requests = format!("{},{}", before.requests, after.requests);
+    let folded = dir.path().join("diff.folded");
+    let out = pyfleet(&[
+        "diff",
+        &arg(&base),
+        &arg(&new),
+        "-o",
+        &arg(&folded),
+        "--requests",
+        &requests,
+    ]);
+    assert!(out.success(), "{}", out.describe());
+    let row = out
+        .stdout
+        .lines()
+        .skip_while(|l| !l.contains("milliseconds per request"))
+        .find(|l| l.contains("  report ("))
+        .unwrap_or_else(|| panic!("no report row per request:\n{}", out.stdout));
+    let change_ms: f64 = row.split_whitespace().nth(2).unwrap().parse().unwrap();
+    let truth_ms = after.report_ms - before.report_ms;
+    eprintln!(
+        "report {:.1} -> {:.1} ms per request; the diff says {change_ms:+.1}",
+        before.report_ms, after.report_ms
+    );
+    assert!(
+        (change_ms - truth_ms).abs() <= 0.15 * truth_ms.abs(),
+        "the diff says report changed by {change_ms:+.2} ms per request, the target measured \
+         {truth_ms:+.2}:\n{}",
+        out.stdout
+    );
+    let bad = pyfleet(&[
+        "diff",
+        &arg(&base),
+        &arg(&new),
+        "-o",
+        &arg(&folded),
+        "--requests",
+        "5",
+    ]);
+    assert_error_contract(&bad, Some("--requests"));
 }

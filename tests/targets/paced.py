@@ -1,7 +1,8 @@
 """Target for the diff test in absolute terms: a request every 100 ms, each `handle` (10 ms on
 a CPU) then `report` (as many ms as the file named by the second argument says, re-read every
-0.2 s), then idle until the next request. The seconds spent in each so far and the time now go
-to the file named by the third, as `handle report now`, every 0.1 s. Writes the file named by
+0.2 s), then idle until the next request. The seconds spent in each so far, the time now and
+the requests served go to the file named by the third, as `handle report now served`, after
+each request. Writes the file named by
 the first once running. Work is timed by the wall clock while it runs (perf_counter), as a
 CPU's sampling clock counts it."""
 import os
@@ -12,6 +13,7 @@ ready, cost_file, times_file = sys.argv[1:4]
 SLOT = 0.1
 HANDLE = 0.010
 spent = {"handle": 0.0, "report": 0.0}
+served = 0
 
 
 # Each burns in its own loop: the innermost frame of its samples is itself.
@@ -42,7 +44,7 @@ def cost():
 def write_times():
     tmp = times_file + ".tmp"
     with open(tmp, "w") as f:
-        f.write(f"{spent['handle']} {spent['report']} {time.perf_counter()}\n")
+        f.write(f"{spent['handle']} {spent['report']} {time.perf_counter()} {served}\n")
     os.replace(tmp, times_file)
 
 
@@ -59,6 +61,7 @@ while True:
     t2 = time.perf_counter()
     spent["handle"] += t1 - t0
     spent["report"] += t2 - t1
+    served += 1
     write_times()
     if t2 >= next_read:
         c = cost()
