@@ -185,6 +185,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
         mode: plan.sampling.mode,
         duration: None,
         tasks: plan.sampling.task_frames,
+        icicle: false,
     };
     // The output first: an unwritable file fails before anything else happens.
     let writer = RecordFile::open(

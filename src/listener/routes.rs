@@ -57,6 +57,7 @@ impl Pull {
             mode: self.mode,
             duration: Some(Duration::from_secs(seconds)),
             tasks: self.tasks,
+            icicle: false,
         }
     }
 }

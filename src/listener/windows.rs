@@ -30,6 +30,8 @@ pub struct Window {
 impl Window {
     /// `snapshot` narrowed to `filter`'s processes, titled after what it shows.
     pub fn of(snapshot: Snapshot, filter: &PullFilter, mut ctx: RenderContext) -> Window {
+        // The page's pane shows the top of a tall graph first: its processes, as an icicle.
+        ctx.icicle = true;
         let mut snapshot = snapshot;
         snapshot.processes.retain(|p| filter.admits_process(p));
         ctx.title = match (filter.pid, &filter.service) {

@@ -112,7 +112,12 @@ pub fn render(format: Format, snap: &Snapshot, ctx: &RenderContext) -> Result<Ve
     let shown = || super::views::with_task_frames(snap, ctx.tasks);
     match format {
         Format::Folded => Ok(folded::render(&folded::fleet_lines(&shown())).into_bytes()),
-        Format::Svg => svg::render(&ctx.title, &ctx.describe(), &folded::fleet_lines(&shown())),
+        Format::Svg => svg::render(
+            &ctx.title,
+            &ctx.describe(),
+            &folded::fleet_lines(&shown()),
+            ctx.icicle,
+        ),
         Format::Speedscope => speedscope::render(&shown(), ctx),
         Format::Pprof => pprof::render(snap, ctx),
     }

@@ -25,6 +25,8 @@ pub struct RenderContext {
     pub duration: Option<Duration>,
     /// Whether asyncio tasks' frames naming them are drawn (`--group-by task`).
     pub tasks: TaskFrames,
+    /// The SVG as an icicle graph, roots at the top (the fleet page's pane).
+    pub icicle: bool,
 }
 
 impl Default for RenderContext {
@@ -36,6 +38,7 @@ impl Default for RenderContext {
             mode: Mode::default(),
             duration: None,
             tasks: TaskFrames::default(),
+            icicle: false,
         }
     }
 }

@@ -218,6 +218,7 @@ impl SnapshotDir {
             mode: self.mode,
             duration: window,
             tasks: self.tasks,
+            icicle: false,
         }
         .for_snapshot(snap);
         let mode = self.file_mode;

@@ -9,10 +9,19 @@
 use inferno::flamegraph::{self, Options, TextTruncateDirection};
 
 /// Renders `lines` (folded text without the counts split off) into an SVG document headed by
-/// `title` and `subtitle`. An empty profile gives a small valid SVG that says so, rather than
-/// an error.
-pub fn render(title: &str, subtitle: &str, lines: &[(String, u64)]) -> Result<Vec<u8>, String> {
+/// `title` and `subtitle`; `icicle`: roots at the top, stacks growing down (where a pane that
+/// shows the top of a tall graph first shows its processes). An empty profile gives a small
+/// valid SVG that says so, rather than an error.
+pub fn render(
+    title: &str,
+    subtitle: &str,
+    lines: &[(String, u64)],
+    icicle: bool,
+) -> Result<Vec<u8>, String> {
     let mut opts = options(title, subtitle);
+    if icicle {
+        opts.direction = flamegraph::Direction::Inverted;
+    }
     let mut out = Vec::new();
     if lines.iter().all(|(_, n)| *n == 0) {
         let t = xml_escape(&format!("{title}: {subtitle}"));
@@ -91,7 +100,7 @@ mod tests {
             ),
             ("app-1;main (/ü/名前.py:9)".to_string(), 1),
         ];
-        let svg = render("pyfleet <&> test", "cpu <mode>", &lines).unwrap();
+        let svg = render("pyfleet <&> test", "cpu <mode>", &lines, false).unwrap();
         well_formed(&svg);
         let text = String::from_utf8(svg).unwrap();
         assert!(!text.contains("<script>"));
@@ -104,7 +113,7 @@ mod tests {
 
     #[test]
     fn empty_profile_is_valid_svg() {
-        let svg = render("nothing <here>", "wall mode", &[]).unwrap();
+        let svg = render("nothing <here>", "wall mode", &[], true).unwrap();
         well_formed(&svg);
     }
 }

@@ -173,6 +173,10 @@ fn the_fleet_page_lists_the_workers_and_shows_a_workers_flamegraph() {
     assert!(seen["cookie_hidden"] == true, "{seen}");
     assert_eq!(seen["injected"], 0, "{seen}");
     assert!(seen["flamegraph_has_function"] == true, "{seen}");
+    assert!(
+        seen["process_row_visible"] == true,
+        "the clicked process's row shows in the pane without scrolling: {seen}"
+    );
     assert!(seen["title"].as_str().unwrap().contains(&pids[0]), "{seen}");
     assert_eq!(seen["service_view"], "service gunicorn", "{seen}");
     assert!(seen["hostile_shown_as_text"] == true, "{seen}");

@@ -76,7 +76,7 @@ async function main() {
     args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
   });
   const seen = {
-    rows: [], injected: -1, flamegraph_has_function: false, title: "",
+    rows: [], injected: -1, flamegraph_has_function: false, process_row_visible: false, title: "",
     hostile_shown_as_text: false, hostile_elements: -1, page_title: "", diff_titles: [],
     service_view: "", live_downloads: {}, past_downloads: {}, past_title: "",
     wrong_token_refused: false, cookie_hidden: false,
@@ -117,8 +117,16 @@ async function main() {
     seen.title = await page.$eval("#pane-title", (e) => e.textContent);
     // The flamegraph of the clicked process, once its window is sampled, and that window in
     // every format.
-    await shows(page, `gunicorn (pid ${pids[0]})`, fn);
+    const pane = await shows(page, `gunicorn (pid ${pids[0]})`, fn);
     seen.flamegraph_has_function = true;
+    // The process's row (its root frame, `NAME-PID`) shows in the pane without scrolling.
+    seen.process_row_visible = await pane.evaluate((pid) => {
+      const row = [...document.querySelectorAll("text")]
+        .find((t) => t.textContent.trim().endsWith(`-${pid}`));
+      if (!row) return false;
+      const box = row.getBoundingClientRect();
+      return box.top >= 0 && box.bottom <= window.innerHeight;
+    }, pids[0]);
     seen.live_downloads = await downloads(page, fn);
     await page.screenshot({ path: `${outDir}/flamegraph.png` });
     // The clicked process's service: every process of it together.
