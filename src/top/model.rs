@@ -53,6 +53,22 @@ pub struct Row {
     /// Of the scope's samples, 0 to 1.
     pub own_share: f64,
     pub total_share: f64,
+    /// With several processes in scope: the one with most of the function's samples
+    /// (`name-pid`), and how many others have some.
+    pub process: Option<(String, usize)>,
+}
+
+impl Row {
+    /// The label, naming the process when the row has one: `fib (app.py) in web-4243 and 2
+    /// others`.
+    pub fn shown(&self) -> String {
+        match &self.process {
+            Some((name, 0)) => format!("{} in {name}", self.label),
+            Some((name, 1)) => format!("{} in {name} and 1 other", self.label),
+            Some((name, n)) => format!("{} in {name} and {n} others", self.label),
+            None => self.label.clone(),
+        }
+    }
 }
 
 /// The scope's samples and their states.
@@ -205,27 +221,45 @@ impl TopModel {
     /// The scope's functions whose label holds `filter` (ignoring case; empty: every one),
     /// sorted by `sort` (counts highest first, names alphabetically; ties by name).
     pub fn rows(&self, scope: Scope, sort: SortKey, filter: &str) -> Vec<Row> {
-        let mut by_label: HashMap<&str, (u64, u64)> = HashMap::new();
+        // (own, total, the process with most of its samples: (total, pid), processes).
+        type Counts = (u64, u64, (u64, i32), usize);
+        let mut by_label: HashMap<&str, Counts> = HashMap::new();
         let mut samples = 0u64;
-        for p in self.in_scope(scope) {
+        let mut processes = 0usize;
+        for (&pid, p) in self
+            .processes
+            .iter()
+            .filter(|(&pid, _)| scope == Scope::Fleet || scope == Scope::Process(pid))
+        {
             samples += p.samples;
+            processes += 1;
             for (l, (own, total)) in &p.functions {
                 let e = by_label.entry(l.as_str()).or_default();
                 e.0 += own;
                 e.1 += total;
+                e.3 += 1;
+                if (*total, std::cmp::Reverse(pid)) > (e.2 .0, std::cmp::Reverse(e.2 .1)) {
+                    e.2 = (*total, pid);
+                }
             }
         }
+        let process_name = |pid: i32| match self.processes.get(&pid) {
+            Some(p) if pid >= 0 => format!("{}-{pid}", p.name),
+            Some(p) => p.name.clone(),
+            None => pid.to_string(),
+        };
         let filter = filter.to_lowercase();
         let share = |n: u64| n as f64 / samples.max(1) as f64;
         let mut rows: Vec<Row> = by_label
             .into_iter()
             .filter(|(l, _)| filter.is_empty() || l.to_lowercase().contains(&filter))
-            .map(|(l, (own, total))| Row {
+            .map(|(l, (own, total, (_, top), with))| Row {
                 label: l.to_string(),
                 own,
                 total,
                 own_share: share(own),
                 total_share: share(total),
+                process: (processes > 1).then(|| (process_name(top), with.saturating_sub(1))),
             })
             .collect();
         rows.sort_by(|a, b| {
@@ -288,6 +322,9 @@ mod tests {
         let one = m.rows(Scope::Process(2), SortKey::Own, "");
         assert_eq!(one.len(), 1);
         assert!((one[0].own_share - 1.0).abs() < 1e-9);
+        // The fleet's rows name the process that burns it; one process's do not.
+        assert_eq!(fleet[0].shown(), "leaf (app.py) in web-1");
+        assert_eq!(one[0].shown(), "crunch (app.py)");
         assert_eq!(m.rows(Scope::Fleet, SortKey::Own, "MID").len(), 1);
         let s = m.summary(Scope::Process(1));
         assert_eq!(
@@ -295,6 +332,9 @@ mod tests {
             (8, 6, 6, 2)
         );
         assert_eq!(m.summary(Scope::Fleet).processes, 2);
+        m.add(3, "web", status(true, true, false), &[f("leaf")], 1);
+        let fleet = m.rows(Scope::Fleet, SortKey::Own, "");
+        assert_eq!(fleet[0].shown(), "leaf (app.py) in web-1 and 1 other");
         m.reset();
         assert_eq!(m.summary(Scope::Fleet).samples, 0);
     }

@@ -166,7 +166,7 @@ pub fn draw(frame: &mut Frame, model: &TopModel, state: &ViewState, header: &Hea
             Cell::from(format!("{:6.1}", 100.0 * r.total_share)),
             Cell::from(format!("{:>8}", seconds(r.own))),
             Cell::from(format!("{:>8}", seconds(r.total))),
-            Cell::from(for_terminal(&r.label).into_owned()),
+            Cell::from(for_terminal(&r.shown()).into_owned()),
         ])
     });
     let bold = Style::default().add_modifier(Modifier::BOLD);
