@@ -3,6 +3,8 @@
 #   $PYFLEET_VENVS/gunicorn-3.15 (Debian unstable's 3.15, set up by setup-pythons.sh), with
 #     uvicorn too (who is who among an ASGI server's workers) and Starlette (asyncio task
 #     stacks of a real ASGI app)
+#   $PYFLEET_VENVS/asgi-3.14 (Debian unstable's 3.14): uvicorn and Starlette, for the asyncio
+#     views on 3.14 too
 #   $PYFLEET_VENVS/gunicorn-3.11 (pyenv's newest 3.11)
 # PYFLEET_VENVS defaults to ~/.cache/pyfleet/venvs. Idempotent: seconds when cached.
 set -euo pipefail
@@ -48,6 +50,16 @@ if ! "$dir/bin/python" -c 'import starlette' >/dev/null 2>&1; then
     "$dir/bin/python" -m pip install -q --disable-pip-version-check "$STARLETTE_SPEC" \
         || die "pip could not install $STARLETTE_SPEC into $dir"
 fi
+
+dir="$VENVS/asgi-3.14"
+if ! "$dir/bin/python" -c 'import uvicorn, starlette' >/dev/null 2>&1; then
+    rm -rf "$dir"
+    scripts/setup-pythons.sh --venv 3.14 "$dir"
+    say "installing $UVICORN_SPEC and $STARLETTE_SPEC into $dir"
+    "$dir/bin/python" -m pip install -q --disable-pip-version-check "$UVICORN_SPEC" "$STARLETTE_SPEC" \
+        || die "pip could not install $UVICORN_SPEC and $STARLETTE_SPEC into $dir"
+fi
+say "$dir ready"
 
 dir="$VENVS/gunicorn-3.11"
 if ready "$dir"; then
