@@ -103,10 +103,7 @@ impl StackTable {
         frame: FrameId,
         scratch: &mut Vec<FrameId>,
     ) -> Option<StackId> {
-        scratch.clear();
-        scratch.extend_from_slice(self.stack_frames(stack)?);
-        scratch.push(frame);
-        Some(self.stack(scratch))
+        self.with_frame(stack, frame, scratch, false)
     }
 
     /// The id of `stack` with `frame` added innermost (a view's leaf frame: see
@@ -117,9 +114,22 @@ impl StackTable {
         frame: FrameId,
         scratch: &mut Vec<FrameId>,
     ) -> Option<StackId> {
+        self.with_frame(stack, frame, scratch, true)
+    }
+
+    fn with_frame(
+        &mut self,
+        stack: StackId,
+        frame: FrameId,
+        scratch: &mut Vec<FrameId>,
+        innermost: bool,
+    ) -> Option<StackId> {
         scratch.clear();
-        scratch.push(frame);
         scratch.extend_from_slice(self.stack_frames(stack)?);
+        match innermost {
+            true => scratch.insert(0, frame),
+            false => scratch.push(frame),
+        }
         Some(self.stack(scratch))
     }
 
