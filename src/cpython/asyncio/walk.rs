@@ -47,13 +47,16 @@ const UNICODE_SUBCLASS: u64 = 1 << 28;
 /// `ob_refcnt`, the first word of every object (default builds).
 const REFCOUNT_BYTES: usize = 8;
 /// Tag bits of object pointers kept as `_PyStackRef`s or tagged by asyncio.
-const TAG_BITS: u64 = 3;
+pub(crate) const TAG_BITS: u64 = 3;
 
 /// A thread whose task list is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TaskThread {
     pub thread_id: u64,
     pub tstate: u64,
+    /// The task it ran when its stack was read (0: none), if read then; else the walk reads
+    /// it.
+    pub running_task: Option<u64>,
 }
 
 /// One coroutine of a chain: its code object and instruction pointer.
@@ -477,9 +480,18 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
         interp: u64,
         threads: &[TaskThread],
     ) -> Result<Vec<RawTask>, UnwindError> {
-        let tstates: Vec<u64> = threads.iter().map(|t| t.tstate).collect();
-        let running: FxHashMap<u64, u64> = self
-            .running_tasks(&tstates)?
+        let sampled: Option<Vec<Option<u64>>> = threads
+            .iter()
+            .map(|t| t.running_task.map(|task| (task != 0).then_some(task)))
+            .collect();
+        let runs = match sampled {
+            Some(runs) => runs,
+            None => {
+                let tstates: Vec<u64> = threads.iter().map(|t| t.tstate).collect();
+                self.running_tasks(&tstates)?
+            }
+        };
+        let running: FxHashMap<u64, u64> = runs
             .into_iter()
             .zip(threads)
             .filter_map(|(task, t)| Some((task?, t.thread_id)))
@@ -517,6 +529,31 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
                 running: running_on.is_some(),
                 frame: self.frame_of(task.coro),
                 frames,
+                awaited_by: task.awaited_by,
+            });
+        }
+        // A task its thread ran when the sample read it, and no list holds now: it finished
+        // (and was freed) since. Read where it was: its thread's chain, read with it, shows it
+        // if it is the task that ran then (another task made at its address has another
+        // coroutine, whose frame the chain does not hold); memory that is no task now is
+        // left out, its thread showing its own stack.
+        let mut gone: Vec<(u64, u64)> = running
+            .iter()
+            .filter(|(addr, _)| !seen.contains(addr))
+            .map(|(&addr, &thread)| (addr, thread))
+            .collect();
+        gone.sort_unstable();
+        for (addr, thread_id) in gone {
+            let Ok(task) = self.task(addr, Some(&seen)) else {
+                continue;
+            };
+            tasks.push(RawTask {
+                addr,
+                name: task.name,
+                thread_id: Some(thread_id),
+                running: true,
+                frame: self.frame_of(task.coro),
+                frames: Vec::new(),
                 awaited_by: task.awaited_by,
             });
         }
@@ -1015,6 +1052,16 @@ mod tests {
     }
 
     fn read_all(img: &MemoryImage, interp: u64, ts: u64) -> Result<Vec<RawTask>, UnwindError> {
+        read_all_running(img, interp, ts, None)
+    }
+
+    /// [`read_all`] of a thread whose running task the sample read (`Some`), or not.
+    fn read_all_running(
+        img: &MemoryImage,
+        interp: u64,
+        ts: u64,
+        running_task: Option<u64>,
+    ) -> Result<Vec<RawTask>, UnwindError> {
         let (layout, objects, table) = (synthetic::layout(), objects(), table());
         let mut memo = TaskMemo::default();
         let mut reader = TaskReader::new(img, &layout, &objects, &table, &mut memo);
@@ -1023,10 +1070,43 @@ mod tests {
             &[TaskThread {
                 thread_id: 1,
                 tstate: ts,
+                running_task,
             }],
         )?;
         reader.verify()?;
         Ok(tasks)
+    }
+
+    #[test]
+    fn the_running_task_is_the_one_the_sample_read() {
+        let mut w = World::new(1 << 20);
+        let (n1, n2, n3) = (w.string("listed"), w.string("finished"), w.string("freed"));
+        let listed = w.task(n1, 0, true);
+        // Ran as the sample read its thread, then finished: no list holds it now.
+        let finished = w.task(n2, 0, true);
+        // Freed since, and its memory no task now.
+        let freed = w.task(n3, 0, false);
+        let ts = w.thread(&[listed]);
+        let interp = w.interp();
+        let img = w.image();
+        let running = |tasks: &[RawTask]| -> Vec<(String, Option<u64>)> {
+            tasks
+                .iter()
+                .filter(|t| t.running)
+                .map(|t| (t.name.to_string(), t.thread_id))
+                .collect()
+        };
+        // The thread state in the image names no running task: the sample's word is used.
+        let tasks = read_all_running(&img, interp, ts, Some(listed)).expect("read");
+        assert_eq!(running(&tasks), [("listed".to_string(), Some(1))]);
+        let tasks = read_all_running(&img, interp, ts, Some(finished)).expect("read");
+        assert_eq!(running(&tasks), [("finished".to_string(), Some(1))]);
+        assert_eq!(tasks.len(), 2, "{tasks:?}");
+        let tasks = read_all_running(&img, interp, ts, Some(freed)).expect("read");
+        assert_eq!(running(&tasks), []);
+        assert_eq!(tasks.len(), 1, "{tasks:?}");
+        let tasks = read_all_running(&img, interp, ts, Some(0)).expect("read");
+        assert_eq!(running(&tasks), []);
     }
 
     #[test]
@@ -1138,6 +1218,7 @@ mod tests {
             let thread = TaskThread {
                 thread_id: 1,
                 tstate: ts,
+                running_task: None,
             };
             assert_eq!(reader.all_tasks(interp, &[thread]).expect("read").len(), 3);
         }
@@ -1147,6 +1228,7 @@ mod tests {
         let thread = TaskThread {
             thread_id: 1,
             tstate: ts,
+            running_task: None,
         };
         reader.all_tasks(interp, &[thread]).expect("read again");
         img.poke(tasks[0] + 0x98, &(tasks[1] + 0x98).to_le_bytes());

@@ -196,6 +196,7 @@ impl<M: RemoteMemory> Unwinder<M> {
             holds_gil: None,
             waits_gil: None,
             gil: GilAt::NotAsked,
+            running_task: None,
         };
         let w = Work {
             ts,

@@ -251,6 +251,10 @@ pub struct Unwinder<M: RemoteMemory> {
     /// Buffers a sample fills and the next one reuses, so that a steady-state sample
     /// allocates nothing.
     spare: Spare,
+    /// Where the thread state keeps its running asyncio loop and task (offsets), once the
+    /// task walk asked: read with each thread state, so that a sample's running tasks are
+    /// those of the instant its chains were read (see [`Tstate::running_task`]).
+    running_task_fields: Option<(u64, u64)>,
 }
 
 #[derive(Default)]
@@ -329,7 +333,17 @@ impl<M: RemoteMemory> Unwinder<M> {
             cpu_share: CpuShare::default(),
             tids: ThreadIds::new(pid),
             spare: Spare::default(),
+            running_task_fields: None,
         }
+    }
+
+    /// Bytes of each thread state read per sample: the struct, and the running asyncio task's
+    /// fields when they lie beyond it (see [`Unwinder::running_task_fields`]).
+    fn tstate_read_len(&self) -> usize {
+        let fields_end = self
+            .running_task_fields
+            .map_or(0, |(lp, task)| lp.max(task).saturating_add(8));
+        self.layout.tstate.size.max(fields_end) as usize
     }
 
     pub fn pid(&self) -> i32 {

@@ -143,7 +143,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         } else {
             b.next_group();
         }
-        b.push(Key::Tstate(ta), ta, l.tstate.size as usize);
+        b.push(Key::Tstate(ta), ta, self.tstate_read_len());
         if keep {
             return;
         }

@@ -5,8 +5,11 @@
 //!
 //! Contracts:
 //! - A running task's frames are its thread's chain as the sample walked it, from the top down
-//!   to the task's coroutine frame; a thread whose chain does not hold that frame (it ran on
-//!   between the sample and the read of its running task) shows no task.
+//!   to the task's coroutine frame; a thread whose chain does not hold that frame shows no
+//!   task. Which task a thread runs is read with its thread state, in the sample's own batch,
+//!   from the first sample after the task walk is first asked for on (before that, and for
+//!   that one sample, read right after the sample: a thread may have moved on to another task
+//!   by then, and then shows no task).
 //! - A pending task's frames are its coroutine chain, resolved through the code-object cache
 //!   (an entry valid at the sample's stamp, else loaded).
 //! - A task's stack, innermost first: its frames, a frame naming it (`task NAME`, with
@@ -64,6 +67,8 @@ struct SampledThreadState {
     tstate: u64,
     thread_id: u64,
     native: u64,
+    /// The task it ran as the sample read it (0: none), when read with its state.
+    running_task: Option<u64>,
 }
 
 /// The threads the task walk reads.
@@ -73,6 +78,7 @@ fn walked(threads: &[SampledThreadState]) -> Vec<TaskThread> {
         .map(|t| TaskThread {
             thread_id: t.thread_id,
             tstate: t.tstate,
+            running_task: t.running_task,
         })
         .collect()
 }
@@ -85,6 +91,33 @@ impl<M: RemoteMemory> Unwinder<M> {
             .copied()
             .zip(self.interp_ids.iter().copied())
             .collect()
+    }
+
+    /// From the next sample on, reads each thread's running task with its state (see the
+    /// module documentation).
+    fn read_running_tasks_with_threads(&mut self, tasks: &Tasks) {
+        self.running_task_fields = Some((
+            tasks.table.thread_running_loop,
+            tasks.table.thread_running_task,
+        ));
+    }
+
+    /// The task each of `threads` ran: as the sample read it, else (the sample did not read
+    /// it) now.
+    fn running_tasks_of(
+        &mut self,
+        tasks: &mut Tasks,
+        threads: &[SampledThreadState],
+    ) -> Result<Vec<Option<u64>>, UnwindError> {
+        let sampled: Option<Vec<Option<u64>>> = threads
+            .iter()
+            .map(|t| t.running_task.map(|task| (task != 0).then_some(task)))
+            .collect();
+        if let Some(runs) = sampled {
+            return Ok(runs);
+        }
+        let tstates: Vec<u64> = threads.iter().map(|t| t.tstate).collect();
+        self.task_reader(tasks).running_tasks(&tstates)
     }
 
     fn task_reader<'a>(&'a self, tasks: &'a mut Tasks) -> TaskReader<'a, M> {
@@ -122,6 +155,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                 tstate: w.ts.addr,
                 thread_id: w.ts.thread_id,
                 native: w.ts.native(),
+                running_task: w.ts.running_task,
             })
             .collect()
     }
@@ -173,19 +207,20 @@ impl<M: RemoteMemory> Unwinder<M> {
         scope: TaskScope,
         out: &mut Vec<TaskStack>,
     ) -> Result<Option<usize>, UnwindError> {
+        self.read_running_tasks_with_threads(tasks);
         let mut listed = None;
         let interps = self.sampled_interps();
         for (interp, id) in interps {
             let threads = self.sampled_threads(id);
             match scope {
                 TaskScope::Running => {
-                    // One batch tells which threads run a task; only those are read further.
-                    let tstates: Vec<u64> = threads.iter().map(|t| t.tstate).collect();
-                    let runs = self.task_reader(tasks).running_tasks(&tstates)?;
-                    for (th, _) in threads.iter().zip(runs).filter(|(_, r)| r.is_some()) {
-                        let Some(chain) = self.running_chain(tasks, th.tstate)? else {
+                    // Only the threads that ran a task are read further.
+                    let runs = self.running_tasks_of(tasks, &threads)?;
+                    for (th, task) in threads.iter().zip(runs) {
+                        let Some(task) = task else {
                             continue;
                         };
+                        let chain = self.running_chain(tasks, task)?;
                         if let Some(stack) = self.running_task_stack(th.tstate, &chain, tasks)? {
                             out.push(TaskStack {
                                 native_thread_id: th.native,
@@ -261,30 +296,20 @@ impl<M: RemoteMemory> Unwinder<M> {
         Ok(tasks)
     }
 
-    /// The task thread `tstate` runs and the tasks awaiting it, each with its coroutine
-    /// chain (the running one's left empty: its frames are the thread's).
+    /// The running task at `task` and the tasks awaiting it, each with its coroutine chain
+    /// (the running one's left empty: its frames are the thread's).
     #[allow(clippy::type_complexity)]
     fn running_chain(
         &mut self,
         tasks: &mut Tasks,
-        tstate: u64,
-    ) -> Result<Option<Vec<(TaskObject, Vec<CoroutineFrame>)>>, UnwindError> {
-        self.read_again_if_torn(|u| u.running_chain_once(tasks, tstate))
-    }
-
-    #[allow(clippy::type_complexity)]
-    fn running_chain_once(
-        &mut self,
-        tasks: &mut Tasks,
-        tstate: u64,
-    ) -> Result<Option<Vec<(TaskObject, Vec<CoroutineFrame>)>>, UnwindError> {
-        let mut reader = self.task_reader(tasks);
-        let Some(running) = reader.running_task(tstate)? else {
-            return Ok(None);
-        };
-        let chain = reader.awaited_chain(running)?;
-        reader.verify()?;
-        Ok(Some(chain))
+        task: u64,
+    ) -> Result<Vec<(TaskObject, Vec<CoroutineFrame>)>, UnwindError> {
+        self.read_again_if_torn(|u| {
+            let mut reader = u.task_reader(tasks);
+            let chain = reader.awaited_chain(task)?;
+            reader.verify()?;
+            Ok(chain)
+        })
     }
 
     /// The stack of the task at the head of `chain` (a running task and those awaiting it,

@@ -54,6 +54,9 @@ pub(super) struct Tstate {
     pub(super) waits_gil: Option<bool>,
     /// Where the kernel capture finds whether it holds the GIL.
     pub(super) gil: GilAt,
+    /// The asyncio task it ran as its state was read (0: none, or no loop running), when
+    /// the unwinder reads it with the state (see `Unwinder::running_task_fields`).
+    pub(super) running_task: Option<u64>,
 }
 
 impl Tstate {
@@ -289,7 +292,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         may_keep: bool,
     ) -> Result<(Tstate, u64), UnwindError> {
         let l = &self.layout;
-        let tb = self.bytes(b, Key::Tstate(ta), ta, l.tstate.size as usize)?;
+        let tb = self.bytes(b, Key::Tstate(ta), ta, self.tstate_read_len())?;
         let t = Bytes(&tb);
         let not_a_tstate = |what: &str| UnwindError::BadObject {
             addr: ta,
@@ -455,6 +458,13 @@ impl<M: RemoteMemory> Unwinder<M> {
                     requested: l.tstate.gil_requested.map_or(0, |r| ta.wrapping_add(r)),
                 },
                 None => GilAt::NotAsked,
+            },
+            running_task: match self.running_task_fields {
+                Some((running_loop, task)) => Some(match t.u64(running_loop)? {
+                    0 => 0,
+                    _ => t.u64(task)? & !crate::cpython::asyncio::walk::TAG_BITS,
+                }),
+                None => None,
             },
         };
         Ok((ts, t.u64(l.tstate.next)?))

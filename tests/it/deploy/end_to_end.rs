@@ -207,14 +207,17 @@ fn live_metrics_scraped_by_prometheus_answer_every_dashboard_query() {
         ]
         .map(String::from),
     );
-    let daemon = Running::start(pyfleet_command(&args), Duration::from_secs(100));
+    // The build users run (the release build under scripts/test.sh): a debug build reads the
+    // churning target's seven deep threads in about 5 ms a sample, the slot's slow-sample
+    // threshold, so it skips up to 64 ticks at a time and a 2 s pull can hold none of them.
+    let daemon = Running::start(measured_command(&args), Duration::from_secs(100));
     // A second host, as deployed (cpu mode, the kernel capture) with a busy target: the
     // capture's panels have its series (Prometheus scrapes both, as it would two nodes).
     let busy = ready_target(&any, "profiled.py", &[]);
     let capture_port = free_port();
     let capture_out = tmp.path().join("capture-snapshots");
     let capture_daemon = Running::start(
-        pyfleet_command(&[
+        measured_command(&[
             "run",
             "--config",
             deploy("pyfleet.toml").to_str().unwrap(),
