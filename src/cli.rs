@@ -58,6 +58,12 @@ pub enum Command {
         /// coroutine frames and the tasks awaiting it.
         #[arg(long = "async")]
         tasks: bool,
+        /// Also each frame's local variables: names and values of the interpreter's own
+        /// simple types (None, bool, int, float, str, bytes; a tuple, list or dict by its
+        /// length), any other object by its type and address. Read from memory: nothing of
+        /// the target runs (no `__repr__`).
+        #[arg(long)]
+        locals: bool,
     },
     /// Sample one process back to back and report the cost per sample and the caches' work.
     /// Costly for the target: samples as fast as it can (tens of thousands a second), and on
@@ -179,8 +185,9 @@ pub fn run(cli: Cli) -> Result<()> {
             json,
             nonblocking,
             tasks,
+            locals,
         } => match pid.or(bare_pid) {
-            Some(pid) => commands::dump::run(pid, json, !nonblocking, tasks),
+            Some(pid) => commands::dump::run(pid, json, !nonblocking, tasks, locals),
             None => anyhow::bail!("dump needs a process: `pyfleet dump PID`"),
         },
         Command::Doctor { json } => commands::doctor::run(json),

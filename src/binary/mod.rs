@@ -52,8 +52,75 @@ pub struct PythonSymbols {
     pub py_version: Option<u64>,
     /// `PyCode_Type`: lets the unwinder check that a frame's executable is a code object.
     pub code_type: Option<u64>,
+    /// The interpreter's own types whose objects `dump --locals` shows by value.
+    pub builtin_types: BuiltinTypes,
     /// Lowest PT_LOAD segment: (p_vaddr, p_offset), for the load bias.
     pub first_load: (u64, u64),
+}
+
+/// Addresses of the interpreter's own type objects (exported from 3.11 on) whose objects
+/// are read as values: an object is of one of these types exactly when its `ob_type` is the
+/// address (a class of the program named like one is another type object).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BuiltinTypes {
+    pub none: Option<u64>,
+    pub bool_: Option<u64>,
+    pub int: Option<u64>,
+    pub float: Option<u64>,
+    pub str_: Option<u64>,
+    pub bytes: Option<u64>,
+    pub tuple: Option<u64>,
+    pub list: Option<u64>,
+    pub dict: Option<u64>,
+    pub cell: Option<u64>,
+}
+
+impl BuiltinTypes {
+    /// Records `name` at `addr` if it is one of the types (the first address seen wins).
+    fn note(&mut self, name: &str, addr: u64) {
+        let slot = match name {
+            "_PyNone_Type" => &mut self.none,
+            "PyBool_Type" => &mut self.bool_,
+            "PyLong_Type" => &mut self.int,
+            "PyFloat_Type" => &mut self.float,
+            "PyUnicode_Type" => &mut self.str_,
+            "PyBytes_Type" => &mut self.bytes,
+            "PyTuple_Type" => &mut self.tuple,
+            "PyList_Type" => &mut self.list,
+            "PyDict_Type" => &mut self.dict,
+            "PyCell_Type" => &mut self.cell,
+            _ => return,
+        };
+        *slot = slot.or(Some(addr));
+    }
+
+    fn all(&self) -> [Option<u64>; 10] {
+        [
+            self.none, self.bool_, self.int, self.float, self.str_, self.bytes, self.tuple,
+            self.list, self.dict, self.cell,
+        ]
+    }
+
+    fn complete(&self) -> bool {
+        self.all().iter().all(Option::is_some)
+    }
+
+    /// The same types where the file is loaded at `bias`.
+    pub fn biased(&self, bias: u64) -> BuiltinTypes {
+        let b = |a: Option<u64>| a.map(|a| a.wrapping_add(bias));
+        BuiltinTypes {
+            none: b(self.none),
+            bool_: b(self.bool_),
+            int: b(self.int),
+            float: b(self.float),
+            str_: b(self.str_),
+            bytes: b(self.bytes),
+            tuple: b(self.tuple),
+            list: b(self.list),
+            dict: b(self.dict),
+            cell: b(self.cell),
+        }
+    }
 }
 
 impl PythonSymbols {
@@ -82,11 +149,16 @@ impl PythonSymbols {
         let mut runtime = None;
         let mut py_version = None;
         let mut code_type = None;
-        // The dynamic symbols first (small, and they export all three from 3.11 on); the
+        let mut builtin_types = BuiltinTypes::default();
+        // The dynamic symbols first (small, and they export all of these from 3.11 on); the
         // full symbol table only for what they lack.
         for kind in [SHT_DYNSYM, SHT_SYMTAB] {
             for sh in sections.iter().filter(|sh| sh.sh_type == kind) {
-                if runtime.is_some() && py_version.is_some() && code_type.is_some() {
+                if runtime.is_some()
+                    && py_version.is_some()
+                    && code_type.is_some()
+                    && builtin_types.complete()
+                {
                     break;
                 }
                 let Some(str_sh) = section(sh.sh_link as usize) else {
@@ -106,7 +178,8 @@ impl PythonSymbols {
                         Some("_PyRuntime") => runtime = runtime.or(Some(sym.st_value)),
                         Some("Py_Version") => py_version = py_version.or(Some(sym.st_value)),
                         Some("PyCode_Type") => code_type = code_type.or(Some(sym.st_value)),
-                        _ => {}
+                        Some(name) => builtin_types.note(name, sym.st_value),
+                        None => {}
                     }
                 }
             }
@@ -125,6 +198,7 @@ impl PythonSymbols {
             runtime,
             py_version,
             code_type,
+            builtin_types,
             first_load,
         }))
     }
@@ -302,6 +376,8 @@ pub struct RuntimeLocation {
     pub py_version: Option<u64>,
     /// Target address of `PyCode_Type`.
     pub code_type: Option<u64>,
+    /// Target addresses of the types `dump --locals` reads by value.
+    pub builtin_types: BuiltinTypes,
     /// (major, minor) read from the file name (`libpython3.12.so`, `python3.11`), if any.
     pub name_version: Option<(u32, u32)>,
 }
@@ -429,6 +505,7 @@ pub fn locate_runtime(process: &Process) -> Result<RuntimeLocation, BinaryError>
             runtime: syms.runtime.wrapping_add(bias),
             py_version: syms.py_version.map(|a| a.wrapping_add(bias)),
             code_type: syms.code_type.map(|a| a.wrapping_add(bias)),
+            builtin_types: syms.builtin_types.biased(bias),
             name_version: version_from_name(path).or(name_version),
         });
     }

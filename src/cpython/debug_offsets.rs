@@ -561,6 +561,8 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
             first_traceable,
             stacksize,
             nlocalsplus,
+            localsplusnames: co("localsplusnames")?,
+            localspluskinds: co("localspluskinds")?,
         },
         unicode: UnicodeLayout {
             length: d.offset("unicode_object", "length")?,
@@ -576,6 +578,7 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
             ob_size: d.offset("bytes_object", "ob_size")?,
             ob_sval: d.offset("bytes_object", "ob_sval")?,
         },
+        tuple_items: d.offset("tuple_object", "ob_item")?,
         task_objects: task_objects(d, &extras)?,
     })
 }

@@ -208,6 +208,10 @@ pub struct CodeLayout {
     /// `localsplus`, the bytes a frame of this code takes in the data stack.
     pub stacksize: u64,
     pub nlocalsplus: u64,
+    /// `co_localsplusnames` (a tuple of str) and `co_localspluskinds` (bytes, one kind per
+    /// slot): read by `dump --locals` only, so not within `size`.
+    pub localsplusnames: u64,
+    pub localspluskinds: u64,
 }
 
 /// `PyASCIIObject` / `PyCompactUnicodeObject` / `PyUnicodeObject`.
@@ -279,6 +283,8 @@ pub struct Layout {
     pub code: CodeLayout,
     pub unicode: UnicodeLayout,
     pub bytes: BytesLayout,
+    /// `PyTupleObject.ob_item` (3.14 put a cached hash before it).
+    pub tuple_items: u64,
     /// 3.14+ (`None` before: no asyncio layout is published).
     pub task_objects: Option<TaskObjectsLayout>,
 }

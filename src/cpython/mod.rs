@@ -9,6 +9,7 @@ pub mod asyncio;
 pub mod debug_offsets;
 pub mod layout;
 pub mod linetable;
+pub mod locals;
 pub mod objects;
 pub mod resolved;
 pub mod tables;

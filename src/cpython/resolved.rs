@@ -33,6 +33,9 @@ pub struct ThreadStack {
     /// caller asked for it; untrusted.
     pub os_name: Option<String>,
     pub frames: Vec<Frame>,
+    /// Each frame's locals (one for each of `frames`), when the caller asked for them
+    /// (`dump --locals`, see [`crate::cpython::locals`]).
+    pub locals: Option<Vec<crate::cpython::locals::FrameLocals>>,
 }
 
 /// One interpreter's threads.

@@ -50,6 +50,10 @@ pub fn offsets() -> Vec<(&'static str, u64)> {
         ("code_object.linetable", 0x88),
         ("code_object.firstlineno", 0x44),
         ("code_object.co_code_adaptive", 0xc0),
+        ("code_object.localsplusnames", 0x60),
+        ("code_object.localspluskinds", 0x68),
+        ("tuple_object.size", 0x20),
+        ("tuple_object.ob_item", 0x18),
         ("unicode_object.size", 0x40),
         ("unicode_object.state", 0x20),
         ("unicode_object.length", 0x10),
@@ -216,6 +220,7 @@ pub fn unwinder_with(img: MemoryImage, opts: UnwinderOptions) -> Unwinder<Memory
         runtime: RUNTIME,
         py_version: None,
         code_type: None,
+        builtin_types: Default::default(),
         name_version: Some((3, 13)),
     };
     let layout = debug_offsets::layout(&img, RUNTIME, Version::from_hex(V313), FIELDS_313).unwrap();

@@ -158,6 +158,8 @@ pub fn layout_311(version: Version) -> Layout {
             first_traceable: 168, // code._co_firsttraceable
             stacksize: 68,        // code.co_stacksize
             nlocalsplus: 76,      // code.co_nlocalsplus
+            localsplusnames: 96,  // code.co_localsplusnames
+            localspluskinds: 104, // code.co_localspluskinds
         },
         unicode: UnicodeLayout {
             length: 16,
@@ -173,6 +175,7 @@ pub fn layout_311(version: Version) -> Layout {
             ob_size: 16,
             ob_sval: 32,
         },
+        tuple_items: 24,
         task_objects: None,
     }
 }
@@ -237,6 +240,8 @@ pub fn layout_312(version: Version) -> Layout {
             first_traceable: 176, // code._co_firsttraceable
             stacksize: 64,        // code.co_stacksize
             nlocalsplus: 72,      // code.co_nlocalsplus
+            localsplusnames: 96,  // code.co_localsplusnames
+            localspluskinds: 104, // code.co_localspluskinds
         },
         unicode: UnicodeLayout {
             length: 16,
@@ -252,6 +257,7 @@ pub fn layout_312(version: Version) -> Layout {
             ob_size: 16,
             ob_sval: 32,
         },
+        tuple_items: 24,
         task_objects: None,
     }
 }

@@ -1,6 +1,7 @@
 //! `pyfleet dump`: every interpreter, thread and frame of one process, as text or JSON.
 
 use super::for_terminal;
+use crate::cpython::locals::FrameLocals;
 use crate::cpython::{Frame, InterpreterStacks, InterpreterTasks, Version};
 use serde::Serialize;
 use std::fmt::Write;
@@ -60,6 +61,17 @@ struct JsonFrame<'a> {
     qualname: &'a str,
     file: &'a str,
     line: Option<i32>,
+    /// With `--locals`: the frame's variables, or why they are not shown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    locals: Option<Vec<JsonLocal<'a>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    locals_not_read: Option<String>,
+}
+
+#[derive(Serialize)]
+struct JsonLocal<'a> {
+    name: &'a str,
+    value: &'a str,
 }
 
 /// The dump as one JSON object (the format documented in docs/reference.md); `tasks`: each
@@ -87,7 +99,7 @@ pub fn to_json(
                         os_name: t.os_name.as_deref(),
                         holds_gil: t.holds_gil,
                         on_cpu: t.on_cpu,
-                        frames: json_frames(&t.frames),
+                        frames: json_frames(&t.frames, t.locals.as_deref()),
                     })
                     .collect(),
                 tasks: tasks.map(|all| {
@@ -98,7 +110,7 @@ pub fn to_json(
                             name: &t.name,
                             thread_id: t.thread_id,
                             state: if t.running { "running" } else { "pending" },
-                            frames: json_frames(&t.frames),
+                            frames: json_frames(&t.frames, None),
                             awaited_by: &t.awaited_by,
                         })
                         .collect()
@@ -110,16 +122,41 @@ pub fn to_json(
     serde_json::to_string_pretty(&doc).unwrap_or_default()
 }
 
-fn json_frames(frames: &[Frame]) -> Vec<JsonFrame<'_>> {
+fn json_frames<'a>(frames: &'a [Frame], locals: Option<&'a [FrameLocals]>) -> Vec<JsonFrame<'a>> {
     frames
         .iter()
-        .map(|f| JsonFrame {
-            function: &f.function.name,
-            qualname: &f.function.qualname,
-            file: &f.function.filename,
-            line: f.line,
+        .enumerate()
+        .map(|(i, f)| {
+            let l = locals.and_then(|l| l.get(i));
+            JsonFrame {
+                function: &f.function.name,
+                qualname: &f.function.qualname,
+                file: &f.function.filename,
+                line: f.line,
+                locals: match l {
+                    Some(FrameLocals::Read(vars)) => Some(
+                        vars.iter()
+                            .map(|v| JsonLocal {
+                                name: &v.name,
+                                value: &v.value,
+                            })
+                            .collect(),
+                    ),
+                    _ => None,
+                },
+                locals_not_read: l.and_then(not_read),
+            }
         })
         .collect()
+}
+
+/// Why a frame's locals are not shown, if they are not.
+fn not_read(l: &FrameLocals) -> Option<String> {
+    match l {
+        FrameLocals::Read(_) => None,
+        FrameLocals::Gone => Some("the frame returned before its locals were read".into()),
+        FrameLocals::Unreadable(why) => Some(why.clone()),
+    }
 }
 
 /// The tasks of interpreter `id` (none when it has no entry).
@@ -183,7 +220,7 @@ pub fn to_text(
                 t.native_thread_id,
                 status.join(", ")
             );
-            text_frames(&mut s, &t.frames);
+            text_frames(&mut s, &t.frames, t.locals.as_deref());
         }
         if let Some(all) = tasks {
             text_tasks(&mut s, tasks_of(all, i.id));
@@ -192,8 +229,8 @@ pub fn to_text(
     s
 }
 
-fn text_frames(s: &mut String, frames: &[Frame]) {
-    for f in frames {
+fn text_frames(s: &mut String, frames: &[Frame], locals: Option<&[FrameLocals]>) {
+    for (i, f) in frames.iter().enumerate() {
         let line = f.line.map_or("?".to_string(), |l| l.to_string());
         let _ = writeln!(
             s,
@@ -202,6 +239,23 @@ fn text_frames(s: &mut String, frames: &[Frame]) {
             for_terminal(&f.function.filename),
             line
         );
+        match locals.and_then(|l| l.get(i)) {
+            Some(FrameLocals::Read(vars)) => {
+                for v in vars {
+                    let _ = writeln!(
+                        s,
+                        "        {} = {}",
+                        for_terminal(&v.name),
+                        for_terminal(&v.value)
+                    );
+                }
+            }
+            Some(other) => {
+                let why = not_read(other).unwrap_or_default();
+                let _ = writeln!(s, "        (locals not shown: {})", for_terminal(&why));
+            }
+            None => {}
+        }
     }
 }
 
@@ -222,7 +276,7 @@ fn text_tasks(s: &mut String, tasks: &[crate::cpython::Task]) {
             for_terminal(&t.name),
             t.id
         );
-        text_frames(s, &t.frames);
+        text_frames(s, &t.frames, None);
         if !t.awaited_by.is_empty() {
             let names: Vec<String> = t
                 .awaited_by

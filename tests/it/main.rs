@@ -17,6 +17,7 @@ mod diff;
 mod doctor;
 mod dump_errors;
 mod dump_exact;
+mod dump_locals;
 mod dump_tasks;
 mod file_modes;
 mod fleet;

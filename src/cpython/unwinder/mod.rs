@@ -255,6 +255,17 @@ pub struct Unwinder<M: RemoteMemory> {
     /// task walk asked: read with each thread state, so that a sample's running tasks are
     /// those of the instant its chains were read (see [`Tstate::running_task`]).
     running_task_fields: Option<(u64, u64)>,
+    /// The target's own types, for reading values (`dump --locals`).
+    builtin_types: crate::binary::BuiltinTypes,
+}
+
+/// One thread's Python frames in the last sample: each frame's address and its code
+/// object's, innermost first, one for each frame of its stack.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SampledFrames {
+    pub interpreter_id: i64,
+    pub thread_id: u64,
+    pub frames: Vec<(u64, u64)>,
 }
 
 #[derive(Default)]
@@ -334,7 +345,36 @@ impl<M: RemoteMemory> Unwinder<M> {
             tids: ThreadIds::new(pid),
             spare: Spare::default(),
             running_task_fields: None,
+            builtin_types: loc.builtin_types,
         }
+    }
+
+    /// The target's own types (see [`crate::binary::BuiltinTypes`]).
+    pub fn builtin_types(&self) -> crate::binary::BuiltinTypes {
+        self.builtin_types
+    }
+
+    /// Each thread's Python frames in the last sample (see [`SampledFrames`]).
+    pub fn sampled_frames(&self) -> Vec<SampledFrames> {
+        self.spare
+            .work
+            .iter()
+            .map(|w| SampledFrames {
+                interpreter_id: w.ts.interp_id,
+                thread_id: w.ts.thread_id,
+                frames: self
+                    .threads
+                    .get(&w.ts.addr)
+                    .map(|tc| {
+                        tc.chain
+                            .iter()
+                            .filter(|c| c.id.is_some())
+                            .map(|c| (c.addr, c.code))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            })
+            .collect()
     }
 
     /// Bytes of each thread state read per sample: the struct, and the running asyncio task's
@@ -544,6 +584,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                     name: None,
                     os_name: None,
                     frames,
+                    locals: None,
                 });
             }
         }
