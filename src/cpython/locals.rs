@@ -10,7 +10,9 @@
 //!   a `tuple`, `list` or `dict` by its length; any other object as `<TYPE object at 0xADDR>`,
 //!   TYPE its type's `tp_name` (at most [`MAX_TYPE_NAME`] bytes). A cell (a variable an inner
 //!   function uses) shows what it holds.
-//! - Bounded: at most [`MAX_LOCALS`] slots of a frame are read, in a handful of reads each.
+//! - Bounded: at most [`MAX_LOCALS`] slots of a frame are read, in a handful of reads each;
+//!   a value that cannot be read shows as `<not readable at 0xSLOT>`, the frame's other
+//!   variables still shown.
 //! - Unbound slots (a local not yet assigned) and hidden ones (3.12+: a comprehension's
 //!   variables inlined into the function) are left out.
 //! - Names and values are the target's, untrusted: bounded here, sanitised by the output.
@@ -49,6 +51,8 @@ const DICT_USED: u64 = 16;
 const CELL_REF: u64 = 16;
 const LONG_SIZE: u64 = 16;
 const LONG_DIGITS: u64 = 24;
+/// The smallest page: a C string is read no further than its page's end.
+const PAGE: u64 = 4096;
 /// 3.14+: a `_PyStackRef`'s tag bits, and the tag of an integer kept in the reference itself.
 const STACKREF_TAG_BITS: u64 = 3;
 const STACKREF_INT_TAG: u64 = 3;
@@ -117,8 +121,11 @@ impl<'a, M: RemoteMemory> LocalsReader<'a, M> {
                 continue;
             }
             let slot = slots.u64(8 * i as u64)?;
-            let Some(value) = self.slot_value(slot, kind & (FAST_CELL | FAST_FREE) != 0)? else {
-                continue;
+            // A value that cannot be read is that value's failure, not the frame's.
+            let value = match self.slot_value(slot, kind & (FAST_CELL | FAST_FREE) != 0) {
+                Ok(Some(value)) => value,
+                Ok(None) => continue,
+                Err(_) => format!("<not readable at {slot:#x}>"),
             };
             let name_at = names.u64(8 * i as u64)?;
             let name = read_unicode(self.mem, self.layout, name_at)
@@ -203,7 +210,9 @@ impl<'a, M: RemoteMemory> LocalsReader<'a, M> {
             }
         }
         let name_at = word_at(self.mem, type_addr.wrapping_add(TP_NAME))?;
-        let raw = self.mem.read_vec(name_at, MAX_TYPE_NAME)?;
+        // Not past the end of the name's page, which may be the end of its mapping.
+        let to_page_end = (PAGE - name_at % PAGE) as usize;
+        let raw = self.mem.read_vec(name_at, MAX_TYPE_NAME.min(to_page_end))?;
         let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
         let name = String::from_utf8_lossy(&raw[..end]);
         Ok(format!("<{name} object at {obj:#x}>"))

@@ -184,6 +184,90 @@ fn garbled_reads_give_counted_errors_and_sampling_recovers() {
     }
 }
 
+/// Rounds of reading every frame's locals from garbled memory, per interpreter.
+const GARBLED_LOCALS_ROUNDS: u32 = 1000;
+
+/// `dump --locals` reads names, values and type names the target controls: from garbled
+/// memory (pointers, lengths and kinds gone wild) each frame's read ends with variables that
+/// stay within the bounds, or an error, in bounded time; never a panic or a hang.
+#[test]
+fn garbled_locals_are_bounded_values_or_errors() {
+    use pyfleet::cpython::locals::{FrameLocals, LocalsReader, MAX_LOCALS, MAX_VALUE_CHARS};
+    let _machine = shared();
+    for interp in interpreters() {
+        let mut target = Proc::python(
+            &interp.label,
+            &interp.path,
+            "locals.py",
+            &["ready", "expected.json"],
+        );
+        target.wait_for_file("ready", READY_TIMEOUT);
+        let mut sampler = garbling_sampler(target.pid(), 0x10ca1 ^ u64::from(interp.minor));
+        assert!(
+            (0..50).any(|_| sampler.sample().is_ok()),
+            "[{}] no clean sample",
+            interp.label
+        );
+        let frames: Vec<(u64, u64)> = sampler
+            .sampled_frames()
+            .into_iter()
+            .flat_map(|t| t.frames)
+            .collect();
+        assert!(frames.len() >= 3, "[{}] {frames:?}", interp.label);
+        sampler.memory().on.set(true);
+        let reader = LocalsReader::new(sampler.memory(), sampler.layout(), sampler.builtin_types());
+        // A value is at most its characters, each escaped to at most 10 (`\U0010ffff`), quoted,
+        // and `...`; or a type's name of at most 64 bytes (each replaced by at most 3) and an
+        // address.
+        let longest_value = MAX_VALUE_CHARS * 10 + 8;
+        let (mut read, mut failed, mut values) = (0u64, 0u64, 0u64);
+        let start = Instant::now();
+        for _ in 0..GARBLED_LOCALS_ROUNDS {
+            for &(frame, code) in &frames {
+                match reader.frame_locals(frame, code) {
+                    Ok(FrameLocals::Read(vars)) => {
+                        read += 1;
+                        assert!(
+                            vars.len() <= MAX_LOCALS,
+                            "[{}] {}",
+                            interp.label,
+                            vars.len()
+                        );
+                        for v in vars {
+                            values += 1;
+                            assert!(
+                                v.name.chars().count() <= MAX_VALUE_CHARS + 3,
+                                "[{}] {v:?}",
+                                interp.label
+                            );
+                            assert!(
+                                v.value.chars().count() <= longest_value,
+                                "[{}] {v:?}",
+                                interp.label
+                            );
+                        }
+                    }
+                    Ok(_) | Err(_) => failed += 1,
+                }
+            }
+        }
+        let took = start.elapsed();
+        eprintln!(
+            "[{}] garbled locals: {read} frames read ({values} values), {failed} not, in {took:?}",
+            interp.label
+        );
+        assert!(failed > 0, "[{}] garbling made no read fail", interp.label);
+        assert!(read > 0, "[{}] no frame read at all", interp.label);
+        assert!(
+            took < Duration::from_secs(60),
+            "[{}] {took:?}",
+            interp.label
+        );
+        sampler.memory().on.set(false);
+        target.kill();
+    }
+}
+
 /// Real memory in which the interpreter's thread list starts at `fake`, an address whose
 /// reads return the first thread state's bytes (at `real`): memory that looks like a thread
 /// state in every field (a copy of one) but is not one, as a pointer read torn or a thread
