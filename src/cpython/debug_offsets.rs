@@ -524,6 +524,17 @@ pub fn build(d: &DebugOffsets, version: Version) -> Result<Layout, String> {
                 .opt("interpreter_state.code_object_generation")
                 .and_then(|_| interp("code_object_generation").ok()),
             modules: interp("imports_modules")?,
+            gc_collecting: interp("gc")?
+                .checked_add(d.offset("gc", "collecting")?)
+                .ok_or("gc.collecting overflows")?,
+            gc_frame: match d.opt("gc.frame") {
+                Some(_) => Some(
+                    interp("gc")?
+                        .checked_add(d.offset("gc", "frame")?)
+                        .ok_or("gc.frame overflows")?,
+                ),
+                None => None,
+            },
         },
         tstate: ThreadLayout {
             size: span(&tstate_fields),

@@ -103,6 +103,11 @@ pub struct InterpLayout {
     /// `imports.modules` (3.11: `modules`), `sys.modules`: read only for the threading
     /// module's thread names (`threading_names`), never while sampling.
     pub modules: u64,
+    /// `gc.collecting`, an `int` set while the collector runs.
+    pub gc_collecting: u64,
+    /// 3.15+: `gc.frame`, the frame that started the running collection (NULL when no Python
+    /// frame did).
+    pub gc_frame: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

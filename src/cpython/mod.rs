@@ -27,7 +27,7 @@ pub use objects::CodeInfo;
 pub use resolved::{Frame, InterpreterStacks, InterpreterTasks, Task, ThreadStack};
 pub use unwinder::{
     named_task, CapturedThread, SampleKind, TaskStack, ThreadSample, Unwinder, UnwinderOptions,
-    UnwinderStats, TASK_FILE,
+    UnwinderStats, GC_FILE, GC_FUNCTION, TASK_FILE,
 };
 
 use crate::binary::{self, BinaryError, RuntimeLocation};

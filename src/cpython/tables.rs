@@ -112,7 +112,9 @@ pub fn layout_311(version: Version) -> Layout {
             id: 48,           // interp.id
             threads_head: 16, // interp.threads_head
             code_object_generation: None,
-            modules: 888, // interp.imports_modules
+            modules: 888,       // interp.imports_modules
+            gc_collecting: 848, // interp.gc_collecting
+            gc_frame: None,
         },
         tstate: ThreadLayout {
             size: 360,             // through root_cframe
@@ -196,7 +198,9 @@ pub fn layout_312(version: Version) -> Layout {
             id: 8,            // interp.id
             threads_head: 72, // interp.threads_head
             code_object_generation: None,
-            modules: 944, // interp.imports_modules
+            modules: 944,       // interp.imports_modules
+            gc_collecting: 312, // interp.gc_collecting
+            gc_frame: None,
         },
         tstate: ThreadLayout {
             size: 288,             // through root_cframe

@@ -23,6 +23,7 @@ mod file_modes;
 mod fleet;
 mod fleet_page;
 mod formats;
+mod gc_frames;
 mod hostile_memory;
 mod hostile_processes;
 mod labels;

@@ -89,6 +89,12 @@ main(void)
     OFF("interp.next", PyInterpreterState, next);
     OFF("interp.id", PyInterpreterState, id);
     OFF("interp.threads_head", PyInterpreterState, threads.head);
+    /* The collector's state: whether a collection runs (and, 3.15+, the frame that started
+     * it). */
+    OFF("interp.gc_collecting", PyInterpreterState, gc.collecting);
+#if PY_VERSION_HEX >= 0x030F0000
+    OFF("interp.gc_frame", PyInterpreterState, gc.frame);
+#endif
     SZ("interp.sizeof", PyInterpreterState);
 #if PY_VERSION_HEX >= 0x030C0000
     /* ceval.gil is a pointer (struct _gil_runtime_state *); _gil is the
@@ -243,6 +249,9 @@ main(void)
     OFF("code.co_localsplusnames", PyCodeObject, co_localsplusnames);
     OFF("code.co_localspluskinds", PyCodeObject, co_localspluskinds);
     SZ("code.codeunit_sizeof", _Py_CODEUNIT);
+
+    /* ---- PyTupleObject (3.14 put a cached hash before the items) ---- */
+    OFF("tuple.ob_item", PyTupleObject, ob_item);
 
     /* ---- PyBytesObject ---- */
     OFF("bytes.ob_size", PyBytesObject, ob_base.ob_size);

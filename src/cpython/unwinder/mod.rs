@@ -71,7 +71,7 @@ use crate::memory::{Bytes, Pauser, RemoteMemory};
 use crate::process::cpu_share::{self, CpuShare};
 use crate::process::namespace::ThreadIds;
 use crate::process::runstate::{RunWatch, Still};
-use crate::stacks::{FrameId, FunctionId, StackId, StackTable};
+use crate::stacks::{FrameId, Function, FunctionId, StackId, StackTable};
 use budget::*;
 use code_cache::*;
 use frame_cache::*;
@@ -95,6 +95,11 @@ use top::*;
 /// at its own point of the count (from its pid), so that the forced reads of processes
 /// attached together do not fall on the same tick.
 pub const MAX_KEPT: u32 = 1000;
+
+/// The frame that stands for the interpreter's garbage collector running on a thread (see
+/// [`Unwinder::with_gc_frame`]), named in angle brackets as the other frames pyfleet makes up.
+pub const GC_FUNCTION: &str = "<GC>";
+pub const GC_FILE: &str = "<interpreter>";
 
 /// What a successful sample cost (the actors count samples by it).
 pub use pyfleet_actors::SampleKind;
@@ -295,6 +300,9 @@ struct Spare {
     outside: Vec<u64>,
     /// The batch of a thread read again (see `walk_consistent`).
     reread: ReadPlan,
+    /// The interpreters of the sample whose collector ran, with the frame that started the
+    /// collection where the version says (3.15+; see [`Unwinder::with_gc_frame`]).
+    collecting: Vec<(u64, Option<u64>)>,
 }
 
 impl<M: RemoteMemory> Unwinder<M> {
@@ -648,6 +656,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                 }
             }
             let stack = self.intern_stack(w);
+            let stack = self.with_gc_frame(w, stack);
             self.plan_next_read(w)?;
             let on_cpu = self.opts.cpu_status.then(|| self.on_cpu(w.ts.host_tid));
             let waits_gil = self.waits_gil(w, on_cpu, None);
@@ -708,6 +717,42 @@ impl<M: RemoteMemory> Unwinder<M> {
         }
         crate::process::syscall::futex_word(self.pid, w.ts.host_tid)
             .is_some_and(|word| word.wrapping_sub(locked) < crate::cpython::layout::GIL_WAIT_SPAN)
+    }
+
+    /// `stack` of thread `w`, with a `<GC>` frame where the collector runs on it: while its
+    /// interpreter collects, on the thread whose chain holds the frame that started the
+    /// collection, right above that frame (3.15+: the collector's own calls, such as
+    /// finalizers, above it); before 3.15, or when no Python frame started it, at the top of
+    /// the thread that holds the GIL (the collector runs holding it).
+    fn with_gc_frame(&mut self, w: &Work, stack: StackId) -> StackId {
+        let Some(&(_, started_at)) = self.spare.collecting.iter().find(|c| c.0 == w.ts.interp)
+        else {
+            return stack;
+        };
+        let above = match started_at.filter(|&f| f != 0) {
+            Some(frame) => {
+                let chain = self.threads.get(&w.ts.addr).map(|t| t.chain.as_slice());
+                let Some(at) = chain.and_then(|c| c.iter().position(|f| f.addr == frame)) else {
+                    return stack;
+                };
+                chain.map_or(0, |c| c[..at].iter().filter(|f| f.id.is_some()).count())
+            }
+            None if w.holds_gil => 0,
+            None => return stack,
+        };
+        let Some(frames) = self.table.stack_frames(stack) else {
+            return stack;
+        };
+        let mut ids = frames.to_vec();
+        let function = self.table.function(Function {
+            name: GC_FUNCTION.into(),
+            qualname: GC_FUNCTION.into(),
+            filename: GC_FILE.into(),
+            first_line: 0,
+        });
+        let gc = self.table.frame(function, None);
+        ids.insert(above.min(ids.len()), gc);
+        self.table.stack(&ids)
     }
 
     fn push_sample(&mut self, w: &Work, on_cpu: Option<bool>, waits_gil: bool, stack: StackId) {

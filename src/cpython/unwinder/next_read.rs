@@ -111,6 +111,9 @@ impl<M: RemoteMemory> Unwinder<M> {
             if let Some(g) = l.interp.code_object_generation {
                 b.push(Key::Word(ia.wrapping_add(g)), ia.wrapping_add(g), 8);
             }
+            for g in std::iter::once(l.interp.gc_collecting).chain(l.interp.gc_frame) {
+                b.push(Key::Word(ia.wrapping_add(g)), ia.wrapping_add(g), 8);
+            }
         }
         if let (GilLayout::InterpPointer { locked, holder, .. }, true) = (l.gil, gil_struct) {
             let lo = locked.min(holder);

@@ -133,6 +133,7 @@ impl<M: RemoteMemory> Unwinder<M> {
         let mut tstates = std::mem::take(&mut self.spare.tstates);
         let mut interp_ids = std::mem::take(&mut self.spare.interp_ids);
         interps.clear();
+        self.spare.collecting.clear();
         holders.clear();
         gils.clear();
         tstates.clear();
@@ -167,6 +168,14 @@ impl<M: RemoteMemory> Unwinder<M> {
             interp_ids.push(interp_id);
             if let Some(g) = l.interp.code_object_generation {
                 generation = generation.wrapping_add(self.word(b, ia.wrapping_add(g))?);
+            }
+            // The `int` is the word's low half.
+            if self.word(b, ia.wrapping_add(l.interp.gc_collecting))? as u32 != 0 {
+                let started_at = match l.interp.gc_frame {
+                    Some(f) => Some(self.word(b, ia.wrapping_add(f))?),
+                    None => None,
+                };
+                self.spare.collecting.push((ia, started_at));
             }
             if let (
                 GilLayout::InterpPointer {
