@@ -138,6 +138,7 @@ const volatile __u64 futex_nr = 0;
 #define FLAG_ENTERING 128
 #define FLAG_HOLDS_GIL 256
 #define FLAG_WAITS_GIL 512
+#define FLAG_COLLECTING 1024
 // How far past the GIL's `locked` word its waiters' futex words lie (GIL_WAIT_SPAN).
 #define GIL_WAIT_SPAN 192
 
@@ -188,6 +189,10 @@ struct thread_info {
     __u64 task_awaited_by;
     // The address of the thread's own `gil_requested` (3.15+; 0: none).
     __u64 gil_requested;
+    // The addresses of its interpreter's `gc.collecting` (an int; 0: not asked) and (3.15+)
+    // `gc.frame`, the frame that started the running collection (0: none).
+    __u64 gc_collecting;
+    __u64 gc_frame;
 };
 
 // A chunk's bytes below a top frame, and room past them for the last frame's copy: frames
@@ -232,6 +237,8 @@ struct record {
     // The thread's last switch-in (its entry's `switched_in_at`; 0 when not known).
     __u64 switched_in;
     struct task_copy task;
+    // With FLAG_COLLECTING: the frame that started the collection (0: not known).
+    __u64 gc_frame;
     struct frame_copy frame[MAX_FRAMES];
 };
 
@@ -466,6 +473,21 @@ static __u16 gil_flags(struct thread_info *info, int switched_out)
     return waits_gil_flag(info, !read || locked != 0);
 }
 
+// FLAG_COLLECTING if the collector of the interpreter of the thread of `info` runs (not
+// asked: none), with the frame that started it into `r`.
+static __u16 collector(struct thread_info *info, struct record *r)
+{
+    __u32 collecting = 0;
+    r->gc_frame = 0;
+    if (info->gc_collecting == 0
+        || bpf_probe_read_user(&collecting, 4, (void *)info->gc_collecting) < 0
+        || collecting == 0)
+        return 0;
+    if (info->gc_frame != 0 && bpf_probe_read_user(&r->gc_frame, 8, (void *)info->gc_frame) < 0)
+        r->gc_frame = 0;
+    return FLAG_COLLECTING;
+}
+
 // The asyncio task the thread of `info` runs (0: none, not asked, or not readable).
 static __u64 running_task(struct thread_info *info)
 {
@@ -675,6 +697,7 @@ static __attribute__((always_inline)) int capture(void *ctx, int switched_out)
     r->flags = 0;
     r->pad = 0;
     r->switched_in = info ? info->switched_in_at : 0;
+    r->gc_frame = 0;
     if (info)
         copy_task(info, &r->task);
     else
@@ -684,7 +707,8 @@ static __attribute__((always_inline)) int capture(void *ctx, int switched_out)
         send(r, 0);
         return 0;
     }
-    __u16 extra = gil_flags(info, switched_out) | (switched_out ? FLAG_SWITCHED_OUT : 0);
+    __u16 extra = gil_flags(info, switched_out) | collector(info, r)
+                  | (switched_out ? FLAG_SWITCHED_OUT : 0);
     __u64 head = 0, chunk = 0, frame = 0;
     if (!read_thread_state(info, &head, &chunk)) {
         r->flags = FLAG_POINTER_UNREADABLE | extra;

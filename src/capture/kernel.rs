@@ -348,6 +348,7 @@ impl KernelCapture {
         tstate: u64,
         layout: CaptureLayout,
         gil: GilAt,
+        collector: CollectorAt,
     ) -> Result<(), CaptureError> {
         layout.check().map_err(CaptureError::Layout)?;
         let known = self.threads.get(&tid, 0).is_ok();
@@ -357,7 +358,7 @@ impl KernelCapture {
                 why: format!("at most {MAX_WATCHED} threads are watched"),
             });
         }
-        let info = ThreadInfo::new(pid, tstate, layout, gil);
+        let info = ThreadInfo::new(pid, tstate, layout, gil, collector);
         let why = |e: aya::maps::MapError| CaptureError::Watch {
             tid,
             why: e.to_string(),

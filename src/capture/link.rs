@@ -252,7 +252,13 @@ impl CaptureLink {
                 // Captured before this source stopped watching it: a thread that ended.
                 (false, None, None) => continue,
                 (false, None, Some(t)) => {
-                    let sampled = unwinder.sample_captured(t, frames_in(&r.frames), false);
+                    let sampled = unwinder.sample_captured(
+                        t,
+                        frames_in(&r.frames),
+                        false,
+                        r.collecting,
+                        r.holds_gil,
+                    );
                     match (sampled, tasks.as_mut(), r.task.as_ref()) {
                         // The task it ran, when the chain shows it.
                         (Ok(mut s), Some(view), Some(task)) => {

@@ -56,6 +56,8 @@ pub(super) struct PendingRecord {
     pub(super) frames: Vec<u8>,
     /// The asyncio task the thread ran, as copied with the chain (none, or not asked).
     pub(super) task: Option<CapturedTask>,
+    /// Its interpreter's collector ran: with the frame that started it (0: not known).
+    pub(super) collecting: Option<u64>,
 }
 
 impl PendingRecord {
@@ -186,7 +188,7 @@ impl SharedCapture {
         for t in threads {
             let tid = t.tid as u32;
             s.capture
-                .watch(pid, tid, t.tstate, layout, t.gil)
+                .watch(pid, tid, t.tstate, layout, t.gil, t.collector)
                 .map_err(|e| e.to_string())?;
             now.push(tid);
         }
@@ -289,6 +291,7 @@ impl CaptureState {
                     .then_some("a chain deeper than the capture copies")),
                 frames: r.frame_bytes().to_vec(),
                 task: r.task,
+                collecting: r.collecting,
             };
             let now_due = record.prompt() || queue.records.len() + 1 == PROMPT_AT;
             if now_due {

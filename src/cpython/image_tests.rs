@@ -355,7 +355,7 @@ fn a_captured_chain_decodes_to_the_stack_a_read_finds() {
         let bytes = captured_record(u.memory(), u.capture_layout(), 0, t.tid as u32, t.tstate);
         let record = CapturedRecord::parse(&bytes).expect("a whole record");
         let captured = u
-            .sample_captured(t, record.frames(), record.truncated())
+            .sample_captured(t, record.frames(), record.truncated(), None, false)
             .expect("decodes");
         let same = read
             .iter()
@@ -368,6 +368,63 @@ fn a_captured_chain_decodes_to_the_stack_a_read_finds() {
         let frames = u16::from_le_bytes([head[16], head[17]]) - 1;
         head[16..18].copy_from_slice(&frames.to_le_bytes());
         let record = CapturedRecord::parse(&head).expect("a whole record");
-        assert!(u.sample_captured(t, record.frames(), false).is_err());
+        assert!(u
+            .sample_captured(t, record.frames(), false, None, false)
+            .is_err());
     }
+}
+
+#[test]
+fn a_chain_captured_while_the_collector_ran_shows_gc_above_the_frame_that_started_it() {
+    use crate::memory::capture_records::CapturedRecord;
+    let (img, _) = runtime();
+    let mut u = unwinder(img);
+    let read: Vec<_> = u.sample().unwrap().to_vec();
+    let t = u.captured_threads()[0];
+    let mut bytes = captured_record(u.memory(), u.capture_layout(), 0, t.tid as u32, t.tstate);
+    let chain: Vec<u64> = CapturedRecord::parse(&bytes)
+        .expect("a whole record")
+        .frames()
+        .map(|f| f.addr)
+        .collect();
+    let plain = read
+        .iter()
+        .find(|s| s.native_thread_id == t.tid as u64)
+        .expect("the thread was read")
+        .stack;
+    let names = |u: &Unwinder<MemoryImage>, stack| -> Vec<String> {
+        u.stacks()
+            .resolve(stack)
+            .into_iter()
+            .flatten()
+            .map(|f| f.function.name.to_string())
+            .collect()
+    };
+    let before = names(&u, plain);
+    assert!(before.len() >= 2, "{before:?}");
+    // FLAG_COLLECTING, and the frame that started it: the thread's second frame (its first
+    // two are Python functions').
+    bytes[18..20].copy_from_slice(&1024u16.to_le_bytes());
+    let started = chain[1];
+    let gc_at = 32 + 32 + crate::memory::capture_records::TASK_NAME_BYTES;
+    bytes[gc_at..gc_at + 8].copy_from_slice(&started.to_le_bytes());
+    let record = CapturedRecord::parse(&bytes).expect("a whole record");
+    assert_eq!(record.collecting, Some(started));
+    let s = u
+        .sample_captured(t, record.frames(), false, record.collecting, false)
+        .expect("decodes");
+    let mut expected = before.clone();
+    expected.insert(1, crate::cpython::GC_FUNCTION.to_string());
+    assert_eq!(names(&u, s.stack), expected);
+    // Before 3.15 (no frame named): on top of the GIL's holder only.
+    let s = u
+        .sample_captured(t, record.frames(), false, Some(0), true)
+        .expect("decodes");
+    let mut on_top = vec![crate::cpython::GC_FUNCTION.to_string()];
+    on_top.extend(before.iter().cloned());
+    assert_eq!(names(&u, s.stack), on_top);
+    let s = u
+        .sample_captured(t, record.frames(), false, Some(0), false)
+        .expect("decodes");
+    assert_eq!(names(&u, s.stack), before);
 }

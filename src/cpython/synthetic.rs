@@ -274,7 +274,8 @@ pub fn captured_record(
         n += 1;
         frame = at_word(layout.previous);
     }
-    // The head: pid, tid, time, frames, flags, padding, last switch-in (not known), task.
+    // The head: pid, tid, time, frames, flags, padding, last switch-in (not known), task,
+    // the frame that started a collection.
     let mut record = Vec::with_capacity(32 + frames.len());
     record.extend(pid.to_le_bytes());
     record.extend(tid.to_le_bytes());
@@ -283,8 +284,9 @@ pub fn captured_record(
     record.extend(0u16.to_le_bytes());
     record.extend(0u32.to_le_bytes());
     record.extend(0u64.to_le_bytes());
-    // No asyncio task (its copy is zeros).
+    // No asyncio task (its copy is zeros), no collection.
     record.extend([0u8; 32 + TASK_NAME_BYTES]);
+    record.extend(0u64.to_le_bytes());
     record.extend(frames);
     record
 }

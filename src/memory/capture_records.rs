@@ -38,7 +38,8 @@ const TASK_NAME_HEAD_AT: usize = 32;
 /// Bytes of a running task's name object copied with its chain (`TASK_NAME_BYTES`).
 pub const TASK_NAME_BYTES: usize = 96;
 const TASK_COPY_BYTES: usize = TASK_NAME_HEAD_AT + TASK_NAME_BYTES;
-const HEAD_BYTES: usize = TASK_AT + TASK_COPY_BYTES;
+const GC_FRAME_AT: usize = TASK_AT + TASK_COPY_BYTES;
+const HEAD_BYTES: usize = GC_FRAME_AT + 8;
 // `struct frame_copy`: the frame's address, its code object's fingerprint, its first bytes.
 const ADDR_AT: usize = 0;
 const FINGERPRINT_AT: usize = 8;
@@ -54,6 +55,7 @@ const FLAG_UNCHANGED: u16 = 64;
 const FLAG_ENTERING: u16 = 128;
 const FLAG_HOLDS_GIL: u16 = 256;
 const FLAG_WAITS_GIL: u16 = 512;
+const FLAG_COLLECTING: u16 = 1024;
 
 /// Most bytes of a code object its fingerprint covers (`MAX_FINGERPRINT_BYTES`).
 pub const MAX_FINGERPRINT_BYTES: u64 = 64;
@@ -152,9 +154,21 @@ pub struct ThreadInfo {
     task_awaited_by: u64,
     /// The thread's own `gil_requested` (0: none), see [`GilAt::OwnFlags`].
     gil_requested: u64,
+    /// See [`CollectorAt`] (0: not asked, none).
+    gc_collecting: u64,
+    gc_frame: u64,
 }
 
-// SAFETY: two u32 then twenty-one u64 fields, `repr(C)`, no padding: every bit pattern is a valid value, which
+/// Where the program finds whether a thread's interpreter collects garbage, read with each
+/// chain: its `gc.collecting` (an `int`) and (3.15+) `gc.frame`, the frame that started the
+/// collection (0: not asked, none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CollectorAt {
+    pub collecting: u64,
+    pub frame: u64,
+}
+
+// SAFETY: two u32 then twenty-three u64 fields, `repr(C)`, no padding: every bit pattern is a valid value, which
 // is what `Pod` asks of types copied to and from BPF maps.
 unsafe impl Pod for ThreadInfo {}
 
@@ -162,7 +176,13 @@ impl ThreadInfo {
     /// Thread of process `pid` whose thread state is at `tstate`, its chain copied as
     /// `layout` says and its hold on the GIL told as `gil` says (the program's own fields
     /// start at 0).
-    pub fn new(pid: u32, tstate: u64, layout: CaptureLayout, gil: GilAt) -> ThreadInfo {
+    pub fn new(
+        pid: u32,
+        tstate: u64,
+        layout: CaptureLayout,
+        gil: GilAt,
+        collector: CollectorAt,
+    ) -> ThreadInfo {
         ThreadInfo {
             pid,
             pad: 0,
@@ -196,6 +216,8 @@ impl ThreadInfo {
                 GilAt::OwnFlags { requested, .. } => requested,
                 _ => 0,
             },
+            gc_collecting: collector.collecting,
+            gc_frame: collector.frame,
         }
     }
 }
@@ -283,6 +305,8 @@ pub struct CapturedRecord<'a> {
     switched_in_ns: u64,
     /// The asyncio task the thread ran, as copied with the chain (none, or not asked).
     pub task: Option<CapturedTask>,
+    /// Its interpreter's collector ran: with the frame that started it (0: not known).
+    pub collecting: Option<u64>,
     frames: &'a [u8],
 }
 
@@ -331,6 +355,12 @@ impl<'a> CapturedRecord<'a> {
                         name_head: t.get(TASK_NAME_HEAD_AT..)?.try_into().ok()?,
                     }),
                 }
+            },
+            collecting: match u16_at(FLAGS_AT)? & FLAG_COLLECTING {
+                0 => None,
+                _ => Some(u64::from_le_bytes(
+                    head.get(GC_FRAME_AT..GC_FRAME_AT + 8)?.try_into().ok()?,
+                )),
             },
             frames,
         })
@@ -466,6 +496,8 @@ mod tests {
             "AT(thread_info, gil_locked); AT(thread_info, gil_holder);",
             "AT(thread_info, chunk); CONST(CHUNK_HEAD);",
             "AT(thread_info, running_loop); AT(thread_info, running_task);",
+            "CONST(FLAG_COLLECTING); AT(record, gc_frame);",
+            "AT(thread_info, gc_collecting); AT(thread_info, gc_frame);",
         ] {
             c.push_str(line);
             c.push('\n');
@@ -519,6 +551,16 @@ mod tests {
             ("FLAG_ENTERING", u64::from(FLAG_ENTERING)),
             ("FLAG_HOLDS_GIL", u64::from(FLAG_HOLDS_GIL)),
             ("FLAG_WAITS_GIL", u64::from(FLAG_WAITS_GIL)),
+            ("FLAG_COLLECTING", u64::from(FLAG_COLLECTING)),
+            ("record.gc_frame", GC_FRAME_AT as u64),
+            (
+                "thread_info.gc_collecting",
+                std::mem::offset_of!(ThreadInfo, gc_collecting) as u64,
+            ),
+            (
+                "thread_info.gc_frame",
+                std::mem::offset_of!(ThreadInfo, gc_frame) as u64,
+            ),
             ("GIL_WAIT_SPAN", crate::cpython::layout::GIL_WAIT_SPAN),
             (
                 "thread_info.gil_requested",

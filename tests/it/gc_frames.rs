@@ -1,7 +1,7 @@
 //! While the garbage collector runs, the thread it runs on shows a `<GC>` frame above the
-//! frame that started the collection, on every supported interpreter, in the share of samples
-//! the target itself measures its collector to take (tests/targets/gc_heavy.py times every
-//! collection through `gc.callbacks`).
+//! frame that started the collection, on every supported interpreter, by reads and with the
+//! kernel capture, in the share of samples the target itself measures its collector to take
+//! (tests/targets/gc_heavy.py times every collection through `gc.callbacks`).
 
 use crate::common::*;
 use serde_json::Value;
@@ -16,7 +16,9 @@ const GC_SHARE_POINTS: f64 = 10.0;
 fn the_collector_shows_as_a_gc_frame_in_the_share_it_takes() {
     let _machine = shared();
     for interp in interpreters() {
-        check_gc(&interp);
+        for capture in ["kernel", "reads"] {
+            check_gc(&interp, capture);
+        }
     }
 }
 
@@ -30,22 +32,21 @@ fn gc_stats(path: &std::path::Path) -> (f64, f64) {
     )
 }
 
-fn check_gc(interp: &Interp) {
-    let label = &interp.label;
+fn check_gc(interp: &Interp, capture: &str) {
+    let label = &format!("{} {capture}", interp.label);
     let mut target = Proc::python(label, &interp.path, "gc_heavy.py", &["ready", "stats.json"]);
     target.wait_for_file("ready", READY_TIMEOUT);
     let stats = target.wait_for_file("stats.json", READY_TIMEOUT);
     let dir = tempdir("pyfleet-gc-");
     let out_path = dir.path().join("gc.folded");
     let before = gc_stats(&stats);
-    // By reads: the kernel capture does not copy the collector's state.
     let out = run_with_timeout(
         measured_command(&[
             "record",
             "--pid",
             &target.pid().to_string(),
             "--capture",
-            "reads",
+            capture,
             "--duration",
             "4s",
             "-o",

@@ -14,7 +14,7 @@
 
 use super::*;
 use crate::cpython::objects::fingerprint_span;
-use crate::memory::capture_records::{CaptureLayout, CapturedFrame, FRAME_BYTES};
+use crate::memory::capture_records::{CaptureLayout, CapturedFrame, CollectorAt, FRAME_BYTES};
 
 /// A thread the capture may watch: the host's id and its thread state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +24,8 @@ pub struct CapturedThread {
     /// Where the capture finds whether it holds the GIL (`NotAsked` when the read did not
     /// find the GIL).
     pub gil: GilAt,
+    /// Where the capture finds whether its interpreter's collector runs.
+    pub collector: CollectorAt,
 }
 
 impl<M: RemoteMemory> Unwinder<M> {
@@ -66,6 +68,17 @@ impl<M: RemoteMemory> Unwinder<M> {
                 tid: tc.tid,
                 tstate,
                 gil: tc.gil,
+                collector: match tc.interp {
+                    0 => CollectorAt::default(),
+                    ia => CollectorAt {
+                        collecting: ia.wrapping_add(self.layout.interp.gc_collecting),
+                        frame: self
+                            .layout
+                            .interp
+                            .gc_frame
+                            .map_or(0, |f| ia.wrapping_add(f)),
+                    },
+                },
             })
             .collect();
         v.sort_unstable_by_key(|t| t.tid);
@@ -74,14 +87,25 @@ impl<M: RemoteMemory> Unwinder<M> {
 
     /// One thread's sample from a chain captured of `thread` (as [`Unwinder::captured_threads`]
     /// listed it; `frames` newest first, as copied). `truncated`: the chain went on past what
-    /// was copied.
+    /// was copied. `collecting`: its interpreter's collector ran, started at that frame (0:
+    /// not known), and `holds_gil`: it held the GIL (see [`Unwinder::with_gc_frame`]).
     pub fn sample_captured<'a>(
         &mut self,
         thread: CapturedThread,
         frames: impl Iterator<Item = CapturedFrame<'a>>,
         truncated: bool,
+        collecting: Option<u64>,
+        holds_gil: bool,
     ) -> Result<ThreadSample, UnwindError> {
-        let r = self.captured(thread, frames, truncated);
+        let r = self
+            .captured(thread, frames, truncated)
+            .map(|mut s| match collecting {
+                Some(started_at) => {
+                    s.stack = self.with_gc_frame(thread.tstate, started_at, holds_gil, s.stack);
+                    s
+                }
+                None => s,
+            });
         match &r {
             Ok(_) => self.stats.samples += 1,
             Err(_) => self.stats.errors += 1,

@@ -67,6 +67,8 @@ pub(super) struct ThreadCache {
     pub(super) tid: i32,
     /// Where the kernel capture finds whether it holds the GIL.
     pub(super) gil: GilAt,
+    /// Its interpreter's address, as its last read found it (0: none yet).
+    pub(super) interp: u64,
     /// It waited for the GIL when last read (kept with its stack while it does not run).
     pub(super) waits_gil: bool,
     pub(super) read_at: u64,
@@ -190,6 +192,9 @@ impl<M: RemoteMemory> Unwinder<M> {
         tc.last_stack = Some(stack);
         tc.tid = w.ts.host_tid;
         tc.gil = w.ts.gil;
+        if w.ts.interp != 0 {
+            tc.interp = w.ts.interp;
+        }
         tc.read_at = self.epoch;
         tc.kept = 0;
         self.spare.chain_new = chain_new;

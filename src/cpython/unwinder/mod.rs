@@ -656,7 +656,12 @@ impl<M: RemoteMemory> Unwinder<M> {
                 }
             }
             let stack = self.intern_stack(w);
-            let stack = self.with_gc_frame(w, stack);
+            let stack = match self.spare.collecting.iter().find(|c| c.0 == w.ts.interp) {
+                Some(&(_, started_at)) => {
+                    self.with_gc_frame(w.ts.addr, started_at.unwrap_or(0), w.holds_gil, stack)
+                }
+                None => stack,
+            };
             self.plan_next_read(w)?;
             let on_cpu = self.opts.cpu_status.then(|| self.on_cpu(w.ts.host_tid));
             let waits_gil = self.waits_gil(w, on_cpu, None);
@@ -719,26 +724,29 @@ impl<M: RemoteMemory> Unwinder<M> {
             .is_some_and(|word| word.wrapping_sub(locked) < crate::cpython::layout::GIL_WAIT_SPAN)
     }
 
-    /// `stack` of thread `w`, with a `<GC>` frame where the collector runs on it: while its
-    /// interpreter collects, on the thread whose chain holds the frame that started the
-    /// collection, right above that frame (3.15+: the collector's own calls, such as
-    /// finalizers, above it); before 3.15, or when no Python frame started it, at the top of
-    /// the thread that holds the GIL (the collector runs holding it).
-    fn with_gc_frame(&mut self, w: &Work, stack: StackId) -> StackId {
-        let Some(&(_, started_at)) = self.spare.collecting.iter().find(|c| c.0 == w.ts.interp)
-        else {
-            return stack;
-        };
-        let above = match started_at.filter(|&f| f != 0) {
-            Some(frame) => {
-                let chain = self.threads.get(&w.ts.addr).map(|t| t.chain.as_slice());
+    /// `stack` of the thread at `tstate` (its chain just interned), taken while its
+    /// interpreter's collector ran, with a `<GC>` frame where the collector runs on it: on
+    /// the thread whose chain holds the frame that started the collection (`started_at`),
+    /// right above that frame (3.15+: the collector's own calls, such as finalizers, above
+    /// it); before 3.15, or when no Python frame started it (`started_at` 0), at the top of
+    /// the thread that holds the GIL (`holds_gil`: the collector runs holding it).
+    fn with_gc_frame(
+        &mut self,
+        tstate: u64,
+        started_at: u64,
+        holds_gil: bool,
+        stack: StackId,
+    ) -> StackId {
+        let above = match started_at {
+            0 if holds_gil => 0,
+            0 => return stack,
+            frame => {
+                let chain = self.threads.get(&tstate).map(|t| t.chain.as_slice());
                 let Some(at) = chain.and_then(|c| c.iter().position(|f| f.addr == frame)) else {
                     return stack;
                 };
                 chain.map_or(0, |c| c[..at].iter().filter(|f| f.id.is_some()).count())
             }
-            None if w.holds_gil => 0,
-            None => return stack,
         };
         let Some(frames) = self.table.stack_frames(stack) else {
             return stack;
