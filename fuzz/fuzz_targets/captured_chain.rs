@@ -34,7 +34,10 @@ fuzz_target!(|data: &[u8]| {
             continue;
         };
         let _ = record.unreadable();
-        if let Ok(sample) = u.sample_captured(t, record.frames(), record.truncated()) {
+        let (collecting, holds_gil) = (record.collecting, record.holds_gil());
+        let truncated = record.truncated();
+        if let Ok(sample) = u.sample_captured(t, record.frames(), truncated, collecting, holds_gil)
+        {
             let _ = u.stacks().resolve(sample.stack).map(Iterator::count);
         }
     }

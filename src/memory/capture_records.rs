@@ -451,6 +451,8 @@ mod tests {
         v.extend(0x91u64.to_le_bytes());
         v.extend(0u64.to_le_bytes());
         v.extend([3u8; TASK_NAME_BYTES]);
+        // The frame that started a collection (read with FLAG_COLLECTING only).
+        v.extend(0x77u64.to_le_bytes());
         for &(addr, fill) in frames {
             v.extend(addr.to_le_bytes());
             v.extend((addr + 1).to_le_bytes());
@@ -693,6 +695,12 @@ mod tests {
         assert_eq!(
             (r.pid, r.tid, r.time_ns, r.switched_in_ns()),
             (10, 11, 7, 5)
+        );
+        assert_eq!(r.collecting, None);
+        let collecting = record(10, 11, FLAG_COLLECTING, &[]);
+        assert_eq!(
+            CapturedRecord::parse(&collecting).map(|r| r.collecting),
+            Some(Some(0x77))
         );
         let task = r.task.expect("a task");
         assert_eq!(
