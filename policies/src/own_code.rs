@@ -5,7 +5,9 @@
 //!
 //! By the file's path alone: a library's lies under `site-packages` or `dist-packages`, or
 //! in an interpreter's `lib/pythonX.Y` directory; a name in angle brackets (`<frozen ...>`,
-//! `<string>`, `<asyncio task>`) is no program file. Anything else is the program's.
+//! `<string>`, `<asyncio task>`) is no program file; nor is an installed command's launcher,
+//! a file without `.py` in a `bin` directory (`venv/bin/gunicorn`, `/usr/bin/celery`: what
+//! pip writes for a package's entry point). Anything else is the program's.
 
 /// Whether a frame of `file` runs the program's own code (see the module documentation).
 pub fn is_own_code(file: &str) -> bool {
@@ -13,10 +15,14 @@ pub fn is_own_code(file: &str) -> bool {
         return false;
     }
     let parts: Vec<&str> = file.split(['/', '\\']).collect();
-    !parts.iter().enumerate().any(|(i, part)| {
-        matches!(*part, "site-packages" | "dist-packages")
-            || (is_interpreter_lib(part) && i > 0 && matches!(parts[i - 1], "lib" | "lib64"))
-    })
+    let launcher = parts.len() >= 2
+        && matches!(parts[parts.len() - 2], "bin" | "Scripts")
+        && !parts[parts.len() - 1].ends_with(".py");
+    !launcher
+        && !parts.iter().enumerate().any(|(i, part)| {
+            matches!(*part, "site-packages" | "dist-packages")
+                || (is_interpreter_lib(part) && i > 0 && matches!(parts[i - 1], "lib" | "lib64"))
+        })
 }
 
 /// `pythonX.Y` (or `pythonX.Yt`): an interpreter's library directory's name.
@@ -45,6 +51,8 @@ mod tests {
             "/usr/lib/python3/dist-packages/gunicorn/arbiter.py",
             "<frozen runpy>",
             "<asyncio task>",
+            "/root/.cache/pyfleet/venvs/gunicorn-3.15/bin/gunicorn",
+            "/usr/bin/celery",
             "",
         ] {
             assert!(!is_own_code(library), "{library}");
@@ -56,6 +64,7 @@ mod tests {
             "/srv/lib/python/app.py",
             "/srv/lib/python3.x/app.py",
             "/srv/lib/packages/app.py",
+            "/home/me/bin/tool.py",
         ] {
             assert!(is_own_code(own), "{own}");
         }

@@ -286,10 +286,12 @@ async fn answer(
         (&Method::GET, "/api/fleet", Some((exporter, pull, _))) => fleet(exporter, pull).await,
         (&Method::GET, "/flamegraph.svg" | "/api/window", Some((_, pull, _))) => {
             let query = req.uri().query().unwrap_or("");
-            match window_request(query, 5, super::fleet_page::MAX_FLAME_SECONDS) {
-                Ok((seconds, filter)) => {
+            let asked = window_request(query, 5, super::fleet_page::MAX_FLAME_SECONDS)
+                .and_then(|(s, f)| Ok((s, f, windows::view_request(query)?)));
+            match asked {
+                Ok((seconds, filter, view)) => {
                     granted.store(seconds, Ordering::Relaxed);
-                    match take_window(pull, seconds, filter).await {
+                    match take_window(pull, seconds, filter, view).await {
                         Ok(w) if path == "/flamegraph.svg" => {
                             rendered(Arc::new(w), Format::Svg).await
                         }
@@ -417,7 +419,7 @@ fn see_other(to: &'static str, cookie: Option<String>) -> Response<Full<Bytes>> 
 
 /// Takes the profile and answers with it, gzipped pprof.
 async fn profile(pull: &Pull, seconds: u64, filter: PullFilter) -> Response<Full<Bytes>> {
-    let window = match take_window(pull, seconds, filter).await {
+    let window = match take_window(pull, seconds, filter, windows::View::All).await {
         Ok(w) => w,
         Err(refused) => return refused,
     };
@@ -436,6 +438,7 @@ async fn take_window(
     pull: &Pull,
     seconds: u64,
     filter: PullFilter,
+    view: windows::View,
 ) -> Result<Window, Response<Full<Bytes>>> {
     let Some(profiler) = pull.profiler.get() else {
         return Err(text(
@@ -447,7 +450,12 @@ async fn take_window(
         .profile(Duration::from_secs(seconds), filter.clone())
         .await
     {
-        Ok(snapshot) => Ok(Window::of(snapshot, &filter, pull.context(seconds))),
+        Ok(snapshot) => Ok(Window::viewed(
+            snapshot,
+            &filter,
+            pull.context(seconds),
+            view,
+        )),
         Err(e @ pyfleet_actors::PullError::NotProfiled(_)) => {
             Err(text(StatusCode::NOT_FOUND, format!("{e}\n")))
         }
@@ -456,16 +464,17 @@ async fn take_window(
     }
 }
 
-/// `/api/window`'s answer: the window kept, and its id, title, samples, the rate they were
-/// taken at and the seconds they stand for, as JSON.
+/// `/api/window`'s answer: the window kept, and its id, title, view, samples, the rate they
+/// were taken at and the seconds they stand for, as JSON.
 fn kept(pull: &Pull, window: Window) -> Response<Full<Bytes>> {
-    let (title, samples) = (window.ctx.title.clone(), window.samples());
+    let (title, samples, view) = (window.ctx.title.clone(), window.samples(), window.view);
     let rate_hz = window.snapshot.rate_hz().or(window.ctx.rate_hz);
     let seconds = rate_hz.filter(|hz| *hz > 0.0).map(|hz| samples as f64 / hz);
     let id = pull.windows.keep(window);
     let body = serde_json::json!({
         "id": id,
         "title": title,
+        "view": view.name(),
         "samples": samples,
         "rate_hz": rate_hz,
         "seconds": seconds,

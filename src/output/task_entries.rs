@@ -66,6 +66,46 @@ fn is_handle_run(f: &FrameInfo) -> bool {
     f.function.ends_with("Handle._run") && f.file.ends_with("asyncio/events.py")
 }
 
+/// Where `code` (frames root first) enters the program's own code: its first frame of the
+/// program's own code; in a loop's callback (above the loop's `Handle._run`: the frames below
+/// are whoever runs the loop), the first one above it, or without one the function the loop
+/// called. `None`: no such frame.
+fn entry_of(code: &[&FrameInfo]) -> Option<usize> {
+    let start = code
+        .iter()
+        .position(|f| is_handle_run(f))
+        .map_or(0, |i| i + 1);
+    code[start.min(code.len())..]
+        .iter()
+        .position(|f| pyfleet_policies::is_own_code(&f.file))
+        .map(|i| i + start)
+        .or((start > 0).then_some(start))
+        .filter(|&i| i < code.len())
+}
+
+/// `frames` (innermost first) from their entry into the program's own code inward (see
+/// [`entry_of`]), under a root frame [`NO_OWN_CODE`] when they have no such entry: the
+/// fleet page's view by entry, where the requests of one endpoint are one tower whatever
+/// server and framework frames run them. Frames naming tasks are kept where they are, above
+/// the entry.
+pub fn from_entry(frames: &[FrameInfo]) -> Vec<FrameInfo> {
+    // Root first without the frames naming tasks, each with its place in `frames`.
+    let (at, code): (Vec<usize>, Vec<&FrameInfo>) = frames
+        .iter()
+        .enumerate()
+        .rev()
+        .filter(|(_, f)| !is_task_frame(f))
+        .unzip();
+    match entry_of(&code) {
+        Some(i) => frames[..=at[i]].to_vec(),
+        None => {
+            let mut v = frames.to_vec();
+            v.push(FrameInfo::new(NO_OWN_CODE, "<pyfleet>", None));
+            v
+        }
+    }
+}
+
 /// The samples `counts` keeps, by entry (see the module documentation).
 fn by_entry(
     snap: &Snapshot,
@@ -81,19 +121,7 @@ fn by_entry(
             total += count;
             // Root first, without the frames naming tasks.
             let code: Vec<&FrameInfo> = frames.iter().rev().filter(|f| !is_task_frame(f)).collect();
-            // A loop's callback starts above the loop's `Handle._run`: the frames below are
-            // whoever runs the loop.
-            let start = code
-                .iter()
-                .position(|f| is_handle_run(f))
-                .map_or(0, |i| i + 1);
-            let entry = code[start.min(code.len())..]
-                .iter()
-                .position(|f| pyfleet_policies::is_own_code(&f.file))
-                .map(|i| i + start)
-                // A callback without the program's own code: the function the loop called.
-                .or((start > 0).then_some(start))
-                .filter(|&i| i < code.len());
+            let entry = entry_of(&code);
             let (entry, phase) = match entry {
                 Some(i) => (
                     label(code[i]),

@@ -1,7 +1,8 @@
 //! The daemon's fleet page (issue #37) in a real headless Chromium, driven through the
 //! DevTools protocol (puppeteer-core, tests/web/fleet_page.cjs): with a real gunicorn fleet
 //! under load profiled, the table lists every worker, and clicking one shows its flamegraph
-//! with the WSGI handler; a function named with markup shows as text; a live and a past
+//! with the WSGI handler, and in each view of the samples (on a CPU, holding the GIL, by entry
+//! into the program's code); a function named with markup shows as text; a live and a past
 //! window download in every format; two past windows of a service compare. The daemon wants a
 //! token: the browser signs in at `/login` (a wrong token refused) and holds a cookie its
 //! scripts cannot read. The screenshots stay in
@@ -178,6 +179,38 @@ fn the_fleet_page_lists_the_workers_and_shows_a_workers_flamegraph() {
         "the clicked process's row shows in the pane without scrolling: {seen}"
     );
     assert!(seen["title"].as_str().unwrap().contains(&pids[0]), "{seen}");
+    // Each view of the always-on samples, without a restart: titled after it, said what it
+    // shows in the daemon's mode; by entry, every stack through the app's handler starts at
+    // it (the server's frames above it cut).
+    for (view, described) in [
+        ("cpu", "on a CPU"),
+        ("gil", "holding the GIL"),
+        ("entry", "by entry into the program's code"),
+    ] {
+        let v = &seen["views"][view];
+        assert!(
+            v["title"]
+                .as_str()
+                .is_some_and(|t| t.ends_with(&format!(", {described}"))),
+            "{view}: {v}"
+        );
+        assert!(
+            v["note"].as_str().is_some_and(|n| !n.is_empty()),
+            "{view}: {v}"
+        );
+    }
+    let entry = &seen["views"]["entry"];
+    assert!(entry["handler_lines"].as_u64() > Some(0), "{entry}");
+    assert_eq!(
+        entry["rooted_at_handler"], entry["handler_lines"],
+        "{entry}"
+    );
+    // Under the process's root in every other view: the server's frames come first.
+    assert!(
+        seen["views"]["cpu"]["rooted_at_handler"] == 0,
+        "{}",
+        seen["views"]["cpu"]
+    );
     assert_eq!(seen["service_view"], "service gunicorn", "{seen}");
     assert!(seen["hostile_shown_as_text"] == true, "{seen}");
     assert_eq!(seen["hostile_elements"], 0, "{seen}");
@@ -245,6 +278,9 @@ fn the_fleet_page_lists_the_workers_and_shows_a_workers_flamegraph() {
         "hostile.png",
         "past.png",
         "diff.png",
+        "view-cpu.png",
+        "view-gil.png",
+        "view-entry.png",
     ] {
         let bytes = std::fs::metadata(shots.join(shot))
             .map(|m| m.len())

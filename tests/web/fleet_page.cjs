@@ -79,7 +79,7 @@ async function main() {
     rows: [], injected: -1, flamegraph_has_function: false, process_row_visible: false, title: "",
     hostile_shown_as_text: false, hostile_elements: -1, page_title: "", diff_titles: [],
     service_view: "", live_downloads: {}, past_downloads: {}, past_title: "",
-    wrong_token_refused: false, cookie_hidden: false,
+    wrong_token_refused: false, cookie_hidden: false, views: {},
   };
   try {
     const page = await browser.newPage();
@@ -129,6 +129,30 @@ async function main() {
     }, pids[0]);
     seen.live_downloads = await downloads(page, fn);
     await page.screenshot({ path: `${outDir}/flamegraph.png` });
+    // The same process in each view of the daemon's samples: its title says which; by entry,
+    // the requests' stacks start at the app's handler (checked in the folded download).
+    const described = { cpu: "on a CPU", gil: "holding the GIL", entry: "by entry into the program's code" };
+    for (const view of ["cpu", "gil", "entry"]) {
+      await page.select("#view", view);
+      const f = await shows(page, `gunicorn (pid ${pids[0]}), ${described[view]}`, fn);
+      const folded = await page.evaluate(async () => {
+        const a = [...document.querySelectorAll("#downloads a")].find((x) => x.textContent === "folded");
+        return a ? (await fetch(a.href, { cache: "no-store" })).text() : "";
+      });
+      // The app's handler (gunicorn's own is `SyncWorker.handle_request`).
+      const lines = folded.split("\n").filter((l) => l.includes(";handle_request ("));
+      seen.views[view] = {
+        title: await f.$eval("#title", (t) => t.textContent).catch(() => ""),
+        note: await page.$eval("#view-note", (e) => e.textContent),
+        handler_lines: lines.length,
+        rooted_at_handler: lines.filter((l) => (l.split(";")[1] || "").startsWith("handle_request (")).length,
+        // The first frames of a few that are not, to say why.
+        others: lines.filter((l) => !(l.split(";")[1] || "").startsWith("handle_request ("))
+          .slice(0, 2),
+      };
+      await page.screenshot({ path: `${outDir}/view-${view}.png` });
+    }
+    await page.select("#view", "all");
     // The clicked process's service: every process of it together.
     await clickNow(page, `#processes tr[data-pid="${pids[0]}"] td.service`);
     const byService = await shows(page, "service ", fn);
