@@ -103,7 +103,10 @@ pub fn file(out: &Beneath, name: &str, file: &str) -> Result<(Vec<u8>, &'static 
 /// The differential flamegraph from snapshot `base` to snapshot `new`, of `filter`'s
 /// processes in each, by function (as `pyfleet diff` compares by default).
 pub fn diff(out: &Beneath, base: &str, new: &str, filter: &PullFilter) -> Result<Vec<u8>, String> {
-    let (b, n) = (past(out, base, filter)?, past(out, new, filter)?);
+    let (b, n) = (
+        past(out, base, filter, windows::View::All)?,
+        past(out, new, filter, windows::View::All)?,
+    );
     let (b_folded, n_folded) = (
         profile_input::from_snapshot(&b.snapshot)?.by_function(),
         profile_input::from_snapshot(&n.snapshot)?.by_function(),
@@ -166,7 +169,8 @@ fn answer(out: Option<&Beneath>, path: &str, query: &str) -> Answer {
     if let Some(format) = windows::format_of(file) {
         // A window of the snapshot, in any format.
         let filter = filter_request(query).map_err(|why| (StatusCode::BAD_REQUEST, why))?;
-        let mut window = past(out, name, &filter).map_err(not_found)?;
+        let view = windows::view_request(query).map_err(|why| (StatusCode::BAD_REQUEST, why))?;
+        let mut window = past(out, name, &filter, view).map_err(not_found)?;
         window.ctx.title = format!("{}, {name}", window.ctx.title);
         let body = window
             .render(format)
@@ -262,7 +266,10 @@ mod tests {
         for name in [planted, planted_etc] {
             assert!(file(&held, name, "all.folded").is_err(), "{name}");
             assert!(file(&held, name, "passwd").is_err(), "{name}");
-            assert!(past(&held, name, &PullFilter::default()).is_err(), "{name}");
+            assert!(
+                past(&held, name, &PullFilter::default(), windows::View::All).is_err(),
+                "{name}"
+            );
             assert!(
                 diff(&held, a, name, &PullFilter::default()).is_err(),
                 "{name}"
@@ -306,6 +313,8 @@ mod tests {
         assert!(String::from_utf8(folded)
             .unwrap()
             .contains("alpha (a.py:2) 30"));
+        // Its views: by entry, and none by thread status (folded stacks keep none).
+        assert!(get(&format!("/snapshots/{a}/window.folded"), "view=entry").is_ok());
         let (pprof, _) = get(&format!("/snapshots/{a}/window.pb.gz"), "").unwrap();
         assert!(pprof.starts_with(&[0x1f, 0x8b]), "gzip");
         let (svg, _) = get("/diff.svg", &format!("base={a}&new={b}&pid=1")).unwrap();
@@ -333,6 +342,16 @@ mod tests {
                 StatusCode::NOT_FOUND,
             ),
             ("/diff.svg".into(), "base=x", StatusCode::BAD_REQUEST),
+            (
+                format!("/snapshots/{a}/window.svg"),
+                "view=gil",
+                StatusCode::NOT_FOUND,
+            ),
+            (
+                format!("/snapshots/{a}/window.svg"),
+                "view=wall",
+                StatusCode::BAD_REQUEST,
+            ),
         ] {
             let refused = get(&path, query).map(|_| ()).unwrap_err();
             assert_eq!(refused.0, status, "{path}?{query}");

@@ -171,11 +171,14 @@ impl Window {
 }
 
 /// Past window `name` of the snapshots in `out` (a snapshot's name, see
-/// `snapshot_dir::utc_name`), narrowed to `filter`. Blocking: reads the snapshot.
+/// `snapshot_dir::utc_name`), narrowed to `filter`, shown as `view` says: a view by thread
+/// status (on a CPU, holding the GIL) only of a snapshot whose samples keep it (written in
+/// pprof alone; folded stacks keep none), or in cpu mode. Blocking: reads the snapshot.
 pub fn past(
     out: &crate::output::beneath::Beneath,
     name: &str,
     filter: &PullFilter,
+    view: View,
 ) -> Result<Window, String> {
     if !crate::output::snapshot_dir::is_snapshot_name(name) {
         return Err("no such snapshot (see /api/snapshots)".into());
@@ -186,7 +189,14 @@ pub fn past(
         .map_err(not_read)?;
     let loaded = crate::output::snapshot_load::load(&snapshot)
         .map_err(|_| format!("{name}: no such snapshot, or one that cannot be read back"))?;
-    Ok(Window::of(loaded.snapshot, filter, loaded.ctx))
+    let by_status = matches!(view, View::OnCpu | View::HoldingGil);
+    if by_status && !loaded.statuses && !(view == View::OnCpu && loaded.ctx.mode == Mode::Cpu) {
+        return Err(format!(
+            "{name} was written as folded stacks, which keep no thread status: it shows every \
+             sample, or by entry"
+        ));
+    }
+    Ok(Window::viewed(loaded.snapshot, filter, loaded.ctx, view))
 }
 
 /// The format of a `window.EXT` file name.

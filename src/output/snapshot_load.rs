@@ -29,6 +29,8 @@ pub struct Loaded {
     pub snapshot: Snapshot,
     /// Its mode, rate and window as `metadata.json` says (the title is the directory's name).
     pub ctx: RenderContext,
+    /// Its samples carry their threads' status (read from pprof; folded stacks keep none).
+    pub statuses: bool,
 }
 
 /// Reads snapshot directory `dir` back (held open: its files are read beneath it, never
@@ -145,6 +147,7 @@ pub fn load(dir: &Beneath) -> Result<Loaded, String> {
             processes,
         },
         ctx,
+        statuses: from_pprof.is_some(),
     })
 }
 

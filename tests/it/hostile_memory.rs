@@ -5,6 +5,7 @@
 
 use crate::common::*;
 use pyfleet::binary;
+use pyfleet::cpython::locals::{FrameLocals, LocalsReader, MAX_LOCALS, MAX_VALUE_CHARS};
 use pyfleet::cpython::{self, Unwinder, UnwinderOptions};
 use pyfleet::memory::{MemoryError, ProcessMemory, ReadRequest, ReadStats, RemoteMemory};
 use pyfleet::process::Process;
@@ -192,7 +193,6 @@ const GARBLED_LOCALS_ROUNDS: u32 = 1000;
 /// stay within the bounds, or an error, in bounded time; never a panic or a hang.
 #[test]
 fn garbled_locals_are_bounded_values_or_errors() {
-    use pyfleet::cpython::locals::{FrameLocals, LocalsReader, MAX_LOCALS, MAX_VALUE_CHARS};
     let _machine = shared();
     for interp in interpreters() {
         let mut target = Proc::python(
