@@ -388,6 +388,7 @@ pub fn run(opts: RecordOptions) -> Result<()> {
     }
     print_task_entries(&writer, plan.sampling.mode);
     print_gil_holders(&writer, written.samples);
+    print_collections(&writer, written.samples);
     if plan.sampling.mode == Mode::Wall && capture.is_some() && writer.gil_waits() > 0 {
         pyfleet::logging::note(
             "note: with the kernel capture, threads waiting for the GIL are not charged to \
@@ -619,6 +620,26 @@ fn print_gil_holders(writer: &RecordFile, samples: u64) {
     );
     for (holder, share) in holders.iter().take(TOP_FUNCTIONS) {
         let label: String = holder
+            .chars()
+            .take(pyfleet::output::record_file::MAX_LABEL)
+            .collect();
+        eprintln!("  {share:5.1}%  {}", pyfleet::output::for_terminal(&label));
+    }
+}
+
+/// With samples of the garbage collector: how much it ran, and which functions started the
+/// collections (see `output::collector`).
+fn print_collections(writer: &RecordFile, samples: u64) {
+    let (starters, collecting) = writer.collections();
+    if collecting == 0 {
+        return;
+    }
+    eprintln!(
+        "pyfleet: the garbage collector ran in {collecting} samples ({:.1}% of all), started by:",
+        100.0 * collecting as f64 / samples.max(1) as f64
+    );
+    for (starter, share) in starters.iter().take(TOP_FUNCTIONS) {
+        let label: String = starter
             .chars()
             .take(pyfleet::output::record_file::MAX_LABEL)
             .collect();

@@ -5,6 +5,7 @@
 
 pub mod beneath;
 pub mod blame;
+pub mod collector;
 pub mod differential;
 pub mod dump;
 pub mod folded;

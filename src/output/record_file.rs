@@ -247,6 +247,12 @@ impl RecordFile {
         super::blame::gil_holders(&self.lock().recording)
     }
 
+    /// The samples recorded so far in which the garbage collector ran, by the function that
+    /// started the collection (see `collector::collections`), and how many there were.
+    pub fn collections(&self) -> (Vec<(String, f64)>, u64) {
+        super::collector::collections(&self.lock().recording)
+    }
+
     /// The samples of threads waiting for the GIL recorded so far, blamed or not.
     pub fn gil_waits(&self) -> u64 {
         super::blame::gil_waits(&self.lock().recording)

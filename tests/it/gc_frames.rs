@@ -91,4 +91,22 @@ fn check_gc(interp: &Interp, capture: &str) {
         under_collect * 100 >= in_gc * 95,
         "[{label}] {under_collect} of {in_gc} <GC> samples above collect_them: {folded}"
     );
+    // record says it in one command: how much the collector ran, and what started it.
+    let said = out
+        .stderr
+        .lines()
+        .skip_while(|l| !l.starts_with("pyfleet: the garbage collector ran in "))
+        .take(2)
+        .collect::<Vec<_>>();
+    assert!(
+        said.first()
+            .is_some_and(|l| l.contains(&format!("ran in {in_gc} samples ("))),
+        "[{label}] {said:?}: {}",
+        out.stderr
+    );
+    assert!(
+        said.get(1)
+            .is_some_and(|l| l.ends_with("%  collect_them (gc_heavy.py)")),
+        "[{label}] {said:?}"
+    );
 }
