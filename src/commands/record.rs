@@ -618,8 +618,13 @@ fn print_gil_holders(writer: &RecordFile, samples: u64) {
          samples, {:.1}% of all):",
         100.0 * waiting as f64 / samples.max(1) as f64
     );
-    for (holder, share) in holders.iter().take(TOP_FUNCTIONS) {
-        let label: String = holder
+    print_ranked(&holders);
+}
+
+/// The first [`TOP_FUNCTIONS`] of `ranked` (label, percent), labels bounded and defanged.
+fn print_ranked(ranked: &[(String, f64)]) {
+    for (label, share) in ranked.iter().take(TOP_FUNCTIONS) {
+        let label: String = label
             .chars()
             .take(pyfleet::output::record_file::MAX_LABEL)
             .collect();
@@ -638,13 +643,7 @@ fn print_collections(writer: &RecordFile, samples: u64) {
         "pyfleet: the garbage collector ran in {collecting} samples ({:.1}% of all), started by:",
         100.0 * collecting as f64 / samples.max(1) as f64
     );
-    for (starter, share) in starters.iter().take(TOP_FUNCTIONS) {
-        let label: String = starter
-            .chars()
-            .take(pyfleet::output::record_file::MAX_LABEL)
-            .collect();
-        eprintln!("  {share:5.1}%  {}", pyfleet::output::for_terminal(&label));
-    }
+    print_ranked(&starters);
 }
 
 /// Helper processes the recording leaves out as idle (see `HostDiscovery::leaving_out_helpers`)

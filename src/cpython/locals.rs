@@ -90,7 +90,7 @@ impl<'a, M: RemoteMemory> LocalsReader<'a, M> {
     /// `code`.
     pub fn frame_locals(&self, frame: u64, code: u64) -> Result<FrameLocals, UnwindError> {
         let f = &self.layout.frame;
-        let now = Bytes(&self.mem.read_vec(frame.wrapping_add(f.code), 8)?).u64(0)?;
+        let now = self.mem.read_u64(frame.wrapping_add(f.code))?;
         if now & !f.code_tag_mask != code {
             return Ok(FrameLocals::Gone);
         }
@@ -149,8 +149,8 @@ impl<'a, M: RemoteMemory> LocalsReader<'a, M> {
         if obj == 0 {
             return Ok(None);
         }
-        if cell && Some(word_at(self.mem, obj.wrapping_add(OB_TYPE))?) == self.types.cell {
-            obj = word_at(self.mem, obj.wrapping_add(CELL_REF))?;
+        if cell && Some(self.mem.read_u64(obj.wrapping_add(OB_TYPE))?) == self.types.cell {
+            obj = self.mem.read_u64(obj.wrapping_add(CELL_REF))?;
             if obj == 0 {
                 return Ok(None);
             }
@@ -161,7 +161,7 @@ impl<'a, M: RemoteMemory> LocalsReader<'a, M> {
     /// The object at `obj` as shown (see the module documentation).
     fn value(&self, obj: u64) -> Result<String, UnwindError> {
         let t = &self.types;
-        let word = |off: u64| word_at(self.mem, obj.wrapping_add(off));
+        let word = |off: u64| self.mem.read_u64(obj.wrapping_add(off));
         let type_addr = word(OB_TYPE)?;
         let ty = Some(type_addr);
         if ty == t.none {
@@ -209,7 +209,7 @@ impl<'a, M: RemoteMemory> LocalsReader<'a, M> {
                 return Ok(format!("<{what} of {n} items at {obj:#x}>"));
             }
         }
-        let name_at = word_at(self.mem, type_addr.wrapping_add(TP_NAME))?;
+        let name_at = self.mem.read_u64(type_addr.wrapping_add(TP_NAME))?;
         // Not past the end of the name's page, which may be the end of its mapping.
         let to_page_end = (PAGE - name_at % PAGE) as usize;
         let raw = self.mem.read_vec(name_at, MAX_TYPE_NAME.min(to_page_end))?;
@@ -220,7 +220,7 @@ impl<'a, M: RemoteMemory> LocalsReader<'a, M> {
 
     /// An `int`'s value, `None` when it has more than [`MAX_INT_DIGITS`] digits.
     fn int(&self, obj: u64) -> Result<Option<i128>, UnwindError> {
-        let size = Bytes(&self.mem.read_vec(obj.wrapping_add(LONG_SIZE), 8)?).u64(0)?;
+        let size = self.mem.read_u64(obj.wrapping_add(LONG_SIZE))?;
         let (negative, digits) = match self.layout.version.minor {
             // `ob_size`: the number of digits, negative for a negative number.
             11 => ((size as i64) < 0, (size as i64).unsigned_abs()),
@@ -240,10 +240,6 @@ impl<'a, M: RemoteMemory> LocalsReader<'a, M> {
         }
         Ok(Some(if negative { -v } else { v }))
     }
-}
-
-fn word_at<M: RemoteMemory>(mem: &M, addr: u64) -> Result<u64, UnwindError> {
-    Ok(Bytes(&mem.read_vec(addr, 8)?).u64(0)?)
 }
 
 /// `s`'s first `max` characters, then `...` when there are more.

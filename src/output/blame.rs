@@ -46,13 +46,17 @@ pub fn gil_holders(snap: &Snapshot) -> (Vec<(String, f64)>, u64) {
             total += count;
         }
     }
-    let mut ranked: Vec<(String, u64)> = by_holder.into_iter().collect();
+    (by_share(by_holder, total), total)
+}
+
+/// Counts by label, highest first (then by label), each as its percent of `total`.
+pub fn by_share(counts: HashMap<String, u64>, total: u64) -> Vec<(String, f64)> {
+    let mut ranked: Vec<(String, u64)> = counts.into_iter().collect();
     ranked.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    let ranked = ranked
+    ranked
         .into_iter()
         .map(|(l, n)| (l, 100.0 * n as f64 / total.max(1) as f64))
-        .collect();
-    (ranked, total)
+        .collect()
 }
 
 #[cfg(test)]

@@ -35,13 +35,7 @@ pub fn collections(snap: &Snapshot) -> (Vec<(String, f64)>, u64) {
             total += count;
         }
     }
-    let mut ranked: Vec<(String, u64)> = by_starter.into_iter().collect();
-    ranked.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    let ranked = ranked
-        .into_iter()
-        .map(|(l, n)| (l, 100.0 * n as f64 / total.max(1) as f64))
-        .collect();
-    (ranked, total)
+    (super::blame::by_share(by_starter, total), total)
 }
 
 #[cfg(test)]
