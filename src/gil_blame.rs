@@ -1,4 +1,6 @@
-//! Wall mode's blame for the GIL: a thread waiting to take the GIL is charged to the function
+//! Blame frames: a wait charged to the function that kept it waiting ([`holder_frame`]).
+//! Here wall mode's blame for the GIL; `task_stacks` charges ready asyncio tasks to what
+//! their loop ran the same way. A thread waiting to take the GIL is charged to the function
 //! the GIL's holder runs at that instant. Its stack gets one more frame, innermost,
 //! `[GIL held by FUNCTION]` in the holder's file and line, so that in every format the wait
 //! shows both where the waiter waits and what it waits for; `record` ranks the holders
@@ -9,9 +11,9 @@
 //! which the samples do not tell apart). A holder without a Python frame is named as such.
 //! The frame's names come from the target: formats sanitise them like any other.
 
-use crate::output::blame::{GIL_HELD_BY, NO_PYTHON_FRAME};
+use crate::output::blame::{GIL_HELD_BY, NOT_SAMPLED, NO_PYTHON_FRAME};
 use crate::stacks::{FrameId, Function, StackTable};
-use pyfleet_actors::SampledThread;
+use pyfleet_actors::{FrameInfo, SampledThread};
 use std::sync::Arc;
 
 /// The blame of one process's samples.
@@ -34,33 +36,7 @@ impl GilBlame {
         let Ok(holder_stack) = u32::try_from(holder.stack) else {
             return;
         };
-        let leaf = table
-            .resolve(holder_stack)
-            .and_then(|mut frames| frames.next())
-            .map(|f| (f.function.clone(), f.line));
-        let (function, line) = match leaf {
-            Some((f, line)) => (
-                Function {
-                    name: format!("{GIL_HELD_BY}{}]", f.name).into(),
-                    qualname: format!("{GIL_HELD_BY}{}]", f.qualname).into(),
-                    filename: f.filename,
-                    first_line: f.first_line,
-                },
-                line,
-            ),
-            None => {
-                let name: Arc<str> = format!("{GIL_HELD_BY}{NO_PYTHON_FRAME}]").into();
-                let function = Function {
-                    name: name.clone(),
-                    qualname: name,
-                    filename: "".into(),
-                    first_line: 0,
-                };
-                (function, None)
-            }
-        };
-        let function = table.function(function);
-        let frame = table.frame(function, line);
+        let frame = holder_frame(table, GIL_HELD_BY, Some(holder_stack), |_| None);
         for t in samples.iter_mut().filter(|t| t.status.waits_gil) {
             if let Some(stack) = u32::try_from(t.stack)
                 .ok()
@@ -70,6 +46,58 @@ impl GilBlame {
             }
         }
     }
+}
+
+/// The frame naming what the holder whose stack is `holder_stack` ran: `PREFIXFUNCTION]` in
+/// the function's file and at its line, for the frame `pick` chooses among the stack's
+/// frames (innermost first; `None`: the innermost); `PREFIX` followed by [`NO_PYTHON_FRAME`]
+/// for a stack without one, or by [`NOT_SAMPLED`] without a stack.
+pub fn holder_frame(
+    table: &mut StackTable,
+    prefix: &str,
+    holder_stack: Option<u32>,
+    pick: impl Fn(&[FrameInfo]) -> Option<usize>,
+) -> FrameId {
+    let frames: Vec<(Function, Option<i32>)> = holder_stack
+        .and_then(|s| table.resolve(s))
+        .map(|frames| frames.map(|f| (f.function.clone(), f.line)).collect())
+        .unwrap_or_default();
+    let infos: Vec<FrameInfo> = frames
+        .iter()
+        .map(|(f, line)| FrameInfo {
+            function: f.qualname.clone(),
+            file: f.filename.clone(),
+            line: *line,
+        })
+        .collect();
+    let chosen = pick(&infos).unwrap_or(0);
+    let (function, line) = match frames.into_iter().nth(chosen) {
+        Some((f, line)) => (
+            Function {
+                name: format!("{prefix}{}]", f.name).into(),
+                qualname: format!("{prefix}{}]", f.qualname).into(),
+                filename: f.filename,
+                first_line: f.first_line,
+            },
+            line,
+        ),
+        None => {
+            let what = match holder_stack {
+                Some(_) => NO_PYTHON_FRAME,
+                None => NOT_SAMPLED,
+            };
+            let name: Arc<str> = format!("{prefix}{what}]").into();
+            let function = Function {
+                name: name.clone(),
+                qualname: name,
+                filename: "".into(),
+                first_line: 0,
+            };
+            (function, None)
+        }
+    };
+    let function = table.function(function);
+    table.frame(function, line)
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! Only the view changes: the sample was taken, and the process's sample counts include it.
 //! The samples left out are counted ([`IdleStacks::left_out`]), for the line that says so.
 
+use crate::output::blame::is_blame_function;
 use crate::stacks::{StackId, StackTable};
 use pyfleet_actors::SampledThread;
 use rustc_hash::FxHashMap;
@@ -49,8 +50,11 @@ impl IdleStacks {
             let idle = u32::try_from(out[i].stack).is_ok_and(|stack| {
                 judged(&mut self.task_waits, stack, || {
                     table.resolve(stack).is_some_and(|frames| {
+                        // A ready idle task is still idle: its blame frame is not its code.
                         pyfleet_policies::task_waits_for_work(
-                            frames.map(|f| (&*f.function.filename, &*f.function.name)),
+                            frames
+                                .filter(|f| !is_blame_function(&f.function.name))
+                                .map(|f| (&*f.function.filename, &*f.function.name)),
                         )
                     })
                 })

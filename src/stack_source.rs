@@ -214,6 +214,11 @@ impl StackSource for UnwinderSource {
     fn sample(&mut self, out: &mut Vec<SampledThread>) -> Result<SampleKind, SampleError> {
         let from = out.len();
         let result = self.sample_stacks(out);
+        // What the threads ran, for the task view to blame ready tasks on, before the idle
+        // view leaves any out (a loop waking from its wait is blamed on that).
+        if let Some(view) = self.tasks.as_mut() {
+            view.see_threads(&out[from..]);
+        }
         if let Some(idle) = self.idle.as_mut() {
             idle.leave_out(self.unwinder.stacks(), out, from);
         }
@@ -229,7 +234,12 @@ impl StackSource for UnwinderSource {
                 }
             }
             let waiting_from = out.len();
-            view.apply(out, from);
+            view.apply(
+                out,
+                from,
+                self.unwinder.stacks_mut(),
+                self.capture.is_none(),
+            );
             if let Some(idle) = self.idle.as_mut() {
                 idle.leave_out_tasks(self.unwinder.stacks(), out, waiting_from);
             }

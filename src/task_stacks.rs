@@ -18,10 +18,13 @@
 
 use crate::cpython::asyncio::{self, TaskScope, Tasks, TasksUnavailable};
 use crate::cpython::{TaskStack, UnwindError, Unwinder};
+use crate::gil_blame::holder_frame;
 use crate::memory::capture_records::{CapturedTask, TaskOffsets};
 use crate::memory::ProcessMemory;
+use crate::output::blame::{LOOP_BLOCKED_BY, READY_FOR_LOOP};
+use crate::output::task_entries::phase_frame;
 use crate::process::Process;
-use crate::stacks::StackId;
+use crate::stacks::{FrameId, StackId, StackTable};
 use pyfleet_actors::{SampledThread, ThreadStatus};
 use std::time::{Duration, Instant};
 
@@ -30,6 +33,18 @@ use std::time::{Duration, Instant};
 /// start never will).
 pub const LOOK_AGAIN: Duration = Duration::from_secs(2);
 pub const LOOK_AT_MOST: Duration = Duration::from_secs(64);
+/// The frame of a ready task when what its loop ran is not named.
+fn ready_frame(table: &mut StackTable) -> FrameId {
+    let name: std::sync::Arc<str> = READY_FOR_LOOP.into();
+    let function = table.function(crate::stacks::Function {
+        name: name.clone(),
+        qualname: name,
+        filename: "".into(),
+        first_line: 0,
+    });
+    table.frame(function, None)
+}
+
 /// How often the tasks are counted in running mode (all mode counts them at every sample).
 pub const COUNT_EVERY: Duration = Duration::from_secs(1);
 
@@ -48,6 +63,9 @@ pub struct TaskView {
     waiting_weight: u32,
     waiting_read_at: Option<Instant>,
     waiting_carry: f64,
+    scratch: Vec<FrameId>,
+    /// Each thread's stack in the current call, by kernel thread id.
+    thread_seen: Vec<(u64, u32)>,
 }
 
 impl TaskView {
@@ -65,6 +83,8 @@ impl TaskView {
             waiting_weight: 1,
             waiting_read_at: None,
             waiting_carry: 0.0,
+            scratch: Vec::new(),
+            thread_seen: Vec::new(),
         };
         view.look(unwinder).map_err(|e| e.to_string())?;
         Ok(view)
@@ -200,19 +220,77 @@ impl TaskView {
         Ok(())
     }
 
+    /// Notes the stacks of one call's thread samples (before any view leaves some out): what
+    /// [`TaskView::apply`] blames ready tasks on.
+    pub fn see_threads(&mut self, samples: &[SampledThread]) {
+        self.thread_seen.clear();
+        self.thread_seen.extend(
+            samples
+                .iter()
+                .filter_map(|t| Some((t.tid, u32::try_from(t.stack).ok()?))),
+        );
+    }
+
     /// Puts the task stacks [`TaskView::read`] read into `out[from..]` (the threads'
     /// samples): a running task's in place of its thread's, and with `All` every other
-    /// task's after them.
-    pub fn apply(&self, out: &mut Vec<SampledThread>, from: usize) {
-        for s in &self.stacks {
-            if s.running {
-                if let Some(t) = out[from..].iter_mut().find(|t| t.tid == s.native_thread_id) {
-                    t.stack = u64::from(s.stack);
-                }
-                continue;
+    /// task's after them. A ready task's stack gets one more frame, innermost, naming what
+    /// its loop's thread ran (`[loop blocked by FUNCTION]`, see `gil_blame::holder_frame`):
+    /// what the thread's entry into the program's own code called, as `record` files what
+    /// held the loop (`task_entries::phase_frame`: `build_report` of a `report` handler, not
+    /// the helper it runs), in the same call (before any view left it out); a call without
+    /// one blames the wait on `its thread, not sampled then`. Without `blame_loop` (the
+    /// kernel capture's samples: a thread's chain comes at its own interrupts and switches,
+    /// not at each call, and a thread that ran less than a period shows its last wait, which
+    /// measured wrong by tens of points) the frame only says the task was ready
+    /// (`[ready, waiting for the loop]`).
+    pub fn apply(
+        &mut self,
+        out: &mut Vec<SampledThread>,
+        from: usize,
+        table: &mut StackTable,
+        blame_loop: bool,
+    ) {
+        for s in self.stacks.iter().filter(|s| s.running) {
+            if let Some(t) = out[from..].iter_mut().find(|t| t.tid == s.native_thread_id) {
+                t.stack = u64::from(s.stack);
             }
-            if self.waiting_weight == 0 {
-                continue;
+            // What the thread ran is the task's stack (its frames, then those naming tasks).
+            if let Some(seen) = self
+                .thread_seen
+                .iter_mut()
+                .find(|(tid, _)| *tid == s.native_thread_id)
+            {
+                seen.1 = s.stack;
+            }
+        }
+        if self.waiting_weight == 0 {
+            return;
+        }
+        let mut blame: Vec<(u64, FrameId)> = Vec::new();
+        for s in self.stacks.iter().filter(|s| !s.running) {
+            let mut stack = s.stack;
+            if s.ready {
+                let frame = match blame.iter().find(|(tid, _)| *tid == s.native_thread_id) {
+                    Some(&(_, frame)) => frame,
+                    None if !blame_loop => {
+                        let frame = ready_frame(table);
+                        blame.push((s.native_thread_id, frame));
+                        frame
+                    }
+                    None => {
+                        let loop_stack = self
+                            .thread_seen
+                            .iter()
+                            .find(|(tid, _)| *tid == s.native_thread_id)
+                            .map(|&(_, stack)| stack);
+                        let frame = holder_frame(table, LOOP_BLOCKED_BY, loop_stack, phase_frame);
+                        blame.push((s.native_thread_id, frame));
+                        frame
+                    }
+                };
+                if let Some(blamed) = table.with_innermost(stack, frame, &mut self.scratch) {
+                    stack = blamed;
+                }
             }
             out.push(SampledThread {
                 tid: s.native_thread_id,
@@ -221,7 +299,7 @@ impl TaskView {
                     holds_gil: false,
                     waits_gil: false,
                 },
-                stack: u64::from(s.stack),
+                stack: u64::from(stack),
                 samples: self.waiting_weight,
             });
         }

@@ -396,6 +396,13 @@ pub fn run(opts: RecordOptions) -> Result<()> {
              --capture reads does",
         );
     }
+    if capture.is_some() && writer.loop_blockers().1 > 0 {
+        pyfleet::logging::note(
+            "note: with the kernel capture, ready asyncio tasks are not charged to what their \
+             loop ran meanwhile (a thread's chain comes at its own interrupts, not at each \
+             tick): --capture reads does",
+        );
+    }
     let mut line = format!(
         "pyfleet: wrote {} thread samples of {} process{} to {} ({}, {} mode)",
         written.samples,
@@ -553,8 +560,8 @@ const TOP_PHASES: usize = 6;
 const MIN_PHASE_SHARE: f64 = 1.0;
 
 /// With task samples recorded: where the tasks spend their time, by entry into the program's
-/// own code and what each called next, then what held the event loops (see
-/// `output::task_entries`).
+/// own code and what each called next, then what held the event loops, then the ready
+/// tasks by what their loop ran while they waited (see `output::task_entries`).
 fn print_task_entries(writer: &RecordFile, mode: Mode) {
     let (entries, total) = writer.task_entries();
     if total == 0 {
@@ -578,6 +585,15 @@ fn print_task_entries(writer: &RecordFile, mode: Mode) {
              Python; meanwhile every other task of the loop waited):"
         );
         print_entries(&holders);
+    }
+    let (blocked, ready) = writer.loop_blockers();
+    if ready > 0 {
+        eprintln!(
+            "pyfleet: tasks ready but waiting for their event loop, by what the loop ran \
+             meanwhile ({ready} samples, {:.1}% of task samples):",
+            100.0 * ready as f64 / total.max(1) as f64
+        );
+        print_entries(&blocked);
     }
 }
 

@@ -7,6 +7,7 @@
 
 pub mod asyncio;
 pub mod debug_offsets;
+pub mod instances;
 pub mod layout;
 pub mod linetable;
 pub mod locals;

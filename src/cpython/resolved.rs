@@ -61,6 +61,9 @@ pub struct Task {
     pub frames: Vec<Frame>,
     /// The ids of the tasks awaiting it.
     pub awaited_by: Vec<u64>,
+    /// Pending and ready: its loop will resume it once it gets to it (see
+    /// `asyncio::ready`).
+    pub ready: bool,
 }
 
 /// One interpreter's tasks.

@@ -7,8 +7,27 @@ use std::collections::HashMap;
 
 /// How the innermost frame naming the GIL's holder starts (`[GIL held by FUNCTION]`).
 pub const GIL_HELD_BY: &str = "[GIL held by ";
+/// How the innermost frame of a ready asyncio task naming what its loop ran meanwhile
+/// starts (`[loop blocked by FUNCTION]`).
+pub const LOOP_BLOCKED_BY: &str = "[loop blocked by ";
+/// The innermost frame of a ready asyncio task when what its loop ran is not known (with
+/// the kernel capture).
+pub const READY_FOR_LOOP: &str = "[ready, waiting for the loop]";
 /// The holder's name when it had no Python frame.
 pub const NO_PYTHON_FRAME: &str = "a thread without a Python frame";
+/// The holder's name when its thread was not sampled in the same call.
+pub const NOT_SAMPLED: &str = "its thread, not sampled then";
+
+/// Whether `f` is a frame pyfleet adds to name what kept a wait waiting (the GIL's holder,
+/// a ready task's loop): not code the waiter runs.
+pub fn is_blame_frame(f: &pyfleet_actors::FrameInfo) -> bool {
+    is_blame_function(&f.function)
+}
+
+/// Whether a function of that name is a frame pyfleet adds to name what kept a wait waiting.
+pub fn is_blame_function(name: &str) -> bool {
+    name.starts_with(GIL_HELD_BY) || name.starts_with(LOOP_BLOCKED_BY) || name == READY_FOR_LOOP
+}
 
 /// The samples of threads waiting for the GIL, blamed or not.
 pub fn gil_waits(snap: &Snapshot) -> u64 {

@@ -109,7 +109,7 @@ pub fn to_json(
                             id: t.id,
                             name: &t.name,
                             thread_id: t.thread_id,
-                            state: if t.running { "running" } else { "pending" },
+                            state: task_state(t),
                             frames: json_frames(&t.frames, None),
                             awaited_by: &t.awaited_by,
                         })
@@ -259,6 +259,16 @@ fn text_frames(s: &mut String, frames: &[Frame], locals: Option<&[FrameLocals]>)
     }
 }
 
+/// A task's state as the dump names it: running, ready (pending, its loop will resume it
+/// once it gets to it) or pending.
+fn task_state(t: &crate::cpython::Task) -> &'static str {
+    match (t.running, t.ready) {
+        (true, _) => "running",
+        (false, true) => "ready, waiting for the loop",
+        (false, false) => "pending",
+    }
+}
+
 /// Each task with its frames and the tasks awaiting it (by name and id).
 fn text_tasks(s: &mut String, tasks: &[crate::cpython::Task]) {
     let _ = writeln!(s, "  asyncio tasks:");
@@ -269,7 +279,7 @@ fn text_tasks(s: &mut String, tasks: &[crate::cpython::Task]) {
         let thread = t.thread_id.map_or("a thread that ended".to_string(), |id| {
             format!("thread {id}")
         });
-        let state = if t.running { "running" } else { "pending" };
+        let state = task_state(t);
         let _ = writeln!(
             s,
             "  Task \"{}\" ({:#x}, {thread}) [{state}]",

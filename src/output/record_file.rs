@@ -270,6 +270,12 @@ impl RecordFile {
         super::task_entries::loop_holders(&self.lock().recording)
     }
 
+    /// The ready tasks recorded so far waiting for their loop, by entry and what the loop
+    /// ran (see `task_entries::loop_blockers`), and how many samples of them there were.
+    pub fn loop_blockers(&self) -> (Vec<super::task_entries::Entry>, u64) {
+        super::task_entries::loop_blockers(&self.lock().recording)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.inner
             .state

@@ -11,12 +11,16 @@
 //! the file's last component, from the target: the caller bounds and defangs them for its
 //! output.
 
+use super::blame::{is_blame_frame, LOOP_BLOCKED_BY, READY_FOR_LOOP};
 use super::views::is_task_frame;
 use pyfleet_actors::{FrameInfo, Snapshot};
 use std::collections::HashMap;
 
 /// The label of the phase of an entry that ran its own lines.
 pub const ITSELF: &str = "(its own lines)";
+/// What the loop ran while a ready task waited, when the samples do not say (the kernel
+/// capture's).
+pub const NOT_NAMED: &str = "(what the loop ran is not known with the kernel capture)";
 /// The label of the entry of task samples without a frame of the program's own code.
 pub const NO_OWN_CODE: &str = "(no frame of the program's own code)";
 
@@ -41,7 +45,50 @@ fn label(f: &FrameInfo) -> String {
 
 /// The task samples of `snap` by entry, highest first, and how many task samples there were.
 pub fn task_entries(snap: &Snapshot) -> (Vec<Entry>, u64) {
-    by_entry(snap, |_, frames| frames.iter().any(is_task_frame))
+    by_entry(
+        snap,
+        |_, frames| frames.iter().any(is_task_frame),
+        next_phase,
+    )
+}
+
+/// What an entry's sample called next: the frame after the entry, or [`ITSELF`]; nothing
+/// without an entry.
+fn next_phase(_: &[FrameInfo], code: &[&FrameInfo], entry: Option<usize>) -> String {
+    match entry {
+        Some(i) => code.get(i + 1).map_or(ITSELF.to_string(), |f| label(f)),
+        None => String::new(),
+    }
+}
+
+/// The samples of ready tasks waiting for their loop (stacks whose innermost frame names
+/// what the loop ran meanwhile, `[loop blocked by FUNCTION]`, or only that they were
+/// ready), by the entry of the task that
+/// waited, each entry's phases being what its loop ran (`function (file)`), highest first;
+/// and how many there were.
+pub fn loop_blockers(snap: &Snapshot) -> (Vec<Entry>, u64) {
+    by_entry(
+        snap,
+        |_, frames| frames.first().is_some_and(|f| blocker(f).is_some()),
+        |frames, _, _| frames.first().and_then(blocker).unwrap_or_default(),
+    )
+}
+
+/// `function (file)` of what a `[loop blocked by FUNCTION]` frame names; [`NOT_NAMED`] for
+/// a ready task's frame that names none.
+fn blocker(f: &FrameInfo) -> Option<String> {
+    if &*f.function == READY_FOR_LOOP {
+        return Some(NOT_NAMED.to_string());
+    }
+    let function = f
+        .function
+        .strip_prefix(LOOP_BLOCKED_BY)?
+        .strip_suffix(']')?;
+    let base = f.file.rsplit('/').next().unwrap_or(&f.file);
+    Some(match base {
+        "" => function.to_string(),
+        base => format!("{function} ({base})"),
+    })
 }
 
 /// What held the event loops of `snap`: the samples of a loop's thread running Python (a
@@ -50,10 +97,14 @@ pub fn task_entries(snap: &Snapshot) -> (Vec<Entry>, u64) {
 /// A callback without a frame of the program's own code is filed under the function the
 /// loop called (under `Handle._run`).
 pub fn loop_holders(snap: &Snapshot) -> (Vec<Entry>, u64) {
-    by_entry(snap, |status, frames| {
-        (status.on_cpu || status.holds_gil)
-            && (frames.iter().any(is_task_frame) || frames.iter().any(is_loop_run_once))
-    })
+    by_entry(
+        snap,
+        |status, frames| {
+            (status.on_cpu || status.holds_gil)
+                && (frames.iter().any(is_task_frame) || frames.iter().any(is_loop_run_once))
+        },
+        next_phase,
+    )
 }
 
 /// Whether `f` is an asyncio loop's `_run_once` (its frames under every callback it runs).
@@ -83,6 +134,24 @@ fn entry_of(code: &[&FrameInfo]) -> Option<usize> {
         .filter(|&i| i < code.len())
 }
 
+/// Where in `frames` (innermost first) the phase of their entry is: the frame the entry into
+/// the program's own code called next, or the entry itself when it ran its own lines (see
+/// [`entry_of`]); the innermost frame without an entry, `None` without frames. What a wait
+/// blamed on a loop names (`task_stacks`).
+pub fn phase_frame(frames: &[FrameInfo]) -> Option<usize> {
+    // Root first without the frames naming tasks, each with its place in `frames`.
+    let (at, code): (Vec<usize>, Vec<&FrameInfo>) = frames
+        .iter()
+        .enumerate()
+        .rev()
+        .filter(|(_, f)| !is_task_frame(f) && !is_blame_frame(f))
+        .unzip();
+    match entry_of(&code) {
+        Some(i) => Some(at[(i + 1).min(code.len() - 1)]),
+        None => (!frames.is_empty()).then_some(0),
+    }
+}
+
 /// `frames` (innermost first) from their entry into the program's own code inward (see
 /// [`entry_of`]), under a root frame [`NO_OWN_CODE`] when they have no such entry: the
 /// fleet page's view by entry, where the requests of one endpoint are one tower whatever
@@ -94,7 +163,7 @@ pub fn from_entry(frames: &[FrameInfo]) -> Vec<FrameInfo> {
         .iter()
         .enumerate()
         .rev()
-        .filter(|(_, f)| !is_task_frame(f))
+        .filter(|(_, f)| !is_task_frame(f) && !is_blame_frame(f))
         .unzip();
     match entry_of(&code) {
         Some(i) => frames[..=at[i]].to_vec(),
@@ -106,10 +175,13 @@ pub fn from_entry(frames: &[FrameInfo]) -> Vec<FrameInfo> {
     }
 }
 
-/// The samples `counts` keeps, by entry (see the module documentation).
+/// The samples `counts` keeps, by entry (see the module documentation), and within each
+/// entry by the phase `phase_of` names (given the frames innermost first, the frames of code
+/// root first, and the entry's place in them; an empty name counts in no phase).
 fn by_entry(
     snap: &Snapshot,
     counts: impl Fn(&pyfleet_actors::ThreadStatus, &[FrameInfo]) -> bool,
+    phase_of: impl Fn(&[FrameInfo], &[&FrameInfo], Option<usize>) -> String,
 ) -> (Vec<Entry>, u64) {
     let mut by_entry: HashMap<String, (u64, HashMap<String, u64>)> = HashMap::new();
     let mut total = 0u64;
@@ -120,14 +192,15 @@ fn by_entry(
             }
             total += count;
             // Root first, without the frames naming tasks.
-            let code: Vec<&FrameInfo> = frames.iter().rev().filter(|f| !is_task_frame(f)).collect();
+            let code: Vec<&FrameInfo> = frames
+                .iter()
+                .rev()
+                .filter(|f| !is_task_frame(f) && !is_blame_frame(f))
+                .collect();
             let entry = entry_of(&code);
             let (entry, phase) = match entry {
-                Some(i) => (
-                    label(code[i]),
-                    code.get(i + 1).map_or(ITSELF.to_string(), |f| label(f)),
-                ),
-                None => (NO_OWN_CODE.to_string(), String::new()),
+                Some(i) => (label(code[i]), phase_of(frames, &code, Some(i))),
+                None => (NO_OWN_CODE.to_string(), phase_of(frames, &code, None)),
             };
             let e = by_entry.entry(entry).or_default();
             e.0 += count;

@@ -197,3 +197,106 @@ fn check_tasks(label: &str) {
         errors.join("\n")
     );
 }
+
+/// Ready tasks (3.14, 3.15), tests/targets/loop_ready.py frozen with its loop blocked: a task
+/// whose sleep is due, one whose `to_thread` call returned, one whose future is done and one
+/// never run are `ready, waiting for the loop`; one awaiting a future nothing completes and
+/// one sleeping an hour are pending. A wall recording by reads charges every sample of the
+/// ready ones, and none of the others, to what the loop runs (`spin`); with the kernel
+/// capture they are marked ready only.
+#[test]
+fn ready_tasks_are_told_from_pending_ones_and_charged_to_the_loop() {
+    let _machine = shared();
+    for label in ["3.14", "3.15"] {
+        let Some(interp) = interpreter(label) else {
+            continue;
+        };
+        let out_dir = tempdir("pyfleet-ready-");
+        let mut target = Proc::python(label, &interp.path, "loop_ready.py", &[out_dir.path()]);
+        target.wait_for_path(&out_dir.path().join("blocked"), READY_TIMEOUT);
+        let pid = target.pid().to_string();
+        let dump = pyfleet(&["dump", "--async", "--json", &pid]);
+        assert!(dump.success(), "{label}: {}", dump.describe());
+        let doc: Value = serde_json::from_str(&dump.stdout).expect("dump --json is JSON");
+        let states: BTreeMap<String, String> = doc["interpreters"][0]["tasks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|t| {
+                (
+                    t["name"].as_str().unwrap_or("?").to_string(),
+                    t["state"].as_str().unwrap_or("?").to_string(),
+                )
+            })
+            .collect();
+        let ready = ["timer", "threaded", "woken", "stepping"];
+        let pending = ["forever", "later"];
+        for name in ready {
+            assert_eq!(
+                states.get(name).map(String::as_str),
+                Some("ready, waiting for the loop"),
+                "{label}: task {name}: {states:?}"
+            );
+        }
+        for name in pending {
+            assert_eq!(
+                states.get(name).map(String::as_str),
+                Some("pending"),
+                "{label}: task {name}: {states:?}"
+            );
+        }
+
+        let mut captures = vec!["reads"];
+        if crate::capture::kernel_capture_available(&pyfleet_exe()) {
+            captures.push("kernel");
+        }
+        for capture in captures {
+            let path = out_dir.path().join(format!("{capture}.folded"));
+            let out = pyfleet(&[
+                "record",
+                "--pid",
+                &pid,
+                "--async",
+                "--async-mode",
+                "all",
+                "--mode",
+                "wall",
+                "--idle",
+                "--group-by",
+                "task",
+                "--capture",
+                capture,
+                "--duration",
+                "2s",
+                "-o",
+                path.to_str().unwrap(),
+            ]);
+            assert!(out.success(), "{label} {capture}: {}", out.describe());
+            let want = match capture {
+                "reads" => "[loop blocked by spin] (",
+                _ => "[ready, waiting for the loop] (",
+            };
+            let lines = crate::task_stacks::folded(&path);
+            for name in ready.iter().chain(&pending) {
+                let task = format!("task {name} (");
+                let of_task: Vec<&(Vec<String>, u64)> = lines
+                    .iter()
+                    .filter(|(f, _)| f.iter().any(|x| x.starts_with(&task)))
+                    .collect();
+                let blamed: u64 = of_task
+                    .iter()
+                    .filter(|(f, _)| f.last().is_some_and(|x| x.starts_with(want)))
+                    .map(|(_, n)| n)
+                    .sum();
+                let all: u64 = of_task.iter().map(|(_, n)| n).sum();
+                assert!(all >= 50, "{label} {capture}: {all} samples of task {name}");
+                let expected = if ready.contains(name) { all } else { 0 };
+                assert_eq!(
+                    blamed, expected,
+                    "{label} {capture}: task {name}: {blamed} of {all} samples end in {want}"
+                );
+            }
+        }
+        target.kill();
+    }
+}

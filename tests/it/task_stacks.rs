@@ -33,7 +33,7 @@ const HANDLERS: [(&str, &str); 3] = [
 ];
 
 /// Folded lines: (frames root first, count).
-fn folded(path: &std::path::Path) -> Vec<(Vec<String>, u64)> {
+pub(crate) fn folded(path: &std::path::Path) -> Vec<(Vec<String>, u64)> {
     fs::read_to_string(path)
         .unwrap_or_default()
         .lines()
@@ -343,6 +343,9 @@ fn task_summary(stderr: &str, heading: &str) -> Entries {
 ///   points of the share of /orders' time the app itself measured in that phase;
 /// - what held the event loops names /report's `build_report` first, within 5 points of
 ///   the share of the loops' CPU time the app measured it to take (with the capture);
+/// - /orders' samples ready but waiting for the loop are within 3 points of the share of its
+///   time the app measured so (measured 0.5-2.7 points under), and what the loop ran
+///   meanwhile names `build_report` first;
 /// - the profile roots no stack at a frame naming a task (all requests merge), and holds no
 ///   idle framework task (uvicorn's ticker, the lifespan task's queue): at most 1% of it;
 /// - multiprocessing's resource tracker (a helper) is left out and said to be.
@@ -566,6 +569,58 @@ fn check_orders(
 
     // The profile: requests merged, no idle framework task, no helper.
     let lines = folded(out_path);
+
+    // Ready, waiting for the loop: /orders' ready samples against the time the app measured
+    // its requests ready (the database stand-in's sleep due, the pool's call returned) and
+    // not yet running again; by reads, what the loop ran meanwhile, /report's build_report
+    // first. Its share is written beside the share of that time the app measured
+    // build_report running (not yet within 5 points: measured 10-13 points over).
+    let orders_samples = |ready: bool| -> u64 {
+        lines
+            .iter()
+            .filter(|(f, _)| {
+                f.iter().any(|x| x.starts_with("orders ("))
+                    && f.last().is_some_and(|x| {
+                        x.starts_with("[loop blocked by ") || x.starts_with("[ready, waiting")
+                    }) == ready
+            })
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let (ready, not_ready) = (orders_samples(true), orders_samples(false));
+    let shown_ready = 100.0 * ready as f64 / (ready + not_ready).max(1) as f64;
+    let timed_ready = 100.0 * stats_seconds(&before, &after, &["ready", "total"]) / total;
+    let blocked = task_summary(
+        &out.stderr,
+        "pyfleet: tasks ready but waiting for their event loop",
+    );
+    let by_report = 100.0 * stats_seconds(&before, &after, &["ready", "report"])
+        / stats_seconds(&before, &after, &["ready", "total"]).max(f64::MIN_POSITIVE);
+    let orders_blocked = blocked
+        .iter()
+        .find(|(label, _, _)| label == "orders (orders_app.py)");
+    let first_blocker = orders_blocked.and_then(|(_, _, p)| p.first());
+    let line = format!(
+        "/orders ready: {shown_ready:.1}% shown, {timed_ready:.1}% timed; its loop blocked \
+         by {first_blocker:?}, build_report timed {by_report:.1}%"
+    );
+    eprintln!("{capture}: {line}");
+    fs::write(artifacts.join("ready.txt"), &line).unwrap();
+    assert!(
+        (shown_ready - timed_ready).abs() <= 3.0,
+        "{capture}: {line}\n{}",
+        out.stderr
+    );
+    // With the capture, what the loop ran is not named (see `task_stacks`).
+    let wanted = match capture.ends_with("reads") {
+        true => "build_report (orders_app.py)",
+        false => "(what the loop ran is not known with the kernel capture)",
+    };
+    assert!(
+        first_blocker.is_some_and(|(f, _)| f == wanted),
+        "{capture}: {line}: {blocked:?}\n{}",
+        out.stderr
+    );
     let all: u64 = lines.iter().map(|(_, n)| n).sum();
     let task_frames: u64 = lines
         .iter()

@@ -13,6 +13,7 @@
 //! Everything read is bounded by pyfleet: at most [`walk::MAX_TASKS`] tasks, awaiters and
 //! coroutine chains of bounded length, cycles refused (see `walk`).
 
+pub mod ready;
 pub mod walk;
 
 use super::layout::{Layout, TaskObjectsLayout};
@@ -122,6 +123,18 @@ impl AsyncioLayout {
             thread_size,
         )?;
         Ok(layout)
+    }
+
+    /// Where a future keeps its state (an `int` enum, 0 pending): just before `is_task` in
+    /// `FutureObj_HEAD` (3.14, 3.15); `None` for a table that places `is_task` first.
+    pub fn future_state(&self) -> Option<u64> {
+        self.task_is_task.checked_sub(4)
+    }
+
+    /// Where a task keeps the future it awaits (`task_fut_waiter`, NULL for none): just
+    /// before `task_coro` in `TaskObj` (3.14, 3.15).
+    pub fn task_fut_waiter(&self) -> Option<u64> {
+        self.task_coro.checked_sub(8)
     }
 
     /// Bytes of a future read to get its awaiters and whether it is a task (a future that

@@ -20,6 +20,7 @@
 use super::super::layout::{Layout, TaskObjectsLayout, OWNED_BY_GENERATOR};
 use super::super::objects::{read_chunks, unicode_header, StrData};
 use super::super::UnwindError;
+use super::ready::{monotonic_now_s, ready_tasks, Waiting};
 use super::AsyncioLayout;
 use crate::memory::capture_records::CapturedTask;
 use crate::memory::{Bytes, RemoteMemory};
@@ -81,6 +82,9 @@ pub struct RawTask {
     pub frames: Vec<CoroutineFrame>,
     /// The tasks awaiting it (addresses), each once.
     pub awaited_by: Vec<u64>,
+    /// Pending, no thread runs it, and its loop will resume it without waiting for
+    /// anything more (see `ready`).
+    pub ready: bool,
 }
 
 /// What a reader remembers between reads of one target: the flags of types met and the tasks
@@ -95,6 +99,8 @@ pub struct TaskMemo {
     /// coroutine's address, and the stack slot it awaited from and what that held (0, 0
     /// for the innermost).
     chains: FxHashMap<u64, Vec<(u64, u64, u64)>>,
+    /// What the reader of ready tasks remembers.
+    ready: super::ready::ReadyMemo,
 }
 
 /// Most entries of each of a [`TaskMemo`]'s maps.
@@ -514,6 +520,22 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
             .map(|l| Ok(Bytes(&l.bytes).u64(self.table.task_coro)? & !TAG_BITS))
             .collect::<Result<Vec<u64>, UnwindError>>()?;
         self.prefetch_chains(&coros);
+        let waiting: Vec<Waiting<'_>> = listed
+            .iter()
+            .filter(|l| !running.contains_key(&l.addr))
+            .map(|l| Waiting {
+                addr: l.addr,
+                bytes: &l.bytes,
+            })
+            .collect();
+        let ready = ready_tasks(
+            self.mem,
+            self.layout,
+            self.table,
+            &mut self.memo.ready,
+            &waiting,
+            monotonic_now_s(),
+        );
         let mut tasks = Vec::with_capacity(listed.len());
         for (l, name) in listed.iter().zip(names) {
             let task = self.parse(l.addr, &Bytes(&l.bytes), name, Some(&seen))?;
@@ -530,6 +552,7 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
                 frame: self.frame_of(task.coro),
                 frames,
                 awaited_by: task.awaited_by,
+                ready: ready.contains(&l.addr),
             });
         }
         // A task its thread ran when the sample read it, and no list holds now: it finished
@@ -555,6 +578,7 @@ impl<'a, M: RemoteMemory> TaskReader<'a, M> {
                 frame: self.frame_of(task.coro),
                 frames: Vec::new(),
                 awaited_by: task.awaited_by,
+                ready: false,
             });
         }
         Ok(tasks)

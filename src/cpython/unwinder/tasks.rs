@@ -59,6 +59,8 @@ pub struct TaskStack {
     /// The kernel's id of the thread whose loop holds it (0: a thread that ended).
     pub native_thread_id: u64,
     pub running: bool,
+    /// Pending, and its loop will resume it once it gets to it (see `asyncio::ready`).
+    pub ready: bool,
     pub stack: StackId,
 }
 
@@ -187,6 +189,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                     running: t.running,
                     frames,
                     awaited_by: t.awaited_by,
+                    ready: t.ready,
                 });
             }
             out.push(InterpreterTasks {
@@ -225,6 +228,7 @@ impl<M: RemoteMemory> Unwinder<M> {
                             out.push(TaskStack {
                                 native_thread_id: th.native,
                                 running: true,
+                                ready: false,
                                 stack,
                             });
                         }
@@ -476,6 +480,7 @@ impl<M: RemoteMemory> Unwinder<M> {
             out.push(TaskStack {
                 native_thread_id: native,
                 running: t.running,
+                ready: t.ready,
                 stack: self.table.stack(&ids),
             });
         }
