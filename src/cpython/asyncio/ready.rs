@@ -163,39 +163,51 @@ pub fn ready_tasks<M: RemoteMemory>(
     if awaiting.is_empty() {
         return ready;
     }
-    // What they await, done or not.
+    // The loops the rest wait on, and where each keeps its queues.
+    let mut loops: Vec<(u64, LoopSlots)> = Vec::new();
+    for &(_, _, lp) in &awaiting {
+        if lp != 0 && loops.len() < MAX_LOOPS && !loops.iter().any(|(l, _)| *l == lp) {
+            if let Some(slots) = reader.slots(lp) {
+                loops.push((lp, slots));
+            }
+        }
+    }
+    // What they await, done or not, and the loops' queues: one batch.
     let mut futures: Vec<u64> = awaiting.iter().map(|a| a.1).collect();
     futures.sort_unstable();
     futures.dedup();
     let head = (state_at + 4) as usize;
-    let mut buf = vec![0u8; head * futures.len()];
+    let ranges = futures.iter().map(|&f| (f, head)).chain(
+        loops
+            .iter()
+            .flat_map(|(_, s)| [(s.ready, 8), (s.scheduled, 8)]),
+    );
+    let mut buf = vec![0u8; head * futures.len() + 16 * loops.len()];
+    if read_chunks(mem, ranges, &mut buf).is_err() {
+        return ready;
+    }
+    let (heads, queues) = buf.split_at(head * futures.len());
     let mut done = FxHashSet::default();
-    if read_chunks(mem, futures.iter().map(|&f| (f, head)), &mut buf).is_ok() {
-        for (i, &f) in futures.iter().enumerate() {
-            let b = Bytes(&buf[i * head..(i + 1) * head]);
-            let (Ok(ty), Ok(state)) = (b.u64(OB_TYPE), b.u32(state_at)) else {
-                continue;
-            };
-            if reader.kind(ty) == Kind::Future && state != FUTURE_STATE_PENDING {
-                done.insert(f);
-            }
+    for (i, &f) in futures.iter().enumerate() {
+        let b = Bytes(&heads[i * head..(i + 1) * head]);
+        let (Ok(ty), Ok(state)) = (b.u64(OB_TYPE), b.u32(state_at)) else {
+            continue;
+        };
+        if reader.kind(ty) == Kind::Future && state != FUTURE_STATE_PENDING {
+            done.insert(f);
         }
     }
-    let mut loops: Vec<u64> = Vec::new();
-    for &(task, waiter, lp) in &awaiting {
-        if done.contains(&waiter) {
-            ready.insert(task);
-        } else if lp != 0 && !loops.contains(&lp) && loops.len() < MAX_LOOPS {
-            loops.push(lp);
-        }
-    }
+    let queues: Vec<(u64, u64)> = queues
+        .chunks_exact(16)
+        .filter_map(|q| Some((Bytes(q).u64(0).ok()?, Bytes(q).u64(8).ok()?)))
+        .collect();
     // What the loops will run next.
     let mut woken = FxHashSet::default();
-    for lp in loops {
-        reader.woken_by(lp, now_s, &mut woken);
+    if awaiting.iter().any(|a| !done.contains(&a.1)) {
+        let _ = reader.woken_by(&queues, now_s, &mut woken);
     }
     for &(task, waiter, _) in &awaiting {
-        if woken.contains(&waiter) || woken.contains(&task) {
+        if done.contains(&waiter) || woken.contains(&waiter) || woken.contains(&task) {
             ready.insert(task);
         }
     }
@@ -313,89 +325,93 @@ impl<M: RemoteMemory> Reader<'_, M> {
         found
     }
 
-    /// Adds to `woken` what the handles the loop at `lp` will run next act on: its ready
-    /// queue's, and its timers' due at `now_s`.
-    fn woken_by(&mut self, lp: u64, now_s: f64, woken: &mut FxHashSet<u64>) {
-        let Some(slots) = self.slots(lp) else {
-            return;
-        };
-        let mut objs = [0u8; 16];
-        if read_chunks(
-            self.mem,
-            [(slots.ready, 8), (slots.scheduled, 8)].into_iter(),
-            &mut objs,
-        )
-        .is_err()
-        {
-            return;
-        }
-        let b = Bytes(&objs);
-        let (Ok(ready), Ok(scheduled)) = (b.u64(0), b.u64(8)) else {
-            return;
-        };
-        let mut handles = self.ready_handles(ready).unwrap_or_default();
-        let ready_count = handles.len();
-        handles.extend(self.timers(scheduled).unwrap_or_default());
-        let _ = self.acted_on(&handles, ready_count, now_s, woken);
-    }
-
-    /// The handles of the deque at `deque`, front first.
-    fn ready_handles(&mut self, deque: u64) -> Option<Vec<u64>> {
-        let head = self.mem.read_vec(deque, DEQUE_HEAD_BYTES).ok()?;
-        let b = Bytes(&head);
-        if self.kind(b.u64(OB_TYPE).ok()?) != Kind::Deque {
-            return None;
-        }
-        let n = (b.u64(VAR_SIZE).ok()? as usize).min(MAX_HANDLES);
-        let mut block = b.u64(DEQUE_LEFTBLOCK).ok()?;
-        let mut index = b.u64(DEQUE_LEFTINDEX).ok()?;
-        if index >= BLOCK_ITEMS {
-            return None;
-        }
-        let mut out = Vec::with_capacity(n);
-        while out.len() < n {
-            let take = ((BLOCK_ITEMS - index) as usize).min(n - out.len());
-            let raw = self
-                .mem
-                .read_vec(block + BLOCK_DATA + index * 8, take * 8)
-                .ok()?;
-            out.extend(raw.chunks_exact(8).filter_map(|w| {
-                Some(u64::from_le_bytes(w.try_into().ok()?) & !TAG_BITS).filter(|&a| a != 0)
-            }));
-            if out.len() < n {
-                block = self.mem.read_u64(block + BLOCK_RIGHTLINK).ok()?;
-                index = 0;
-                if block == 0 {
-                    break;
+    /// Adds to `woken` what the handles the loops whose queues are `queues` (their `_ready`
+    /// deque and `_scheduled` list) will run next act on: their ready queues', and their
+    /// timers' due at `now_s`. Their heads, then their first items, each in one batch.
+    fn woken_by(
+        &mut self,
+        queues: &[(u64, u64)],
+        now_s: f64,
+        woken: &mut FxHashSet<u64>,
+    ) -> Option<()> {
+        const LIST_HEAD: usize = (LIST_ITEMS + 8) as usize;
+        let span = DEQUE_HEAD_BYTES + LIST_HEAD;
+        let mut heads = vec![0u8; span * queues.len()];
+        let ranges = queues
+            .iter()
+            .flat_map(|&(d, l)| [(d, DEQUE_HEAD_BYTES), (l, LIST_HEAD)]);
+        read_chunks(self.mem, ranges, &mut heads).ok()?;
+        // Where each queue's first items are: a deque's first block's (from `leftindex`), a
+        // list's array (its first `MAX_TIMERS`).
+        let mut firsts: Vec<(u64, usize, u64, bool)> = Vec::new();
+        for q in heads.chunks_exact(span) {
+            let (d, l) = q.split_at(DEQUE_HEAD_BYTES);
+            let (d, l) = (Bytes(d), Bytes(l));
+            if d.u64(OB_TYPE).is_ok_and(|ty| self.kind(ty) == Kind::Deque) {
+                let n = (d.u64(VAR_SIZE).ok()? as usize).min(MAX_HANDLES);
+                let (block, index) = (d.u64(DEQUE_LEFTBLOCK).ok()?, d.u64(DEQUE_LEFTINDEX).ok()?);
+                if n > 0 && index < BLOCK_ITEMS {
+                    firsts.push((block, n, index, true));
+                }
+            }
+            if l.u64(OB_TYPE).is_ok_and(|ty| self.kind(ty) == Kind::List) {
+                let n = (l.u64(VAR_SIZE).ok()? as usize).min(MAX_TIMERS);
+                if n > 0 {
+                    firsts.push((l.u64(LIST_ITEMS).ok()?, n, 0, false));
                 }
             }
         }
-        Some(out)
-    }
-
-    /// The first [`MAX_TIMERS`] timers of the list at `list` (a heap: the soonest first).
-    fn timers(&mut self, list: u64) -> Option<Vec<u64>> {
-        let head = self.mem.read_vec(list, (LIST_ITEMS + 8) as usize).ok()?;
-        let b = Bytes(&head);
-        if self.kind(b.u64(OB_TYPE).ok()?) != Kind::List {
-            return None;
-        }
-        let n = (b.u64(VAR_SIZE).ok()? as usize).min(MAX_TIMERS);
-        if n == 0 {
-            return Some(Vec::new());
-        }
-        let items = b.u64(LIST_ITEMS).ok()?;
-        let raw = self.mem.read_vec(items, n * 8).ok()?;
-        Some(
-            raw.chunks_exact(8)
-                .filter_map(|w| Some(u64::from_le_bytes(w.try_into().ok()?) & !TAG_BITS))
+        let take = |&(_, n, index, deque): &(u64, usize, u64, bool)| match deque {
+            true => n.min((BLOCK_ITEMS - index) as usize),
+            false => n,
+        };
+        let ranges = firsts.iter().map(|f| {
+            let at = match f.3 {
+                true => f.0 + BLOCK_DATA + f.2 * 8,
+                false => f.0,
+            };
+            (at, take(f) * 8)
+        });
+        let mut items = vec![0u8; firsts.iter().map(|f| take(f) * 8).sum()];
+        read_chunks(self.mem, ranges, &mut items).ok()?;
+        let word = |w: &[u8]| {
+            w.try_into()
+                .ok()
+                .map(|w| u64::from_le_bytes(w) & !TAG_BITS)
                 .filter(|&a| a != 0)
-                .collect(),
-        )
+        };
+        let (mut ready, mut timers) = (Vec::new(), Vec::new());
+        let mut at = 0;
+        for f in &firsts {
+            let len = take(f) * 8;
+            let these = items[at..at + len].chunks_exact(8).filter_map(word);
+            at += len;
+            match f.3 {
+                true => {
+                    ready.extend(these);
+                    // A ready queue longer than its first block: the rest block by block.
+                    let (mut block, mut left) = (f.0, f.1 - take(f));
+                    while left > 0 {
+                        block = self.mem.read_u64(block + BLOCK_RIGHTLINK).ok()?;
+                        let n = left.min(BLOCK_ITEMS as usize);
+                        let raw = self.mem.read_vec(block + BLOCK_DATA, n * 8).ok()?;
+                        ready.extend(raw.chunks_exact(8).filter_map(word));
+                        left -= n;
+                    }
+                }
+                false => timers.extend(these),
+            }
+        }
+        let ready_count = ready.len();
+        ready.extend(timers);
+        self.acted_on(&ready, ready_count, now_s, woken)
     }
 
     /// Adds what `handles` act on to `woken`: all of the first `ready_count` (the ready
-    /// queue's), and of the rest (timers) those due at `now_s`.
+    /// queue's), and of the rest (timers) those due at `now_s`. Each step one batch: the
+    /// handles' types; the ready ones' callback and arguments and the timers' time; the
+    /// times' values; the due timers' callback and arguments; what the callbacks are bound
+    /// to and the first arguments.
     fn acted_on(
         &mut self,
         handles: &[u64],
@@ -406,73 +422,76 @@ impl<M: RemoteMemory> Reader<'_, M> {
         if handles.is_empty() {
             return Some(());
         }
-        // Their types, then their slots.
         let mut heads = vec![0u8; 16 * handles.len()];
         read_chunks(self.mem, handles.iter().map(|&h| (h, 16)), &mut heads).ok()?;
-        let mut kinds = Vec::with_capacity(handles.len());
-        for i in 0..handles.len() {
-            let ty = Bytes(&heads[i * 16..i * 16 + 16]).u64(OB_TYPE).ok()?;
-            kinds.push(match self.kind(ty) {
+        // Each handle's slots: (callback, args, when), `when` for a timer only.
+        let mut slots: Vec<Option<(u64, u64, Option<u64>)>> = Vec::with_capacity(handles.len());
+        for (i, head) in heads.chunks_exact(16).enumerate() {
+            let ty = Bytes(head).u64(OB_TYPE).ok()?;
+            slots.push(match self.kind(ty) {
+                Kind::Handle { callback, args, .. } if i < ready_count => {
+                    Some((callback, args, None))
+                }
                 Kind::Handle {
                     callback,
                     args,
-                    when,
-                } => Some((callback, args, when.filter(|_| i >= ready_count))),
+                    when: Some(when),
+                } => Some((callback, args, Some(when))),
                 _ => None,
             });
         }
+        // The ready handles' callback and arguments, the timers' time object.
         let mut ranges = Vec::new();
-        for (&h, k) in handles.iter().zip(&kinds) {
-            if let Some((callback, args, when)) = k {
-                ranges.push((h + callback, 8));
-                ranges.push((h + args, 8));
-                ranges.push((h + when.unwrap_or(*callback), 8));
+        for (&h, s) in handles.iter().zip(&slots) {
+            match s {
+                Some((callback, args, None)) => {
+                    ranges.push((h + callback, 8));
+                    ranges.push((h + args, 8));
+                }
+                Some((_, _, Some(when))) => ranges.push((h + when, 8)),
+                None => {}
             }
         }
-        let mut fields = vec![0u8; 8 * ranges.len()];
-        read_chunks(self.mem, ranges.iter().copied(), &mut fields).ok()?;
-        let f = Bytes(&fields);
-        // The handles that run next, each with its callback and arguments; a timer's time
-        // read with them.
-        let mut next: Vec<(u64, u64, Option<u64>)> = Vec::new();
-        let mut i = 0u64;
-        for (n, k) in kinds.iter().enumerate() {
-            let Some((_, _, when)) = k else {
+        let words = self.words(&ranges)?;
+        let mut next: Vec<(u64, u64)> = Vec::new();
+        let mut times: Vec<(usize, u64)> = Vec::new();
+        let mut w = words.iter();
+        for (i, s) in slots.iter().enumerate() {
+            match s {
+                Some((_, _, None)) => next.push((*w.next()?, *w.next()?)),
+                Some((_, _, Some(_))) => times.push((i, *w.next()?)),
+                None => {}
+            }
+        }
+        // The timers due: their time a float no later than now.
+        let mut values = vec![0u8; 24 * times.len()];
+        read_chunks(self.mem, times.iter().map(|&(_, t)| (t, 24)), &mut values).ok()?;
+        let mut ranges = Vec::new();
+        for (&(i, _), v) in times.iter().zip(values.chunks_exact(24)) {
+            let (Ok(ty), Ok(bits)) = (Bytes(v).u64(OB_TYPE), Bytes(v).u64(FLOAT_VALUE)) else {
                 continue;
             };
-            let word = |j: u64| f.u64((i + j) * 8).map(|w| w & !TAG_BITS);
-            let (callback, args, when_obj) = (word(0).ok()?, word(1).ok()?, word(2).ok()?);
-            i += 3;
-            match (n < ready_count, when) {
-                (true, _) => next.push((callback, args, None)),
-                (false, Some(_)) => next.push((callback, args, Some(when_obj))),
-                (false, None) => {}
+            if self.kind(ty) != Kind::Float || f64::from_bits(bits) > now_s {
+                continue;
+            }
+            if let Some((callback, args, _)) = slots[i] {
+                ranges.push((handles[i] + callback, 8));
+                ranges.push((handles[i] + args, 8));
             }
         }
-        // What each callback is bound to, the first argument, and each timer's time.
+        let words = self.words(&ranges)?;
+        next.extend(words.chunks_exact(2).map(|w| (w[0], w[1])));
+        // What each callback is bound to, and the first argument.
         let tuple_items = self.layout.tuple_items;
-        let mut ranges = Vec::new();
-        for &(callback, args, when) in &next {
-            ranges.push((callback, 32));
-            ranges.push((args, (tuple_items + 8) as usize));
-            ranges.push((when.unwrap_or(callback), 24));
-        }
-        let span = 32 + (tuple_items + 8) as usize + 24;
+        let args_span = (tuple_items + 8) as usize;
+        let span = 32 + args_span;
         let mut objs = vec![0u8; span * next.len()];
-        read_chunks(self.mem, ranges.iter().copied(), &mut objs).ok()?;
-        for (n, &(_, _, when)) in next.iter().enumerate() {
-            let o = &objs[n * span..(n + 1) * span];
-            let (cb, rest) = o.split_at(32);
-            let (args, time) = rest.split_at((tuple_items + 8) as usize);
-            if when.is_some() {
-                let (Ok(ty), Ok(bits)) = (Bytes(time).u64(OB_TYPE), Bytes(time).u64(FLOAT_VALUE))
-                else {
-                    continue;
-                };
-                if self.kind(ty) != Kind::Float || f64::from_bits(bits) > now_s {
-                    continue;
-                }
-            }
+        let ranges = next
+            .iter()
+            .flat_map(|&(callback, args)| [(callback, 32), (args, args_span)]);
+        read_chunks(self.mem, ranges, &mut objs).ok()?;
+        for o in objs.chunks_exact(span) {
+            let (cb, args) = o.split_at(32);
             let cb = Bytes(cb);
             if let Ok(ty) = cb.u64(OB_TYPE) {
                 let bound = match self.kind(ty) {
@@ -492,6 +511,15 @@ impl<M: RemoteMemory> Reader<'_, M> {
             }
         }
         Some(())
+    }
+
+    /// The pointer-sized words at `ranges` (each 8 bytes), tag bits cleared, in one batch.
+    fn words(&self, ranges: &[(u64, usize)]) -> Option<Vec<u64>> {
+        let mut raw = vec![0u8; 8 * ranges.len()];
+        read_chunks(self.mem, ranges.iter().copied(), &mut raw).ok()?;
+        raw.chunks_exact(8)
+            .map(|w| Some(u64::from_le_bytes(w.try_into().ok()?) & !TAG_BITS))
+            .collect()
     }
 }
 
