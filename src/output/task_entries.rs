@@ -134,18 +134,23 @@ fn entry_of(code: &[&FrameInfo]) -> Option<usize> {
         .filter(|&i| i < code.len())
 }
 
+/// The frames of code of `frames` (innermost first), root first: without the frames naming
+/// tasks or blaming a wait, each with its place in `frames`.
+fn code_root_first(frames: &[FrameInfo]) -> (Vec<usize>, Vec<&FrameInfo>) {
+    frames
+        .iter()
+        .enumerate()
+        .rev()
+        .filter(|(_, f)| !is_task_frame(f) && !is_blame_frame(f))
+        .unzip()
+}
+
 /// Where in `frames` (innermost first) the phase of their entry is: the frame the entry into
 /// the program's own code called next, or the entry itself when it ran its own lines (see
 /// [`entry_of`]); the innermost frame without an entry, `None` without frames. What a wait
 /// blamed on a loop names (`task_stacks`).
 pub fn phase_frame(frames: &[FrameInfo]) -> Option<usize> {
-    // Root first without the frames naming tasks, each with its place in `frames`.
-    let (at, code): (Vec<usize>, Vec<&FrameInfo>) = frames
-        .iter()
-        .enumerate()
-        .rev()
-        .filter(|(_, f)| !is_task_frame(f) && !is_blame_frame(f))
-        .unzip();
+    let (at, code) = code_root_first(frames);
     match entry_of(&code) {
         Some(i) => Some(at[(i + 1).min(code.len() - 1)]),
         None => (!frames.is_empty()).then_some(0),
@@ -158,13 +163,7 @@ pub fn phase_frame(frames: &[FrameInfo]) -> Option<usize> {
 /// server and framework frames run them. Frames naming tasks are kept where they are, above
 /// the entry.
 pub fn from_entry(frames: &[FrameInfo]) -> Vec<FrameInfo> {
-    // Root first without the frames naming tasks, each with its place in `frames`.
-    let (at, code): (Vec<usize>, Vec<&FrameInfo>) = frames
-        .iter()
-        .enumerate()
-        .rev()
-        .filter(|(_, f)| !is_task_frame(f) && !is_blame_frame(f))
-        .unzip();
+    let (at, code) = code_root_first(frames);
     match entry_of(&code) {
         Some(i) => frames[..=at[i]].to_vec(),
         None => {
@@ -192,11 +191,7 @@ fn by_entry(
             }
             total += count;
             // Root first, without the frames naming tasks.
-            let code: Vec<&FrameInfo> = frames
-                .iter()
-                .rev()
-                .filter(|f| !is_task_frame(f) && !is_blame_frame(f))
-                .collect();
+            let (_, code) = code_root_first(frames);
             let entry = entry_of(&code);
             let (entry, phase) = match entry {
                 Some(i) => (label(code[i]), phase_of(frames, &code, Some(i))),

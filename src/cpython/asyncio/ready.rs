@@ -53,8 +53,13 @@ pub const MAX_HANDLES: usize = 256;
 pub const MAX_TIMERS: usize = 128;
 /// Deepest class chain looked through.
 pub const MAX_BASES: usize = 8;
-/// How long a loop's attribute slots are used before they are looked for again.
+/// How long a loop's attribute slots are used before they are looked for again, and a type
+/// found to be of no kind wanted is believed.
 pub const LOOK_AGAIN: Duration = Duration::from_secs(2);
+
+/// How long what a type is stays remembered (a class freed and another made at its
+/// address is another type).
+pub const KIND_LIFE: Duration = Duration::from_secs(60);
 
 /// Where a future keeps its loop.
 const FUTURE_LOOP: u64 = 16;
@@ -112,7 +117,7 @@ struct LoopSlots {
 /// full).
 #[derive(Default)]
 pub struct ReadyMemo {
-    kinds: FxHashMap<u64, Kind>,
+    kinds: FxHashMap<u64, (Kind, Instant)>,
     /// `None`: the loop has no such attributes (not asyncio's own loop).
     loops: FxHashMap<u64, (Option<LoopSlots>, Instant)>,
 }
@@ -222,15 +227,28 @@ struct Reader<'a, M: RemoteMemory> {
 
 impl<M: RemoteMemory> Reader<'_, M> {
     /// What the type at `ty` is (remembered).
+    /// What the type at `ty` is, remembered: for [`KIND_LIFE`], or [`LOOK_AGAIN`] when it
+    /// is none of the kinds wanted. A type met for the first time is read twice and
+    /// remembered only when both reads agree (a torn read of a class would otherwise stick).
     fn kind(&mut self, ty: u64) -> Kind {
-        if let Some(&k) = self.memo.kinds.get(&ty) {
-            return k;
+        if let Some(&(k, at)) = self.memo.kinds.get(&ty) {
+            let life = if k == Kind::Other {
+                LOOK_AGAIN
+            } else {
+                KIND_LIFE
+            };
+            if at.elapsed() < life {
+                return k;
+            }
         }
         let kind = self.classify(ty).unwrap_or(Kind::Other);
+        if self.classify(ty).unwrap_or(Kind::Other) != kind {
+            return Kind::Other;
+        }
         if self.memo.kinds.len() >= MAX_MEMO {
             self.memo.kinds.clear();
         }
-        self.memo.kinds.insert(ty, kind);
+        self.memo.kinds.insert(ty, (kind, Instant::now()));
         kind
     }
 
