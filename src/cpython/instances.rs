@@ -41,6 +41,29 @@ pub const TYPE_FLAGS: u64 = 168;
 const TPFLAGS_INLINE_VALUES: u64 = 1 << 2;
 const TPFLAGS_MANAGED_DICT: u64 = 1 << 4;
 pub const OB_TYPE: u64 = 8;
+pub const TYPE_NAME: u64 = 24;
+/// The smallest page: a C string is read past its page's end only when it goes on.
+const PAGE: u64 = 4096;
+
+/// The bytes of the C string at `addr` before its NUL, at most `max`: read to the end of its
+/// page first, the next page only when the string goes on there (a page after it may not be
+/// mapped; a type's name may end just past a page's start).
+pub fn c_string<M: RemoteMemory>(mem: &M, addr: u64, max: usize) -> Result<Vec<u8>, UnwindError> {
+    let in_page = (max as u64).min(PAGE - addr % PAGE) as usize;
+    let mut raw = mem.read_vec(addr, in_page)?;
+    if !raw.contains(&0) && in_page < max {
+        raw.extend(mem.read_vec(addr.wrapping_add(in_page as u64), max - in_page)?);
+    }
+    if let Some(end) = raw.iter().position(|&b| b == 0) {
+        raw.truncate(end);
+    }
+    Ok(raw)
+}
+
+/// The name of the type at `ty` (its `tp_name`), at most `max` bytes.
+pub fn type_name<M: RemoteMemory>(mem: &M, ty: u64, max: usize) -> Result<Vec<u8>, UnwindError> {
+    c_string(mem, mem.read_u64(ty.wrapping_add(TYPE_NAME))?, max)
+}
 
 /// Most entries of one dict looked at (`sys.modules` holds hundreds; `_active` one per
 /// thread).

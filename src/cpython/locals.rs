@@ -20,6 +20,7 @@
 //!   else [`FrameLocals::Gone`]: it returned, and its slots belong to another frame now.
 
 use crate::binary::BuiltinTypes;
+use crate::cpython::instances::type_name;
 use crate::cpython::layout::Layout;
 use crate::cpython::objects::read_unicode;
 use crate::cpython::UnwindError;
@@ -40,19 +41,16 @@ const FAST_HIDDEN: u8 = 0x10;
 const FAST_CELL: u8 = 0x40;
 const FAST_FREE: u8 = 0x80;
 
-/// `PyObject.ob_type`, `PyVarObject.ob_size`, `PyTypeObject.tp_name`, `PyFloatObject.ob_fval`, `PyDictObject.ma_used`,
+/// `PyObject.ob_type`, `PyVarObject.ob_size`, `PyFloatObject.ob_fval`, `PyDictObject.ma_used`,
 /// `PyCellObject.ob_ref`, and where an `int`'s size (3.11: `ob_size`; 3.12+: `lv_tag`) and
 /// digits are: the same in every supported default build.
 const OB_TYPE: u64 = 8;
 const OB_SIZE: u64 = 16;
-const TP_NAME: u64 = 24;
 const FLOAT_VALUE: u64 = 16;
 const DICT_USED: u64 = 16;
 const CELL_REF: u64 = 16;
 const LONG_SIZE: u64 = 16;
 const LONG_DIGITS: u64 = 24;
-/// The smallest page: a C string is read no further than its page's end.
-const PAGE: u64 = 4096;
 /// 3.14+: a `_PyStackRef`'s tag bits, and the tag of an integer kept in the reference itself.
 const STACKREF_TAG_BITS: u64 = 3;
 const STACKREF_INT_TAG: u64 = 3;
@@ -209,12 +207,8 @@ impl<'a, M: RemoteMemory> LocalsReader<'a, M> {
                 return Ok(format!("<{what} of {n} items at {obj:#x}>"));
             }
         }
-        let name_at = self.mem.read_u64(type_addr.wrapping_add(TP_NAME))?;
-        // Not past the end of the name's page, which may be the end of its mapping.
-        let to_page_end = (PAGE - name_at % PAGE) as usize;
-        let raw = self.mem.read_vec(name_at, MAX_TYPE_NAME.min(to_page_end))?;
-        let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
-        let name = String::from_utf8_lossy(&raw[..end]);
+        let raw = type_name(self.mem, type_addr, MAX_TYPE_NAME)?;
+        let name = String::from_utf8_lossy(&raw);
         Ok(format!("<{name} object at {obj:#x}>"))
     }
 

@@ -38,7 +38,7 @@
 //! queues are not Python objects): there only the first two rules apply.
 
 use super::AsyncioLayout;
-use crate::cpython::instances::{ObjectReader, OB_TYPE};
+use crate::cpython::instances::{c_string, type_name, ObjectReader, OB_TYPE};
 use crate::cpython::layout::Layout;
 use crate::cpython::objects::read_chunks;
 use crate::memory::{Bytes, RemoteMemory};
@@ -64,7 +64,8 @@ pub const KIND_LIFE: Duration = Duration::from_secs(60);
 /// Where a future keeps its loop.
 const FUTURE_LOOP: u64 = 16;
 const FUTURE_STATE_PENDING: u32 = 0;
-const TYPE_NAME: u64 = 24;
+/// Longest class or member name read.
+const MAX_NAME: usize = 64;
 const TYPE_MEMBERS: u64 = 240;
 const TYPE_BASE: u64 = 256;
 const MEMBER_DEF_BYTES: u64 = 40;
@@ -259,7 +260,7 @@ impl<M: RemoteMemory> Reader<'_, M> {
             if at == 0 {
                 break;
             }
-            let name = self.c_str(self.mem.read_u64(at + TYPE_NAME).ok()?)?;
+            let name = String::from_utf8(type_name(self.mem, at, MAX_NAME).ok()?).ok()?;
             let named = match name.as_str() {
                 "_asyncio.Future" | "_asyncio.Task" => Some(Kind::Future),
                 _ if depth > 0 => None,
@@ -282,10 +283,11 @@ impl<M: RemoteMemory> Reader<'_, M> {
                         break;
                     }
                     let offset = self.mem.read_u64(def + MEMBER_OFFSET).ok()?;
-                    let slot = match self.c_str(name)?.as_str() {
-                        "_callback" => &mut callback,
-                        "_args" => &mut args,
-                        "_when" => &mut when,
+                    let name = c_string(self.mem, name, MAX_NAME).ok()?;
+                    let slot = match name.as_slice() {
+                        b"_callback" => &mut callback,
+                        b"_args" => &mut args,
+                        b"_when" => &mut when,
                         _ => continue,
                     };
                     slot.get_or_insert(offset);
@@ -301,23 +303,6 @@ impl<M: RemoteMemory> Reader<'_, M> {
             },
             _ => Kind::Other,
         })
-    }
-
-    /// The C string at `addr`, up to 64 bytes: read to the end of its page first, the next
-    /// page only when the string goes on (a page after it may not be mapped).
-    fn c_str(&self, addr: u64) -> Option<String> {
-        const MAX: u64 = 64;
-        let in_page = MAX.min(4096 - (addr % 4096));
-        let mut raw = self.mem.read_vec(addr, in_page as usize).ok()?;
-        if !raw.contains(&0) && in_page < MAX {
-            raw.extend(
-                self.mem
-                    .read_vec(addr + in_page, (MAX - in_page) as usize)
-                    .ok()?,
-            );
-        }
-        let end = raw.iter().position(|&b| b == 0)?;
-        String::from_utf8(raw[..end].to_vec()).ok()
     }
 
     /// Where the loop at `lp` keeps `_ready` and `_scheduled`, looked for again after
