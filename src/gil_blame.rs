@@ -36,7 +36,7 @@ impl GilBlame {
         let Ok(holder_stack) = u32::try_from(holder.stack) else {
             return;
         };
-        let frame = holder_frame(table, GIL_HELD_BY, Some(holder_stack), |_| None);
+        let frame = holder_frame(table, GIL_HELD_BY, Some(holder_stack), None);
         for t in samples.iter_mut().filter(|t| t.status.waits_gil) {
             if let Some(stack) = u32::try_from(t.stack)
                 .ok()
@@ -48,30 +48,38 @@ impl GilBlame {
     }
 }
 
+/// Chooses a frame among a stack's (innermost first), by its place.
+pub type PickFrame = fn(&[FrameInfo]) -> Option<usize>;
+
 /// The frame naming what the holder whose stack is `holder_stack` ran: `PREFIXFUNCTION]` in
 /// the function's file and at its line, for the frame `pick` chooses among the stack's
-/// frames (innermost first; `None`: the innermost); `PREFIX` followed by [`NO_PYTHON_FRAME`]
-/// for a stack without one, or by [`NOT_SAMPLED`] without a stack.
+/// frames (without `pick`, or when it chooses none: the innermost); `PREFIX` followed by
+/// [`NO_PYTHON_FRAME`] for a stack without one, or by [`NOT_SAMPLED`] without a stack.
 pub fn holder_frame(
     table: &mut StackTable,
     prefix: &str,
     holder_stack: Option<u32>,
-    pick: impl Fn(&[FrameInfo]) -> Option<usize>,
+    pick: Option<PickFrame>,
 ) -> FrameId {
-    let frames: Vec<(Function, Option<i32>)> = holder_stack
+    // The stack's frames as `FrameInfo`s only when something is to choose among them.
+    let chosen = match (pick, holder_stack.and_then(|s| table.resolve(s))) {
+        (Some(pick), Some(frames)) => {
+            let infos: Vec<FrameInfo> = frames
+                .map(|f| FrameInfo {
+                    function: f.function.qualname.clone(),
+                    file: f.function.filename.clone(),
+                    line: f.line,
+                })
+                .collect();
+            pick(&infos).unwrap_or(0)
+        }
+        _ => 0,
+    };
+    let holder = holder_stack
         .and_then(|s| table.resolve(s))
-        .map(|frames| frames.map(|f| (f.function.clone(), f.line)).collect())
-        .unwrap_or_default();
-    let infos: Vec<FrameInfo> = frames
-        .iter()
-        .map(|(f, line)| FrameInfo {
-            function: f.qualname.clone(),
-            file: f.filename.clone(),
-            line: *line,
-        })
-        .collect();
-    let chosen = pick(&infos).unwrap_or(0);
-    let (function, line) = match frames.into_iter().nth(chosen) {
+        .and_then(|mut frames| frames.nth(chosen))
+        .map(|f| (f.function.clone(), f.line));
+    let (function, line) = match holder {
         Some((f, line)) => (
             Function {
                 name: format!("{prefix}{}]", f.name).into(),

@@ -224,6 +224,10 @@ impl TaskView {
     /// [`TaskView::apply`] blames ready tasks on.
     pub fn see_threads(&mut self, samples: &[SampledThread]) {
         self.thread_seen.clear();
+        // Only all mode samples waiting tasks, ready ones among them.
+        if self.scope != TaskScope::All {
+            return;
+        }
         self.thread_seen.extend(
             samples
                 .iter()
@@ -283,7 +287,8 @@ impl TaskView {
                             .iter()
                             .find(|(tid, _)| *tid == s.native_thread_id)
                             .map(|&(_, stack)| stack);
-                        let frame = holder_frame(table, LOOP_BLOCKED_BY, loop_stack, phase_frame);
+                        let frame =
+                            holder_frame(table, LOOP_BLOCKED_BY, loop_stack, Some(phase_frame));
                         blame.push((s.native_thread_id, frame));
                         frame
                     }
